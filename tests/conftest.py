@@ -1,0 +1,38 @@
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))  # test helpers such as seed_oracle
+
+from tfm_export.config import ModelConfig  # noqa: E402
+from tfm_export.model import Transformer  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+DEMO_CKPT = REPO / "models" / "demo" / "ckpt.pt"
+
+
+@pytest.fixture(autouse=True)
+def _single_thread():
+    torch.set_num_threads(1)  # deterministic and fair on a shared 2-core machine
+
+
+def tiny_config(**overrides) -> ModelConfig:
+    base = dict(src_vocab_size=13, trg_vocab_size=13, d_model=16, d_inner=32, n_layers=2, n_head=2, d_k=8,
+                d_v=8, n_position=32)
+    base.update(overrides)
+    return ModelConfig(**base)
+
+
+@pytest.fixture
+def tiny_model() -> Transformer:
+    torch.manual_seed(0)
+    return Transformer(tiny_config()).eval()
+
+
+def listing(directory: Path) -> list[str]:
+    """Every path under a directory, to show that a failed command wrote nothing."""
+    return sorted(str(p.relative_to(directory)) for p in directory.rglob("*"))

@@ -1,0 +1,61 @@
+"""The shipped demo model: small, self-contained, and as accurate as README says."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from conftest import DEMO_CKPT
+
+from tfm_export import demo_numbers
+from tfm_export.checkpoint import load_checkpoint
+from tfm_export.cli.export_cli import main as export_main
+from tfm_export.translate import DecodeOptions, translate_texts
+
+
+@pytest.fixture(scope="module")
+def demo():
+    return load_checkpoint(DEMO_CKPT)
+
+
+def test_demo_checkpoint_is_small_and_finds_its_tokenizer(demo):
+    assert DEMO_CKPT.stat().st_size <= 25 * 1024 * 1024
+    assert demo.kind == "tfm-export" and demo.vocab.shared
+    assert demo.vocab.source.origin == str(DEMO_CKPT.parent / "tokenizer.json")
+
+
+def test_held_out_numbers_are_never_trained_on():
+    import random
+    held_out = set(demo_numbers.held_out_numbers())
+    rng = random.Random(0)
+    assert len(held_out) == 1000
+    assert not held_out & {demo_numbers.training_number(rng) for _ in range(20000)}
+
+
+@pytest.mark.parametrize("beam_size", [1, 4])
+def test_exact_match_on_held_out_numbers(demo, beam_size):
+    pairs = demo_numbers.held_out_pairs()
+    results = translate_texts(demo, [en for en, _ in pairs], DecodeOptions(beam_size=beam_size, batch_size=100))
+    score, _ = demo_numbers.exact_match([r.text for r in results], [fr for _, fr in pairs])
+    assert score >= 0.97
+
+
+def test_eval_demo_command_reports_exact_match():
+    result = CliRunner().invoke(export_main, ["eval-demo", "--checkpoint", str(DEMO_CKPT), "--show-misses", "0"])
+    assert result.exit_code == 0
+    assert result.output.startswith("exact match: ") and "(9" in result.output and "/1000)" in result.output
+
+
+def test_console_script_translates_forty_two():
+    script = Path(sys.executable).parent / "tfm-run"
+    if not script.exists():
+        script = shutil.which("tfm-run")
+    if script is None:
+        pytest.skip("tfm-run is not installed in this environment (run through `make test`)")
+    out = subprocess.run([str(script), "translate", "--model", str(DEMO_CKPT), "--backend", "torch",
+                          "forty-two", "seventy-one", "eighty"], capture_output=True, text=True, check=True)
+    assert out.stdout.splitlines() == ["quarante-deux", "soixante et onze", "quatre-vingts"]

@@ -1,0 +1,67 @@
+"""Tokenizers: the seed's special ids, plain vocabularies, exact round trips, clear errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tfm_export.demo_numbers import corpus_for_vocabulary, english, french
+from tfm_export.errors import VocabularyError
+from tfm_export.tokenizer import SPECIAL_TOKENS, load_tokenizer, train_word_tokenizer
+
+
+@pytest.fixture(scope="module")
+def demo_tok():
+    return train_word_tokenizer(corpus_for_vocabulary())
+
+
+def test_special_tokens_have_seed_ids(demo_tok):
+    assert [demo_tok.tokenizer.token_to_id(t) for t in SPECIAL_TOKENS] == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize("n", [0, 21, 71, 80, 200, 1001, 1100, 80000, 371080, 999999])
+def test_number_words_round_trip_exactly(demo_tok, n):
+    for text in (english(n), french(n)):
+        ids = demo_tok.encode(text)
+        assert 0 not in ids  # no <unk>
+        assert demo_tok.decode(ids) == text
+
+
+def test_whitespace_and_case_are_normalised(demo_tok):
+    assert demo_tok.encode("  Forty-Two ") == demo_tok.encode("forty-two")
+
+
+def test_saved_tokenizer_reloads_identically(demo_tok, tmp_path):
+    demo_tok.save(tmp_path / "tokenizer.json")
+    again = load_tokenizer(tmp_path / "tokenizer.json")
+    assert again.encode(english(123456)) == demo_tok.encode(english(123456))
+
+
+def test_plain_vocab_splits_on_whitespace_and_maps_unknowns(tmp_path):
+    f = tmp_path / "vocab.json"
+    f.write_text(json.dumps(["<unk>", "<blank>", "<s>", "</s>", "ein", "Haus"]))
+    tok = load_tokenizer(f)
+    assert tok.encode("ein  Haus mehr") == [4, 5, 0]
+    assert tok.decode([4, 5, 3]) == "ein Haus"
+    assert tok.unknown_fraction("ein fremdes Wort") == pytest.approx(2 / 3)
+
+
+@pytest.mark.parametrize("content, message", [
+    ("", "vocabulary file is empty"),
+    ('["<s>", "<unk>", "<blank>", "</s>"]', r"special token <unk> has id 1, expected 0"),
+    ('{"<unk>": 0, "<blank>": 1, "<s>": 2, "</s>": 5}', "without gaps"),
+    ("<unk>\n<blank>\n<s>\n</s>\nx\nx\n", "token 'x' appears twice"),
+    ('{"model": {"type": "Nope"}}', "not a valid tokenizers JSON file"),
+    ("[1, 2, 3]", "expected a JSON list of tokens"),
+])
+def test_bad_vocabularies_are_explained(tmp_path, content, message):
+    f = tmp_path / "v.txt"
+    f.write_text(content)
+    with pytest.raises(VocabularyError, match=message):
+        load_tokenizer(f)
+
+
+def test_missing_vocab_file(tmp_path):
+    with pytest.raises(VocabularyError, match="nope.txt: vocabulary file not found; pass --vocab"):
+        load_tokenizer(tmp_path / "nope.txt")

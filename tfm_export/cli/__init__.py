@@ -1,0 +1,1 @@
+"""Command-line entry points: thin layers that parse, call one library function and print."""
