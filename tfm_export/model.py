@@ -29,6 +29,13 @@ def get_subsequent_mask(seq: Tensor) -> Tensor:
     return (1 - torch.triu(ones, diagonal=1)).bool()
 
 
+def step_mask(past_len: int | Tensor, new_len: int | Tensor) -> Tensor:
+    """(1, T, P+T) bool: new token i (at position P+i) sees cached and new keys up to itself."""
+    keys = torch.arange(past_len + new_len)[None, :]
+    queries = past_len + torch.arange(new_len)[:, None]
+    return (keys <= queries).unsqueeze(0)
+
+
 def sinusoid_table(n_position: int, d_hid: int) -> Tensor:
     """(1, n_position, d_hid) interleaved sin/cos table, computed in float64 like the seed."""
     position = np.arange(n_position, dtype=np.float64)[:, None]
@@ -136,6 +143,15 @@ class DecoderLayer(nn.Module):
         x, _ = self.enc_attn(x, enc_output, enc_output, mask=dec_enc_attn_mask)
         return self.pos_ffn(x)
 
+    def step(self, x: Tensor, past_k: Tensor, past_v: Tensor, enc_k: Tensor, enc_v: Tensor,
+             slf_attn_mask: Tensor, dec_enc_attn_mask: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """forward() for new tokens only: self-attention keys/values extend the cache (B, nh, P+T, d)."""
+        new_k, new_v = self.slf_attn.keys_values(x, x)
+        k, v = torch.cat([past_k, new_k], dim=2), torch.cat([past_v, new_v], dim=2)
+        x, _ = self.slf_attn.attend(x, k, v, mask=slf_attn_mask)
+        x, _ = self.enc_attn.attend(x, enc_k, enc_v, mask=dec_enc_attn_mask)
+        return self.pos_ffn(x), k, v
+
 
 class Embedder(nn.Module):
     """Shared start of encoder and decoder: embedding (x sqrt(d_model)), positions, dropout, LayerNorm."""
@@ -184,6 +200,22 @@ class Decoder(Embedder):
         for layer in self.layer_stack:
             x = layer(x, enc_output, slf_attn_mask=trg_mask, dec_enc_attn_mask=src_mask)
         return x
+
+    def cross_keys_values(self, enc_output: Tensor) -> list[tuple[Tensor, Tensor]]:
+        """Every layer's cross-attention keys/values, computed once per source."""
+        return [layer.enc_attn.keys_values(enc_output, enc_output) for layer in self.layer_stack]
+
+    def step(self, trg_new: Tensor, past: list[tuple[Tensor, Tensor]], cross: list[tuple[Tensor, Tensor]],
+             src_mask: Tensor) -> tuple[Tensor, list[tuple[Tensor, Tensor]]]:
+        """New target tokens (B, T) after P cached ones -> output (B, T, C) and the extended cache."""
+        past_len = past[0][0].size(2)
+        x = self._embed(trg_new, self.trg_word_emb, start=past_len)
+        mask = step_mask(past_len, trg_new.size(1))
+        present = []
+        for layer, (pk, pv), (ek, ev) in zip(self.layer_stack, past, cross, strict=True):
+            x, k, v = layer.step(x, pk, pv, ek, ev, mask, src_mask)
+            present.append((k, v))
+        return x, present
 
 
 class Transformer(nn.Module):

@@ -16,32 +16,14 @@ Conventions every decoder in this project shares:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from .errors import InputTextError
+from .hypothesis import Hypothesis
 from .model import Transformer, get_pad_mask, get_subsequent_mask
 from .tokenizer import BOS_ID, EOS_ID, PAD_ID
-
-
-@dataclass(frozen=True)
-class Hypothesis:
-    tokens: tuple[int, ...]  # generated ids, without <s> and </s>
-    score: float  # sum of log-probabilities, </s> included when generated
-    length_penalty: float = 1.0
-    finished: bool = True  # ended with </s> (False: cut at max_length)
-
-    @property
-    def length(self) -> int:
-        """Generated tokens, the final </s> included (what the length penalty divides by)."""
-        return len(self.tokens) + (1 if self.finished else 0)
-
-    @property
-    def normalized_score(self) -> float:
-        return self.score / max(self.length, 1) ** self.length_penalty
 
 
 def check_lengths(model: Transformer, src: Tensor, max_length: int | None) -> int:

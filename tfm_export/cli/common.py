@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from ..errors import TfmExportError
+from ..errors import InputTextError, TfmExportError
 
 
 class ErrorReportingGroup(click.Group):
@@ -34,3 +34,17 @@ vocab_option = click.option(
     "--vocab", "vocab", multiple=True, type=click.Path(path_type=Path, dir_okay=False),
     help="Vocabulary: a tokenizers JSON, a JSON list/dict or one token per line. Needed for seed-format "
          "checkpoints; give it twice (source, then target) for split vocabularies.")
+
+
+def read_text_lines(input_file: Path | None) -> list[str]:
+    """Lines of a UTF-8 file, or of stdin when no file is given; bad bytes are a one-line error."""
+    name = str(input_file) if input_file else "<stdin>"
+    try:
+        data = input_file.read_bytes() if input_file else sys.stdin.buffer.read()
+    except OSError as exc:
+        raise InputTextError(f"{name}: cannot read input ({exc.strerror})") from None
+    try:
+        return data.decode("utf-8").splitlines()
+    except UnicodeDecodeError as exc:
+        line = data[:exc.start].count(b"\n") + 1
+        raise InputTextError(f"{name}: line {line} is not valid UTF-8; convert the file to UTF-8") from None

@@ -9,9 +9,14 @@ import torch
 
 from .. import demo_numbers
 from ..checkpoint import load_checkpoint
+from ..export_pipeline import export_model_dir
+from ..inspect_model import inspect_model
+from ..onnx_export import SUPPORTED_OPSETS
+from ..parity import Tolerance
 from ..train import TrainSettings, train_demo
 from ..translate import DecodeOptions, translate_texts
-from .common import ErrorReportingGroup, setup_logging, vocab_option
+from ..verify import checkpoint_for, verify
+from .common import ErrorReportingGroup, read_text_lines, setup_logging, vocab_option
 
 
 @click.group(cls=ErrorReportingGroup)
@@ -53,3 +58,76 @@ def eval_demo(checkpoint: Path, vocab: tuple[Path, ...], beam_size: int, show_mi
                f"held-out numbers, {decoding}")
     for i in misses[:show_misses]:
         click.echo(f"  {pairs[i][0]!r} -> {results[i].text!r} (expected {pairs[i][1]!r})")
+
+
+@main.command("onnx")
+@click.option("--checkpoint", type=click.Path(path_type=Path), required=True,
+              help="A tfm-export or seed train.py checkpoint.")
+@vocab_option
+@click.option("--output", type=click.Path(path_type=Path, file_okay=False), required=True,
+              help="Model directory to create (encoder.onnx, decoder_step.onnx, manifest.json, tokenizer).")
+@click.option("--opset", type=click.Choice([str(o) for o in SUPPORTED_OPSETS]), default="18", show_default=True,
+              help="ONNX opset; both keep LayerNormalization as one op (TensorRT 10.3+).")
+@click.option("--no-optimize", is_flag=True, help="Skip the exporter's graph optimizer (constant folding etc.).")
+@click.option("--force", is_flag=True, help="Replace a non-empty output directory.")
+def onnx_cmd(checkpoint: Path, vocab: tuple[Path, ...], output: Path, opset: str, no_optimize: bool,
+             force: bool) -> None:
+    """Export encoder and decoder-step ONNX graphs with an explicit KV cache, checked against PyTorch."""
+    ckpt = load_checkpoint(checkpoint, list(vocab))
+    manifest = export_model_dir(ckpt, output, int(opset), optimize=not no_optimize, force=force)
+    click.echo(f"wrote {output}: {', '.join(g['file'] for g in manifest['graphs'].values())}, manifest.json "
+               f"(opset {manifest['opset']}, {manifest['precision']}, max {manifest['limits']['max_source_length']} "
+               "positions)")
+
+
+@main.command("verify")
+@click.option("--model", "model_dir", type=click.Path(path_type=Path), required=True, help="Exported model directory.")
+@click.option("--checkpoint", type=click.Path(path_type=Path), default=None,
+              help="Checkpoint to compare with (default: the one the manifest names, if still there).")
+@vocab_option
+@click.option("--input", "input_file", type=click.Path(path_type=Path, dir_okay=False), default=None,
+              help="Real sentences (one per line) to compare on, besides random inputs.")
+@click.option("--samples", type=click.IntRange(min=1), default=16, show_default=True,
+              help="Random sources decoded by both sides.")
+@click.option("--steps", type=click.IntRange(min=1), default=30, show_default=True,
+              help="Decoder steps compared with the cache fed back.")
+@click.option("--beam-size", type=click.IntRange(min=1), default=4, show_default=True)
+@click.option("--atol", type=float, default=Tolerance.atol, show_default=True)
+@click.option("--rtol", type=float, default=Tolerance.rtol, show_default=True,
+              help="Relative to the largest reference value of each tensor.")
+@click.option("--min-agreement", type=click.FloatRange(0, 1), default=0.99, show_default=True,
+              help="Fraction of decodes that must be token-identical.")
+def verify_cmd(model_dir: Path, checkpoint: Path | None, vocab: tuple[Path, ...], input_file: Path | None,
+               samples: int, steps: int, beam_size: int, atol: float, rtol: float, min_agreement: float) -> None:
+    """Compare ONNX Runtime with PyTorch: tensor errors step by step, and greedy/beam token agreement."""
+    ckpt = checkpoint_for(model_dir, checkpoint, vocab)
+    texts = read_text_lines(input_file) if input_file else []
+    report = verify(model_dir, ckpt, texts, samples=samples, steps=steps, beam_size=beam_size,
+                    tolerance=Tolerance(atol, rtol), min_agreement=min_agreement)
+    click.echo(f"{'tensor':58} {'max abs':>10} {'max rel':>10}  ok")
+    for d in report.tensors:
+        click.echo(f"{d.name:58} {d.max_abs:10.2e} {d.max_rel:10.2e}  {'yes' if d.within(report.tolerance) else 'NO'}")
+    for a in report.agreements:
+        click.echo(f"{a.name:58} {a.identical:>5}/{a.total:<5} identical ({100 * a.rate:.1f}%)")
+    if report.failures:
+        raise click.ClickException("parity check failed: " + "; ".join(report.failures))
+    click.echo(f"parity OK (atol {atol}, rtol {rtol}, agreement >= {min_agreement:.0%})")
+
+
+@main.command("inspect")
+@click.option("--model", "model_dir", type=click.Path(path_type=Path), required=True, help="Exported model directory.")
+def inspect_cmd(model_dir: Path) -> None:
+    """Show graph inputs/outputs with shapes, op counts, sizes, precision and opset."""
+    manifest, infos = inspect_model(model_dir)
+    cfg = manifest["model"]
+    click.echo(f"{model_dir}: {manifest['precision']}, opset {manifest['opset']}, d_model {cfg['d_model']}, "
+               f"{cfg['n_layers']}+{cfg['n_layers']} layers, {cfg['n_head']} heads, vocab "
+               f"{cfg['src_vocab_size']}/{cfg['trg_vocab_size']}, max {manifest['limits']['max_source_length']} "
+               f"positions; optimizations: {', '.join(manifest['optimizations']) or 'none'}")
+    for g in infos:
+        click.echo(f"\n{g.file.name}: {g.size_bytes / 1e6:.2f} MB, {g.weight_count} weights "
+                   f"({g.weight_bytes / 1e6:.2f} MB), opset {g.opset}")
+        for kind, values in (("in ", g.inputs), ("out", g.outputs)):
+            for name, dtype, shape in values:
+                click.echo(f"  {kind} {name:36} {dtype:8} [{', '.join(map(str, shape))}]")
+        click.echo("  ops: " + ", ".join(f"{op} {n}" for op, n in g.op_counts.items()))

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import click
 
 from ..checkpoint import load_checkpoint
-from ..errors import InputTextError
 from ..translate import DecodeOptions, translate_texts
-from .common import ErrorReportingGroup, setup_logging, vocab_option
+from .common import ErrorReportingGroup, read_text_lines, setup_logging, vocab_option
 
 
 @click.group(cls=ErrorReportingGroup)
@@ -22,19 +20,7 @@ def main(verbose: bool) -> None:
 
 def read_lines(input_file: Path | None, texts: tuple[str, ...]) -> list[str]:
     """TEXT arguments, else the input file, else stdin; one sentence per line."""
-    if texts:
-        return list(texts)
-    name = str(input_file) if input_file else "<stdin>"
-    try:
-        data = input_file.read_bytes() if input_file else sys.stdin.buffer.read()
-    except OSError as exc:
-        raise InputTextError(f"{name}: cannot read input ({exc.strerror})") from None
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        line = data[:exc.start].count(b"\n") + 1
-        raise InputTextError(f"{name}: line {line} is not valid UTF-8; convert the file to UTF-8") from None
-    return text.splitlines()
+    return list(texts) if texts else read_text_lines(input_file)
 
 
 @main.command()

@@ -1,0 +1,106 @@
+"""The exported model directory: staged writes with an atomic rename, the manifest, and reading it back.
+
+A directory either is complete (manifest.json last) or does not exist under its final name: files
+are written into a hidden sibling and renamed into place, so an interrupted export leaves nothing
+that looks like a model.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from .checkpoint import file_sha256
+from .errors import TfmExportError
+
+MANIFEST = "manifest.json"
+FORMAT_NAME = "tfm-export-model"
+FORMAT_VERSION = 1
+
+
+class ModelDirError(TfmExportError):
+    """A model directory that cannot be written or read."""
+
+
+def check_output(output: Path, force: bool) -> None:
+    """Fail before any slow work if the output cannot be written."""
+    if output.exists() and not output.is_dir():
+        raise ModelDirError(f"{output}: exists and is not a directory; choose another --output")
+    if output.is_dir() and any(output.iterdir()) and not force:
+        raise ModelDirError(f"{output}: directory is not empty; pass --force to replace it "
+                            "or choose another --output")
+    parent = output.resolve().parent
+    if not parent.is_dir():
+        raise ModelDirError(f"{parent}: parent directory of --output does not exist; create it first")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ModelDirError(f"{parent}: not writable; choose a writable --output")
+
+
+@contextlib.contextmanager
+def staged_directory(output: Path, force: bool) -> Iterator[Path]:
+    """Yield a hidden staging directory beside `output`; on success it replaces `output` atomically."""
+    check_output(output, force)
+    parent = output.resolve().parent
+    try:
+        staging = Path(tempfile.mkdtemp(prefix=f".{output.name}.", suffix=".partial", dir=parent))
+    except OSError as exc:
+        raise ModelDirError(f"{parent}: cannot create the output ({exc.strerror}); "
+                            "choose a writable --output") from None
+    try:
+        yield staging
+        _swap_into_place(staging, output.resolve())
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+
+
+def _swap_into_place(staging: Path, output: Path) -> None:
+    old = None
+    if output.exists():
+        old = output.with_name(f".{output.name}.old-{os.getpid()}")
+        os.replace(output, old)
+    os.replace(staging, output)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def write_manifest(directory: Path, manifest: dict[str, Any]) -> None:
+    (directory / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+
+
+def read_manifest(directory: Path) -> dict[str, Any]:
+    if not directory.exists():
+        raise ModelDirError(f"{directory}: model directory not found; export one with `tfm-export onnx`")
+    if not directory.is_dir():
+        raise ModelDirError(f"{directory}: is a file, not a model directory (the torch backend takes checkpoints)")
+    path = directory / MANIFEST
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ModelDirError(f"{path}: missing; this is not a tfm-export model directory") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ModelDirError(f"{path}: unreadable manifest ({exc}); export the model again") from None
+    if manifest.get("format") != FORMAT_NAME:
+        raise ModelDirError(f"{path}: not a {FORMAT_NAME} manifest")
+    if manifest.get("format_version") != FORMAT_VERSION:
+        raise ModelDirError(f"{path}: format version {manifest.get('format_version')} is not supported "
+                            f"(this tool reads {FORMAT_VERSION}); upgrade tfm-export or export again")
+    return manifest
+
+
+def graph_path(directory: Path, manifest: dict[str, Any], graph: str, check_hash: bool = True) -> Path:
+    """The graph's file, checked against the manifest's sha256 (a swapped or damaged file is refused)."""
+    entry = manifest["graphs"][graph]
+    path = directory / entry["file"]
+    if not path.is_file():
+        raise ModelDirError(f"{path}: graph file missing from the model directory; export the model again")
+    if check_hash and file_sha256(path) != entry["sha256"]:
+        raise ModelDirError(f"{path}: sha256 differs from manifest.json (file changed or damaged); "
+                            "export the model again")
+    return path

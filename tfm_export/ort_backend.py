@@ -1,0 +1,75 @@
+"""The ONNX Runtime backend: encoder once, decoder_step per token, the KV cache fed back as arrays."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+
+from .config import ModelConfig
+from .graph_spec import Graph, cache_name
+from .model_dir import graph_path, read_manifest
+from .ort_session import DEFAULT_OPTIONS, SessionOptions, open_session, run
+from .tokenizer import PAD_ID
+
+
+@dataclass(frozen=True)
+class CacheState:
+    """Per row: source mask (N, S), cross-attention K/V and self-attention K/V, flat per layer."""
+
+    mask: np.ndarray
+    cross: tuple[np.ndarray, ...]  # per layer: key (N, nh, S, dk), value (N, nh, S, dv)
+    past: tuple[np.ndarray, ...]  # per layer: key (N, nh, P, dk), value (N, nh, P, dv)
+
+    @property
+    def past_length(self) -> int:
+        return self.past[0].shape[2]
+
+
+class OrtBackend:
+    """Implements decoding.StepBackend on an encoder and a decoder_step session."""
+
+    def __init__(self, encoder: ort.InferenceSession, decoder: ort.InferenceSession, config: ModelConfig) -> None:
+        self.encoder, self.decoder, self.config = encoder, decoder, config
+        self.step_calls = 0  # decoder_step runs, for tests that count work
+        layers, roles = range(config.n_layers), ("key", "value")
+        self.cross_output_names = [cache_name("present", i, "encoder", r) for i in layers for r in roles]
+        self._self_out = [cache_name("present", i, "decoder", r) for i in layers for r in roles]
+        self._self_in = [cache_name("past_key_values", i, "decoder", r) for i in layers for r in roles]
+        self._cross_in = [cache_name("past_key_values", i, "encoder", r) for i in layers for r in roles]
+
+    @classmethod
+    def open(cls, directory: Path, options: SessionOptions = DEFAULT_OPTIONS) -> OrtBackend:
+        """Sessions for a model directory, its graphs checked against the manifest's sha256."""
+        manifest = read_manifest(Path(directory))
+        sessions = [open_session(graph_path(Path(directory), manifest, g.value), options) for g in Graph]
+        return cls(*sessions, ModelConfig.from_dict(manifest["model"]))
+
+    def run_encoder(self, src: np.ndarray) -> dict[str, np.ndarray]:
+        mask = (src != PAD_ID).astype(np.int64)
+        return run(self.encoder, {"input_ids": src.astype(np.int64), "attention_mask": mask})
+
+    def encode(self, src: np.ndarray) -> CacheState:
+        out = self.run_encoder(src)
+        cfg = self.config
+        empty = [np.zeros((len(src), cfg.n_head, 0, d), np.float32) for d in (cfg.d_k, cfg.d_v)] * cfg.n_layers
+        mask = (src != PAD_ID).astype(np.int64)
+        return CacheState(mask, tuple(out[name] for name in self.cross_output_names), tuple(empty))
+
+    def run_step(self, state: CacheState, input_ids: np.ndarray) -> tuple[CacheState, np.ndarray]:
+        """Raw decoder_step: (N, T) new tokens -> new state and (N, T, V) logits."""
+        feeds = {"input_ids": input_ids.astype(np.int64), "encoder_attention_mask": state.mask,
+                 **dict(zip(self._self_in, state.past, strict=True)),
+                 **dict(zip(self._cross_in, state.cross, strict=True))}
+        out = run(self.decoder, feeds)
+        self.step_calls += 1
+        return CacheState(state.mask, state.cross, tuple(out[n] for n in self._self_out)), out["logits"]
+
+    def step(self, state: CacheState, tokens: np.ndarray) -> tuple[CacheState, np.ndarray]:
+        new_state, logits = self.run_step(state, tokens[:, None])
+        return new_state, logits[:, -1]
+
+    def reorder(self, state: CacheState, rows: np.ndarray) -> CacheState:
+        return CacheState(state.mask[rows], tuple(a[rows] for a in state.cross), tuple(a[rows] for a in state.past))

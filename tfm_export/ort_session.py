@@ -1,0 +1,46 @@
+"""ONNX Runtime sessions for the exported graphs, with the CPU options that matter."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+
+from .errors import TfmExportError
+
+OPT_LEVELS = {"disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+              "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+              "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+              "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL}
+
+
+@dataclass(frozen=True)
+class SessionOptions:
+    intra_op_threads: int = int(os.environ.get("TFM_ORT_THREADS", "0"))  # 0 = ONNX Runtime's choice
+    optimization: str = os.environ.get("TFM_ORT_OPT_LEVEL", "all")
+    memory_arena: bool = True
+
+
+DEFAULT_OPTIONS = SessionOptions()
+
+
+def open_session(path: Path, options: SessionOptions = DEFAULT_OPTIONS) -> ort.InferenceSession:
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = options.intra_op_threads
+    so.inter_op_num_threads = 1
+    so.graph_optimization_level = OPT_LEVELS[options.optimization]
+    so.enable_cpu_mem_arena = options.memory_arena
+    so.log_severity_level = 3
+    try:
+        return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+    except Exception as exc:  # onnxruntime raises its own Fail/InvalidGraph types
+        reason = str(exc).splitlines()[0][:200]
+        raise TfmExportError(f"{path}: ONNX Runtime cannot load this graph ({reason})") from None
+
+
+def run(session: ort.InferenceSession, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    names = [o.name for o in session.get_outputs()]
+    return dict(zip(names, session.run(names, feeds), strict=True))
