@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import contextlib
+import subprocess
 import sys
 from pathlib import Path
 
@@ -36,3 +38,27 @@ def tiny_model() -> Transformer:
 def listing(directory: Path) -> list[str]:
     """Every path under a directory, to show that a failed command wrote nothing."""
     return sorted(str(p.relative_to(directory)) for p in directory.rglob("*"))
+
+
+@contextlib.contextmanager
+def unwritable_dir(path: Path):
+    """A directory nobody may write into, root included (immutable flag), else by permissions."""
+    path.mkdir(parents=True, exist_ok=True)
+    immutable = subprocess.run(["chattr", "+i", str(path)], capture_output=True).returncode == 0
+    if not immutable:
+        path.chmod(0o500)
+    try:
+        probe = path / ".probe"
+        try:
+            probe.touch()
+        except OSError:
+            pass
+        else:
+            probe.unlink()
+            pytest.skip("cannot make a directory unwritable here (root without chattr)")
+        yield path
+    finally:
+        if immutable:
+            subprocess.run(["chattr", "-i", str(path)], check=True)
+        else:
+            path.chmod(0o700)

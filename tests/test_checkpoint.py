@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 from click.testing import CliRunner
-from conftest import listing, tiny_config
+from conftest import listing, tiny_config, unwritable_dir
 from seed_oracle import save_seed_checkpoint, seed_forward, seed_settings, seed_state_dict, seed_vocab
 
 from tfm_export.checkpoint import Vocabulary, load_checkpoint, save_checkpoint
@@ -161,17 +161,10 @@ def test_missing_tokenizer_beside_own_checkpoint(tmp_path, tiny_model):
 
 def test_save_into_unwritable_directory_leaves_nothing(tmp_path, tiny_model):
     tok = plain_word_tokenizer(["<unk>", "<blank>", "<s>", "</s>", *[f"t{i}" for i in range(9)]], "test")
-    locked = tmp_path / "locked"
-    locked.mkdir()
-    locked.chmod(0o500)
-    try:
-        if os.access(locked, os.W_OK):
-            pytest.skip("running as a user that ignores directory permissions")
+    with unwritable_dir(tmp_path / "locked") as locked:
         with pytest.raises(CheckpointError, match="cannot write checkpoint"):
             save_checkpoint(tiny_model, Vocabulary(tok, tok), locked / "ckpt.pt")
         assert listing(locked) == []
-    finally:
-        locked.chmod(0o700)
 
 
 def test_cli_reports_bad_checkpoint_in_one_line_and_writes_nothing(tmp_path, monkeypatch):

@@ -59,3 +59,10 @@ def test_console_script_translates_forty_two():
     out = subprocess.run([str(script), "translate", "--model", str(DEMO_CKPT), "--backend", "torch",
                           "forty-two", "seventy-one", "eighty"], capture_output=True, text=True, check=True)
     assert out.stdout.splitlines() == ["quarante-deux", "soixante et onze", "quatre-vingts"]
+
+
+def test_make_demo_sentences_translate_correctly(demo):
+    """The sentences `make demo` shows, across magnitudes, must come out exactly right."""
+    numbers = [42, 71, 80, 1234, 7001, 12345, 999999]
+    results = translate_texts(demo, [demo_numbers.english(n) for n in numbers], DecodeOptions(beam_size=1))
+    assert [r.text for r in results] == [demo_numbers.french(n) for n in numbers]

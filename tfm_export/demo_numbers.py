@@ -31,13 +31,24 @@ def held_out_numbers() -> tuple[int, ...]:
     return tuple(rng.sample(range(1000, MAX_NUMBER + 1), HELD_OUT_SIZE))
 
 
+# Training draws a magnitude first, so 4- and 5-digit numbers ("one thousand, ..." vs "one hundred
+# thousand, ...") are not drowned by the 900,000 six-digit ones.
+MAGNITUDES = ((0, 1000, 0.2), (1000, 10_000, 0.2), (10_000, 100_000, 0.2), (100_000, MAX_NUMBER + 1, 0.4))
+
+
 def training_number(rng: random.Random) -> int:
-    """A number for training: a quarter below 1,000 (each is seen often), the rest uniform, never held out."""
-    held_out = set(held_out_numbers())
+    """A number for training, drawn by magnitude, never one of the held-out numbers."""
+    held_out = _held_out_set()
+    low, high, _ = rng.choices(MAGNITUDES, weights=[w for *_, w in MAGNITUDES])[0]
     while True:
-        n = rng.randrange(1000) if rng.random() < 0.25 else rng.randrange(MAX_NUMBER + 1)
+        n = rng.randrange(low, high)
         if n not in held_out:
             return n
+
+
+@cache
+def _held_out_set() -> frozenset[int]:
+    return frozenset(held_out_numbers())
 
 
 def corpus_for_vocabulary() -> list[str]:

@@ -163,10 +163,10 @@ def export_all(model: Transformer, opset: int, optimize: bool = True) -> dict[Gr
     return graphs
 
 
-def save_graph(proto: onnx.ModelProto, path: Path) -> list[Path]:
+def save_graph(proto: onnx.ModelProto, path: Path, external_above: int = EXTERNAL_DATA_BYTES) -> list[Path]:
     """Weights inline below 2 GB, in `<name>.onnx.data` above. Returns the files written."""
     size = sum(len(init.raw_data) for init in proto.graph.initializer)
-    if size < EXTERNAL_DATA_BYTES:
+    if size < external_above:
         onnx.save_model(proto, path)
         return [path]
     data = path.with_name(path.name + ".data")

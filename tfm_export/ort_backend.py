@@ -9,6 +9,7 @@ import numpy as np
 import onnxruntime as ort
 
 from .config import ModelConfig
+from .errors import InputTextError
 from .graph_spec import Graph, cache_name
 from .model_dir import graph_path, read_manifest
 from .ort_session import DEFAULT_OPTIONS, SessionOptions, open_session, run
@@ -52,6 +53,9 @@ class OrtBackend:
         return run(self.encoder, {"input_ids": src.astype(np.int64), "attention_mask": mask})
 
     def encode(self, src: np.ndarray) -> CacheState:
+        if src.shape[1] > self.config.n_position:
+            raise InputTextError(f"source of {src.shape[1]} tokens (with <s> and </s>) is longer than the model's "
+                                 f"{self.config.n_position} positions (manifest limits.max_source_length)")
         out = self.run_encoder(src)
         cfg = self.config
         empty = [np.zeros((len(src), cfg.n_head, 0, d), np.float32) for d in (cfg.d_k, cfg.d_v)] * cfg.n_layers
@@ -60,6 +64,9 @@ class OrtBackend:
 
     def run_step(self, state: CacheState, input_ids: np.ndarray) -> tuple[CacheState, np.ndarray]:
         """Raw decoder_step: (N, T) new tokens -> new state and (N, T, V) logits."""
+        if state.past_length + input_ids.shape[1] > self.config.n_position:
+            raise InputTextError(f"decoding past {self.config.n_position} target positions "
+                                 "(manifest limits.max_target_length); lower --max-length")
         feeds = {"input_ids": input_ids.astype(np.int64), "encoder_attention_mask": state.mask,
                  **dict(zip(self._self_in, state.past, strict=True)),
                  **dict(zip(self._cross_in, state.cross, strict=True))}
