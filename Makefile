@@ -23,10 +23,11 @@ demo: setup
 	mkdir -p build
 	$(VENV)/bin/tfm-export onnx --checkpoint models/demo/ckpt.pt --output $(DEMO_ONNX) --force
 	$(VENV)/bin/tfm-export inspect --model $(DEMO_ONNX)
-	$(VENV)/bin/tfm-run translate --model models/demo/ckpt.pt --backend torch \
+	$(VENV)/bin/tfm-run translate --model $(DEMO_ONNX) \
 		"forty-two" "one thousand, two hundred and thirty-four" "nine hundred and ninety-nine thousand, nine hundred and ninety-nine"
+	$(VENV)/bin/tfm-run translate --model $(DEMO_ONNX) --beam-size 4 --format jsonl "seventy-one thousand and eighty"
 	$(VENV)/bin/tfm-export verify --model $(DEMO_ONNX) --input models/demo/samples.en.txt
-	$(VENV)/bin/tfm-export eval-demo --checkpoint models/demo/ckpt.pt
+	$(VENV)/bin/tfm-export eval-demo --model $(DEMO_ONNX)
 
 test: setup
 	$(PY) -m pytest -q
@@ -41,7 +42,7 @@ bench: setup
 # Retrain the shipped demo model (8-14 minutes on 2 CPU cores; bit-identical weights).
 demo-model: setup
 	$(VENV)/bin/tfm-export train-demo --output models/demo
-	$(VENV)/bin/tfm-export eval-demo --checkpoint models/demo/ckpt.pt
+	$(VENV)/bin/tfm-export eval-demo --model models/demo/ckpt.pt
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache

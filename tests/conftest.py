@@ -35,6 +35,16 @@ def tiny_model() -> Transformer:
     return Transformer(tiny_config()).eval()
 
 
+@pytest.fixture(scope="session")
+def demo_onnx(tmp_path_factory) -> Path:
+    """The demo checkpoint exported once per test session."""
+    from tfm_export.checkpoint import load_checkpoint
+    from tfm_export.export_pipeline import export_model_dir
+    out = tmp_path_factory.mktemp("demo-onnx") / "model"
+    export_model_dir(load_checkpoint(DEMO_CKPT), out, progress=False)
+    return out
+
+
 def listing(directory: Path) -> list[str]:
     """Every path under a directory, to show that a failed command wrote nothing."""
     return sorted(str(p.relative_to(directory)) for p in directory.rglob("*"))

@@ -11,15 +11,19 @@ import pytest
 from click.testing import CliRunner
 from conftest import DEMO_CKPT
 
-from tfm_export import demo_numbers
+from tfm_export import DecodeOptions, Translator, demo_numbers
 from tfm_export.checkpoint import load_checkpoint
 from tfm_export.cli.export_cli import main as export_main
-from tfm_export.translate import DecodeOptions, translate_texts
 
 
 @pytest.fixture(scope="module")
 def demo():
     return load_checkpoint(DEMO_CKPT)
+
+
+@pytest.fixture(scope="module", params=["torch", "onnxruntime"])
+def translator(request, demo_onnx):
+    return Translator.load(DEMO_CKPT if request.param == "torch" else demo_onnx)
 
 
 def test_demo_checkpoint_is_small_and_finds_its_tokenizer(demo):
@@ -37,15 +41,15 @@ def test_held_out_numbers_are_never_trained_on():
 
 
 @pytest.mark.parametrize("beam_size", [1, 4])
-def test_exact_match_on_held_out_numbers(demo, beam_size):
+def test_exact_match_on_held_out_numbers(translator, beam_size):
     pairs = demo_numbers.held_out_pairs()
-    results = translate_texts(demo, [en for en, _ in pairs], DecodeOptions(beam_size=beam_size, batch_size=100))
+    results = translator.translate([en for en, _ in pairs], DecodeOptions(beam_size=beam_size, batch_size=100))
     score, _ = demo_numbers.exact_match([r.text for r in results], [fr for _, fr in pairs])
     assert score >= 0.97
 
 
 def test_eval_demo_command_reports_exact_match():
-    result = CliRunner().invoke(export_main, ["eval-demo", "--checkpoint", str(DEMO_CKPT), "--show-misses", "0"])
+    result = CliRunner().invoke(export_main, ["eval-demo", "--model", str(DEMO_CKPT), "--show-misses", "0"])
     assert result.exit_code == 0
     assert result.output.startswith("exact match: ") and "(9" in result.output and "/1000)" in result.output
 
@@ -61,8 +65,8 @@ def test_console_script_translates_forty_two():
     assert out.stdout.splitlines() == ["quarante-deux", "soixante et onze", "quatre-vingts"]
 
 
-def test_make_demo_sentences_translate_correctly(demo):
+def test_make_demo_sentences_translate_correctly(translator):
     """The sentences `make demo` shows, across magnitudes, must come out exactly right."""
     numbers = [42, 71, 80, 1234, 7001, 12345, 999999]
-    results = translate_texts(demo, [demo_numbers.english(n) for n in numbers], DecodeOptions(beam_size=1))
+    results = translator.translate([demo_numbers.english(n) for n in numbers])
     assert [r.text for r in results] == [demo_numbers.french(n) for n in numbers]

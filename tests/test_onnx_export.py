@@ -17,7 +17,7 @@ from seed_oracle import save_seed_checkpoint, seed_settings, seed_state_dict, se
 
 from tfm_export import decoding, demo_numbers, reference_decoding
 from tfm_export.batching import pad_batch
-from tfm_export.checkpoint import Vocabulary, file_sha256, load_checkpoint, save_checkpoint
+from tfm_export.checkpoint import file_sha256, load_checkpoint, save_checkpoint
 from tfm_export.cli.export_cli import main as export_main
 from tfm_export.config import ModelConfig
 from tfm_export.errors import InputTextError
@@ -28,7 +28,7 @@ from tfm_export.model_dir import ModelDirError, staged_directory
 from tfm_export.onnx_export import save_graph
 from tfm_export.ort_backend import OrtBackend
 from tfm_export.parity import compare_stepwise, random_sources, random_targets
-from tfm_export.tokenizer import BOS_ID, EOS_ID, plain_word_tokenizer
+from tfm_export.tokenizer import BOS_ID, EOS_ID, Vocabulary, plain_word_tokenizer
 
 
 def make_ckpt(directory, cfg: ModelConfig, seed: int = 0):
@@ -49,11 +49,8 @@ def tiny(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def demo(tmp_path_factory):
-    out = tmp_path_factory.mktemp("demo") / "model"
-    ckpt = load_checkpoint(DEMO_CKPT)
-    export_model_dir(ckpt, out, progress=False)
-    return ckpt, out
+def demo(demo_onnx):
+    return load_checkpoint(DEMO_CKPT), demo_onnx
 
 
 def assert_stepwise_parity(ckpt, directory, batch, atol=1e-4):
@@ -165,7 +162,7 @@ def test_demo_decodes_are_token_identical_to_reference(demo):
     ckpt, directory = demo
     backend = OrtBackend.open(directory)
     texts = [en for en, _ in demo_numbers.held_out_pairs()[:200]]
-    src = pad_batch([[BOS_ID, *ckpt.vocab.source.encode(t), EOS_ID] for t in texts]).numpy()
+    src = pad_batch([[BOS_ID, *ckpt.vocab.source.encode(t), EOS_ID] for t in texts])
     got = decoding.greedy(backend, src, 40)
     want = reference_decoding.greedy_decode(ckpt.model, torch.from_numpy(src), 40)
     assert [h.tokens for h in got] == [h.tokens for h in want]

@@ -13,6 +13,7 @@ from tfm_export.reference_decoding import beam_search, greedy_decode
 from tfm_export.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
 SOURCES = [[2, 5, 6, 7, 3], [2, 8, 3], [2, 9, 10, 11, 12, 4, 3], [2, 3]]
+BATCH = torch.from_numpy(pad_batch(SOURCES))
 
 
 @pytest.fixture(scope="module")
@@ -38,27 +39,27 @@ def manual_greedy(model, src, steps):
 
 
 def test_greedy_equals_manual_argmax_loop(model):
-    hyps = greedy_decode(model, pad_batch(SOURCES), max_length=15)
+    hyps = greedy_decode(model, BATCH, max_length=15)
     for src, hyp in zip(SOURCES, hyps, strict=True):
         assert hyp.tokens == manual_greedy(model, src, 15)
         assert PAD_ID not in hyp.tokens
 
 
 def test_beam_one_is_greedy(model):
-    greedy = greedy_decode(model, pad_batch(SOURCES), max_length=15)
-    beam = beam_search(model, pad_batch(SOURCES), beam_size=1, max_length=15)
+    greedy = greedy_decode(model, BATCH, max_length=15)
+    beam = beam_search(model, BATCH, beam_size=1, max_length=15)
     assert [b[0].tokens for b in beam] == [g.tokens for g in greedy]
     assert [b[0].score for b in beam] == pytest.approx([g.score for g in greedy], abs=1e-5)
 
 
 def test_batching_with_padding_changes_no_output(model):
-    together = beam_search(model, pad_batch(SOURCES), beam_size=4, max_length=15, n_best=4)
+    together = beam_search(model, BATCH, beam_size=4, max_length=15, n_best=4)
     alone = [beam_search(model, torch.tensor([s]), beam_size=4, max_length=15, n_best=4)[0] for s in SOURCES]
     assert [[h.tokens for h in nb] for nb in together] == [[h.tokens for h in nb] for nb in alone]
 
 
 def test_beam_scores_are_sorted_and_distinct(model):
-    for nbest in beam_search(model, pad_batch(SOURCES), beam_size=4, max_length=15, length_penalty=0.6, n_best=4):
+    for nbest in beam_search(model, BATCH, beam_size=4, max_length=15, length_penalty=0.6, n_best=4):
         assert [h.normalized_score for h in nbest] == sorted((h.normalized_score for h in nbest), reverse=True)
         assert len({h.tokens for h in nbest}) == len(nbest)
 
@@ -74,15 +75,15 @@ def test_score_is_the_models_log_probability_of_the_output(model, beam_size):
 
 
 def test_beam_finds_at_least_greedy_score(model):
-    greedy = greedy_decode(model, pad_batch(SOURCES), max_length=15)
-    beam = beam_search(model, pad_batch(SOURCES), beam_size=5, max_length=15, length_penalty=0.0)
+    greedy = greedy_decode(model, BATCH, max_length=15)
+    beam = beam_search(model, BATCH, beam_size=5, max_length=15, length_penalty=0.0)
     for g, b in zip(greedy, beam, strict=True):
         if g.finished:
             assert b[0].score >= g.score - 1e-5
 
 
 def test_max_length_cuts_hypotheses(model):
-    hyps = greedy_decode(model, pad_batch(SOURCES), max_length=2)
+    hyps = greedy_decode(model, BATCH, max_length=2)
     assert all(len(h.tokens) <= 2 for h in hyps)
     assert any(not h.finished for h in hyps) or all(h.finished for h in hyps)
 

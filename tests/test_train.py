@@ -8,10 +8,10 @@ import pytest
 import torch
 from conftest import tiny_config
 
-from tfm_export.checkpoint import Vocabulary, load_checkpoint
+from tfm_export.checkpoint import load_checkpoint
 from tfm_export.model import Transformer
 from tfm_export.reference_decoding import greedy_decode
-from tfm_export.tokenizer import plain_word_tokenizer
+from tfm_export.tokenizer import Vocabulary, plain_word_tokenizer
 from tfm_export.train import TrainSettings, make_batch, train, warmup_schedule
 
 WORDS = ["<unk>", "<blank>", "<s>", "</s>", "a", "b", "c", "d", "e", "f"]

@@ -4,3 +4,13 @@ Data flows one way through the modules: checkpoint -> model -> graphs -> precisi
 """
 
 __version__ = "0.1.0"
+
+_API = {"Translator", "DecodeOptions", "Translation"}
+
+
+def __getattr__(name: str):
+    """`from tfm_export import Translator` without importing ONNX Runtime for every submodule user."""
+    if name in _API:
+        from . import translator
+        return getattr(translator, name)
+    raise AttributeError(f"module 'tfm_export' has no attribute {name!r}")

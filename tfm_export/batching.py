@@ -4,16 +4,16 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 
-import torch
+import numpy as np
 
 from .tokenizer import PAD_ID
 
 
-def pad_batch(seqs: Sequence[Sequence[int]]) -> torch.Tensor:
+def pad_batch(seqs: Sequence[Sequence[int]]) -> np.ndarray:
     """(B, T) int64, right-padded with <blank>."""
-    out = torch.full((len(seqs), max(map(len, seqs))), PAD_ID, dtype=torch.long)
+    out = np.full((len(seqs), max(map(len, seqs))), PAD_ID, dtype=np.int64)
     for row, seq in enumerate(seqs):
-        out[row, :len(seq)] = torch.tensor(seq, dtype=torch.long)
+        out[row, :len(seq)] = seq
     return out
 
 

@@ -25,7 +25,7 @@ import torch
 from .config import ModelConfig
 from .errors import CheckpointError, VocabularyError
 from .model import Transformer
-from .tokenizer import TOKENIZER_FILE, TextTokenizer, load_tokenizer
+from .tokenizer import TOKENIZER_FILE, Vocabulary, load_tokenizer
 
 FORMAT_NAME = "tfm-export-checkpoint"
 FORMAT_VERSION = 1
@@ -36,18 +36,6 @@ SHARED_WEIGHTS = {
     "proj_share_weight": ("trg_word_prj.weight", "decoder.trg_word_emb.weight"),
     "embs_share_weight": ("encoder.src_word_emb.weight", "decoder.trg_word_emb.weight"),
 }
-
-
-@dataclass(frozen=True)
-class Vocabulary:
-    """Source and target tokenizers; the same object twice when the vocabulary is shared."""
-
-    source: TextTokenizer
-    target: TextTokenizer
-
-    @property
-    def shared(self) -> bool:
-        return self.source is self.target
 
 
 @dataclass(frozen=True)

@@ -32,30 +32,39 @@ class CacheState:
 class OrtBackend:
     """Implements decoding.StepBackend on an encoder and a decoder_step session."""
 
-    def __init__(self, encoder: ort.InferenceSession, decoder: ort.InferenceSession, config: ModelConfig) -> None:
-        self.encoder, self.decoder, self.config = encoder, decoder, config
+    def __init__(self, encoder: ort.InferenceSession, decoder: ort.InferenceSession, config: ModelConfig,
+                 manifest: dict | None = None) -> None:
+        self.encoder, self.decoder, self.config, self.manifest = encoder, decoder, config, manifest or {}
         self.step_calls = 0  # decoder_step runs, for tests that count work
         layers, roles = range(config.n_layers), ("key", "value")
         self.cross_output_names = [cache_name("present", i, "encoder", r) for i in layers for r in roles]
-        self._self_out = [cache_name("present", i, "decoder", r) for i in layers for r in roles]
-        self._self_in = [cache_name("past_key_values", i, "decoder", r) for i in layers for r in roles]
-        self._cross_in = [cache_name("past_key_values", i, "encoder", r) for i in layers for r in roles]
+        self.self_output_names = [cache_name("present", i, "decoder", r) for i in layers for r in roles]
+        self.self_input_names = [cache_name("past_key_values", i, "decoder", r) for i in layers for r in roles]
+        self.cross_input_names = [cache_name("past_key_values", i, "encoder", r) for i in layers for r in roles]
 
     @classmethod
     def open(cls, directory: Path, options: SessionOptions = DEFAULT_OPTIONS) -> OrtBackend:
         """Sessions for a model directory, its graphs checked against the manifest's sha256."""
         manifest = read_manifest(Path(directory))
         sessions = [open_session(graph_path(Path(directory), manifest, g.value), options) for g in Graph]
-        return cls(*sessions, ModelConfig.from_dict(manifest["model"]))
+        return cls(*sessions, ModelConfig.from_dict(manifest["model"]), manifest)
 
     def run_encoder(self, src: np.ndarray) -> dict[str, np.ndarray]:
         mask = (src != PAD_ID).astype(np.int64)
         return run(self.encoder, {"input_ids": src.astype(np.int64), "attention_mask": mask})
 
-    def encode(self, src: np.ndarray) -> CacheState:
-        if src.shape[1] > self.config.n_position:
-            raise InputTextError(f"source of {src.shape[1]} tokens (with <s> and </s>) is longer than the model's "
+    def check_source(self, length: int) -> None:
+        if length > self.config.n_position:
+            raise InputTextError(f"source of {length} tokens (with <s> and </s>) is longer than the model's "
                                  f"{self.config.n_position} positions (manifest limits.max_source_length)")
+
+    def check_target(self, past: int, new: int) -> None:
+        if past + new > self.config.n_position:
+            raise InputTextError(f"decoding past {self.config.n_position} target positions "
+                                 "(manifest limits.max_target_length); lower --max-length")
+
+    def encode(self, src: np.ndarray) -> CacheState:
+        self.check_source(src.shape[1])
         out = self.run_encoder(src)
         cfg = self.config
         empty = [np.zeros((len(src), cfg.n_head, 0, d), np.float32) for d in (cfg.d_k, cfg.d_v)] * cfg.n_layers
@@ -64,15 +73,13 @@ class OrtBackend:
 
     def run_step(self, state: CacheState, input_ids: np.ndarray) -> tuple[CacheState, np.ndarray]:
         """Raw decoder_step: (N, T) new tokens -> new state and (N, T, V) logits."""
-        if state.past_length + input_ids.shape[1] > self.config.n_position:
-            raise InputTextError(f"decoding past {self.config.n_position} target positions "
-                                 "(manifest limits.max_target_length); lower --max-length")
+        self.check_target(state.past_length, input_ids.shape[1])
         feeds = {"input_ids": input_ids.astype(np.int64), "encoder_attention_mask": state.mask,
-                 **dict(zip(self._self_in, state.past, strict=True)),
-                 **dict(zip(self._cross_in, state.cross, strict=True))}
+                 **dict(zip(self.self_input_names, state.past, strict=True)),
+                 **dict(zip(self.cross_input_names, state.cross, strict=True))}
         out = run(self.decoder, feeds)
         self.step_calls += 1
-        return CacheState(state.mask, state.cross, tuple(out[n] for n in self._self_out)), out["logits"]
+        return CacheState(state.mask, state.cross, tuple(out[n] for n in self.self_output_names)), out["logits"]
 
     def step(self, state: CacheState, tokens: np.ndarray) -> tuple[CacheState, np.ndarray]:
         new_state, logits = self.run_step(state, tokens[:, None])

@@ -22,9 +22,26 @@ class SessionOptions:
     intra_op_threads: int = int(os.environ.get("TFM_ORT_THREADS", "0"))  # 0 = ONNX Runtime's choice
     optimization: str = os.environ.get("TFM_ORT_OPT_LEVEL", "all")
     memory_arena: bool = True
+    device: str = "cpu"  # "cuda": CUDA execution provider, CPU for what it does not cover
+    tensorrt_ep: bool = False  # with device "cuda": ONNX Runtime's TensorRT execution provider first
 
 
 DEFAULT_OPTIONS = SessionOptions()
+
+
+def require_device(options: SessionOptions) -> None:
+    """CUDA (and TensorRT) execution providers only where this onnxruntime build has them."""
+    available = ort.get_available_providers()
+    if options.device not in ("cpu", "cuda"):
+        raise TfmExportError(f"unknown device {options.device!r}; use cpu or cuda")
+    if options.tensorrt_ep and options.device != "cuda":
+        raise TfmExportError("--ort-trt needs --device cuda")
+    if options.device == "cuda" and "CUDAExecutionProvider" not in available:
+        raise TfmExportError("--device cuda: this onnxruntime has no CUDAExecutionProvider (CPU build, or no GPU); "
+                             "install tfm-export[gpu] on a machine with an NVIDIA GPU, or use --device cpu")
+    if options.tensorrt_ep and "TensorrtExecutionProvider" not in available:
+        raise TfmExportError("--ort-trt: this onnxruntime has no TensorrtExecutionProvider; install onnxruntime-gpu "
+                             "with TensorRT libraries, or drop --ort-trt")
 
 
 def open_session(path: Path, options: SessionOptions = DEFAULT_OPTIONS) -> ort.InferenceSession:
@@ -35,7 +52,12 @@ def open_session(path: Path, options: SessionOptions = DEFAULT_OPTIONS) -> ort.I
     so.enable_cpu_mem_arena = options.memory_arena
     so.log_severity_level = 3
     try:
-        return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+        providers = ["CPUExecutionProvider"]
+        if options.device == "cuda":
+            providers.insert(0, "CUDAExecutionProvider")
+        if options.tensorrt_ep:
+            providers.insert(0, "TensorrtExecutionProvider")
+        return ort.InferenceSession(str(path), so, providers=providers)
     except Exception as exc:  # onnxruntime raises its own Fail/InvalidGraph types
         reason = str(exc).splitlines()[0][:200]
         raise TfmExportError(f"{path}: ONNX Runtime cannot load this graph ({reason})") from None

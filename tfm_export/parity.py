@@ -53,7 +53,7 @@ def random_sources(vocab_size: int, batch: int, src_len: int, seed: int) -> np.n
     rng = np.random.default_rng(seed)
     lengths = [max(2, src_len - i * max(1, src_len // (batch + 1))) for i in range(batch)]
     rows = [[BOS_ID, *rng.integers(4, vocab_size, n - 2).tolist(), EOS_ID] for n in lengths]
-    return pad_batch(rows).numpy()
+    return pad_batch(rows)
 
 
 def random_targets(vocab_size: int, batch: int, length: int, seed: int) -> np.ndarray:

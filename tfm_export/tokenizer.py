@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
@@ -53,6 +54,18 @@ class TextTokenizer:
 
     def to_json(self) -> str:
         return self.tokenizer.to_str()
+
+
+@dataclass(frozen=True)
+class Vocabulary:
+    """Source and target tokenizers; the same object twice when the vocabulary is shared."""
+
+    source: TextTokenizer
+    target: TextTokenizer
+
+    @property
+    def shared(self) -> bool:
+        return self.source is self.target
 
 
 def _normalizer(lowercase: bool = False) -> normalizers.Normalizer:

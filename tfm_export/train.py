@@ -15,10 +15,10 @@ from tqdm import tqdm
 
 from . import demo_numbers
 from .batching import pad_batch
-from .checkpoint import Vocabulary, save_checkpoint
+from .checkpoint import save_checkpoint
 from .config import ModelConfig
 from .model import Transformer
-from .tokenizer import BOS_ID, EOS_ID, PAD_ID, TextTokenizer, train_word_tokenizer
+from .tokenizer import BOS_ID, EOS_ID, PAD_ID, TextTokenizer, Vocabulary, train_word_tokenizer
 
 PairSampler = Callable[[random.Random], tuple[str, str]]
 
@@ -44,8 +44,8 @@ def make_batch(pairs: list[tuple[str, str]], vocab: Vocabulary) -> tuple[torch.T
     """Source and target ids wrapped in <s> ... </s>, as the seed's data fields do."""
     def wrap(tok: TextTokenizer, text: str) -> list[int]:
         return [BOS_ID, *tok.encode(text), EOS_ID]
-    return (pad_batch([wrap(vocab.source, s) for s, _ in pairs]),
-            pad_batch([wrap(vocab.target, t) for _, t in pairs]))
+    return (torch.from_numpy(pad_batch([wrap(vocab.source, s) for s, _ in pairs])),
+            torch.from_numpy(pad_batch([wrap(vocab.target, t) for _, t in pairs])))
 
 
 def warmup_schedule(d_model: int, warmup: int, lr_mul: float) -> Callable[[int], float]:

@@ -62,7 +62,7 @@ def encode_texts(ckpt: Checkpoint, texts: Sequence[str]) -> np.ndarray:
     too_long = [i for i, r in enumerate(rows) if len(r) > limit]
     if too_long:
         raise TfmExportError(f"input line {too_long[0] + 1}: longer than the model's {limit} positions")
-    return pad_batch(rows).numpy()
+    return pad_batch(rows)
 
 
 def decode_agreement(name: str, ckpt: Checkpoint, backend: OrtBackend, src: np.ndarray, beam_size: int,

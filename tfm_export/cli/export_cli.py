@@ -14,7 +14,7 @@ from ..inspect_model import inspect_model
 from ..onnx_export import SUPPORTED_OPSETS
 from ..parity import Tolerance
 from ..train import TrainSettings, train_demo
-from ..translate import DecodeOptions, translate_texts
+from ..translator import DecodeOptions, Translator
 from ..verify import checkpoint_for, verify
 from .common import ErrorReportingGroup, read_text_lines, setup_logging, vocab_option
 
@@ -42,16 +42,19 @@ def train_demo_cmd(output: Path, steps: int, batch_size: int, seed: int, threads
 
 
 @main.command("eval-demo")
-@click.option("--checkpoint", type=click.Path(path_type=Path), default=Path("models/demo/ckpt.pt"),
-              show_default=True)
+@click.option("--model", "--checkpoint", "model_path", type=click.Path(path_type=Path),
+              default=Path("models/demo/ckpt.pt"), show_default=True,
+              help="The demo checkpoint, or a model directory exported from it.")
 @vocab_option
+@click.option("--backend", type=click.Choice(["onnxruntime", "torch"]), default=None,
+              help="Default: onnxruntime for a model directory, torch for a checkpoint.")
 @click.option("--beam-size", type=click.IntRange(1, 64), default=1, show_default=True, help="1 = greedy.")
 @click.option("--show-misses", type=click.IntRange(min=0), default=5, show_default=True)
-def eval_demo(checkpoint: Path, vocab: tuple[Path, ...], beam_size: int, show_misses: int) -> None:
+def eval_demo(model_path: Path, vocab: tuple[Path, ...], backend: str | None, beam_size: int, show_misses: int) -> None:
     """Exact match on the 1,000 held-out numbers that training never saw."""
-    ckpt = load_checkpoint(checkpoint, list(vocab))
+    translator = Translator.load(model_path, vocab, backend)
     pairs = demo_numbers.held_out_pairs()
-    results = translate_texts(ckpt, [en for en, _ in pairs], DecodeOptions(beam_size=beam_size, batch_size=100))
+    results = translator.translate([en for en, _ in pairs], DecodeOptions(beam_size=beam_size, batch_size=100))
     score, misses = demo_numbers.exact_match([r.text for r in results], [fr for _, fr in pairs])
     decoding = "greedy" if beam_size == 1 else f"beam {beam_size}"
     click.echo(f"exact match: {100 * score:.1f}% ({len(pairs) - len(misses)}/{len(pairs)}) "

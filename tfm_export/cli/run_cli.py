@@ -1,13 +1,17 @@
-"""`tfm-run`: translate text with a model."""
+"""`tfm-run`: translate text with an exported model directory or a checkpoint."""
 
 from __future__ import annotations
 
+import json
+import sys
 from pathlib import Path
 
 import click
+from tqdm import tqdm
 
-from ..checkpoint import load_checkpoint
-from ..translate import DecodeOptions, translate_texts
+from ..errors import InputTextError, TfmExportError
+from ..ort_session import OPT_LEVELS, SessionOptions
+from ..translator import BACKENDS, DecodeOptions, Translation, Translator
 from .common import ErrorReportingGroup, read_text_lines, setup_logging, vocab_option
 
 
@@ -20,31 +24,84 @@ def main(verbose: bool) -> None:
 
 def read_lines(input_file: Path | None, texts: tuple[str, ...]) -> list[str]:
     """TEXT arguments, else the input file, else stdin; one sentence per line."""
-    return list(texts) if texts else read_text_lines(input_file)
+    if texts:
+        return list(texts)
+    lines = read_text_lines(input_file)
+    if not lines:
+        raise InputTextError(f"{input_file or '<stdin>'}: is empty; nothing to translate")
+    return lines
+
+
+def format_line(source: str, result: Translation, fmt: str) -> str:
+    if fmt == "text":
+        return result.text
+    return json.dumps({"source": source, "translation": result.text, "tokens": list(result.tokens),
+                       "ids": list(result.ids), "score": round(result.score, 6),
+                       "time_ms": round(result.time_ms, 3)}, ensure_ascii=False)
+
+
+def write_output(lines: list[str], output: Path | None) -> None:
+    """stdout, or a file written whole via a temporary file (a failed run leaves no partial output)."""
+    text = "".join(line + "\n" for line in lines)
+    if output is None:
+        click.echo(text, nl=False)
+        return
+    tmp = output.with_name(f".{output.name}.partial")
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        tmp.replace(output)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise TfmExportError(f"{output}: cannot write output ({exc.strerror}); choose a writable --output") from None
 
 
 @main.command()
 @click.argument("texts", nargs=-1)
 @click.option("--model", "model_path", required=True, type=click.Path(path_type=Path),
-              help="A checkpoint (.pt) for --backend torch.")
+              help="An exported model directory (tfm-export onnx) or a checkpoint file (.pt).")
 @vocab_option
-@click.option("--backend", type=click.Choice(["torch"]), default="torch", show_default=True,
-              help="Which runtime decodes.")
+@click.option("--backend", type=click.Choice(BACKENDS), default=None,
+              help="Default: onnxruntime for a model directory, torch for a checkpoint.")
+@click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True)
 @click.option("--beam-size", type=click.IntRange(1, 64), default=1, show_default=True, help="1 = greedy.")
 @click.option("--length-penalty", type=float, default=1.0, show_default=True,
               help="Beam hypotheses are ranked by score / length ** this.")
 @click.option("--max-length", type=click.IntRange(min=1), default=None,
               help="Most tokens to generate (default: the model's positions).")
-@click.option("--batch-size", type=click.IntRange(min=1), default=32, show_default=True)
+@click.option("--batch-size", type=click.IntRange(min=1), default=32, show_default=True,
+              help="Sentences decoded together (grouped by length; output order is kept).")
 @click.option("--truncate", is_flag=True, help="Cut sources longer than the model's positions instead of failing.")
 @click.option("--input", "input_file", type=click.Path(path_type=Path, dir_okay=False), default=None,
               help="Read sentences from this file (one per line) instead of TEXT or stdin.")
-def translate(texts: tuple[str, ...], model_path: Path, vocab: tuple[Path, ...], backend: str, beam_size: int,
-              length_penalty: float, max_length: int | None, batch_size: int, truncate: bool,
-              input_file: Path | None) -> None:
-    """Translate TEXT arguments, a file or stdin; prints one translation per line, in input order."""
+@click.option("--output", type=click.Path(path_type=Path, dir_okay=False), default=None,
+              help="Write translations here instead of stdout.")
+@click.option("--format", "fmt", type=click.Choice(["text", "jsonl"]), default="text", show_default=True,
+              help="jsonl adds tokens, ids, score and time per sentence.")
+@click.option("--threads", type=click.IntRange(min=0), default=0, envvar="TFM_THREADS", show_default=True,
+              help="CPU threads for ONNX Runtime (0 = its default) or PyTorch. Env: TFM_THREADS.")
+@click.option("--ort-opt-level", type=click.Choice(list(OPT_LEVELS)), default="all", envvar="TFM_ORT_OPT_LEVEL",
+              show_default=True, help="ONNX Runtime graph optimisation level. Env: TFM_ORT_OPT_LEVEL.")
+@click.option("--no-memory-arena", is_flag=True, envvar="TFM_ORT_NO_ARENA",
+              help="Disable ONNX Runtime's CPU memory arena (less memory held, slower). Env: TFM_ORT_NO_ARENA.")
+@click.option("--ort-trt", is_flag=True, help="With --device cuda: ONNX Runtime's TensorRT execution provider first.")
+def translate(texts: tuple[str, ...], model_path: Path, vocab: tuple[Path, ...], backend: str | None, device: str,
+              beam_size: int, length_penalty: float, max_length: int | None, batch_size: int, truncate: bool,
+              input_file: Path | None, output: Path | None, fmt: str, threads: int, ort_opt_level: str,
+              no_memory_arena: bool, ort_trt: bool) -> None:
+    """Translate TEXT arguments, a file or stdin: one translation per line, in input order.
+
+    Empty lines give empty lines. A line longer than the model's positions is an error naming the line
+    (or is cut, with a warning, under --truncate).
+    """
     lines = read_lines(input_file, texts)
-    ckpt = load_checkpoint(model_path, list(vocab))
+    if threads:
+        import torch
+        torch.set_num_threads(threads)
+    session = SessionOptions(intra_op_threads=threads, optimization=ort_opt_level, memory_arena=not no_memory_arena,
+                             tensorrt_ep=ort_trt)
+    translator = Translator.load(model_path, vocab, backend, device, session)
     options = DecodeOptions(beam_size, length_penalty, max_length, batch_size, truncate)
-    for result in translate_texts(ckpt, lines, options):
-        click.echo(result.text)
+    show = input_file is not None and sys.stderr.isatty()
+    with tqdm(total=len(lines), desc="translating", unit="line", disable=not show) as bar:
+        results = translator.translate(lines, options, progress=bar.update)
+    write_output([format_line(src, r, fmt) for src, r in zip(lines, results, strict=True)], output)

@@ -1,0 +1,213 @@
+"""The runtime: one decoding loop on ONNX Runtime and PyTorch, batching, the CLI's inputs and errors."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+from click.testing import CliRunner
+from conftest import DEMO_CKPT, listing, unwritable_dir
+
+from tfm_export import DecodeOptions, Translator, demo_numbers
+from tfm_export.cli.run_cli import main as run_main
+from tfm_export.ort_backend import OrtBackend
+
+TEXTS = [en for en, _ in demo_numbers.held_out_pairs()[:210]] + ["forty-two", "", "eighty", "seven thousand and one"]
+
+
+@pytest.fixture(scope="module")
+def ort_translator(demo_onnx):
+    return Translator.load(demo_onnx)
+
+
+@pytest.fixture(scope="module")
+def torch_translator():
+    return Translator.load(DEMO_CKPT)
+
+
+def texts_of(results):
+    return [r.text for r in results]
+
+
+@pytest.mark.parametrize("beam_size", [1, 4])
+def test_onnxruntime_and_torch_agree(ort_translator, torch_translator, beam_size):
+    options = DecodeOptions(beam_size=beam_size)
+    ort_results = ort_translator.translate(TEXTS, options)
+    torch_results = torch_translator.translate(TEXTS, options)
+    assert [r.ids for r in ort_results] == [r.ids for r in torch_results]
+    assert [r.score for r in ort_results] == pytest.approx([r.score for r in torch_results], abs=1e-3)
+    assert ort_results[211].text == "" and ort_results[210].text == "quarante-deux"
+
+
+@pytest.mark.parametrize("beam_size", [1, 4])
+def test_batch_size_changes_nothing(ort_translator, beam_size):
+    outputs = [texts_of(ort_translator.translate(TEXTS[:60], DecodeOptions(beam_size=beam_size, batch_size=size)))
+               for size in (1, 7, 32)]
+    assert outputs[0] == outputs[1] == outputs[2]
+
+
+class RecordingBackend(OrtBackend):
+    """The real ONNX Runtime backend, noting the shape of every decoder_step call."""
+
+    calls: list[tuple[int, int, int]]
+
+    def run_step(self, state, input_ids):
+        self.calls.append((input_ids.shape[0], state.past_length, input_ids.shape[1]))
+        return super().run_step(state, input_ids)
+
+
+def recording_translator(directory):
+    backend = OrtBackend.open(directory)
+    backend.__class__ = RecordingBackend
+    backend.calls = []
+    base = Translator.load(directory)
+    return Translator(backend, base.vocab, base.config), backend
+
+
+def test_decoder_runs_once_per_generated_token_and_never_reruns_the_prefix(demo_onnx):
+    translator, backend = recording_translator(demo_onnx)
+    [result] = translator.translate(["nine hundred and ninety-nine thousand, nine hundred and ninety-nine"])
+    generated = len(result.ids) + 1  # + </s>
+    assert [past for _, past, _ in backend.calls] == list(range(generated))  # the cache grows by one each step
+    assert all(new == 1 and rows == 1 for rows, _, new in backend.calls)  # one new token, never the prefix
+    assert backend.step_calls == generated
+
+
+def test_finished_sentences_leave_the_batch(demo_onnx):
+    translator, backend = recording_translator(demo_onnx)
+    texts = ["one", "forty-two", "nine hundred and ninety-nine thousand, nine hundred and ninety-nine"]
+    results = translator.translate(texts, DecodeOptions(batch_size=3))
+    rows = [n for n, _, _ in backend.calls]
+    assert rows[0] == 3 and rows == sorted(rows, reverse=True) and rows[-1] == 1
+    assert len(rows) == max(len(r.ids) for r in results) + 1  # the longest output sets the step count
+    assert sum(rows) == sum(len(r.ids) + 1 for r in results)  # no step is spent on a finished row
+
+
+def test_step_count_is_linear_in_output_length(demo_onnx):
+    long_sentence = "nine hundred and ninety-nine thousand, nine hundred and ninety-nine"  # 15 output tokens
+    for max_length in (4, 8, 12):
+        translator, backend = recording_translator(demo_onnx)
+        [result] = translator.translate([long_sentence], DecodeOptions(max_length=max_length))
+        assert len(result.ids) == max_length
+        assert backend.step_calls == max_length
+        assert [past for _, past, _ in backend.calls] == list(range(max_length))
+
+
+def test_python_api_and_jsonl(demo_onnx, tmp_path):
+    runner = CliRunner()
+    out = tmp_path / "out.jsonl"
+    result = runner.invoke(run_main, ["translate", "--model", str(demo_onnx), "--format", "jsonl", "--output",
+                                      str(out), "forty-two", "", "eighty"])
+    assert result.exit_code == 0 and result.output == ""
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["translation"] for r in rows] == ["quarante-deux", "", "quatre-vingts"]
+    assert rows[0]["tokens"] == ["▁quarante", "-", "deux"] and rows[0]["score"] < 0 and rows[0]["time_ms"] > 0
+
+
+def test_arguments_file_and_stdin_agree_on_onnxruntime(demo_onnx, tmp_path):
+    lines = TEXTS[:20] + ["", "one"]
+    (tmp_path / "in.txt").write_text("\n".join(lines) + "\n")
+    runner = CliRunner()
+    base = ["translate", "--model", str(demo_onnx), "--beam-size", "2"]
+    outputs = [runner.invoke(run_main, [*base, *lines]), runner.invoke(run_main, [*base, "--input",
+                                                                                  str(tmp_path / "in.txt")]),
+               runner.invoke(run_main, base, input="\n".join(lines) + "\n")]
+    assert all(o.exit_code == 0 for o in outputs)
+    assert outputs[0].output == outputs[1].output == outputs[2].output
+    assert len(outputs[0].output.splitlines()) == len(lines)
+
+
+def _broken_dirs(demo_onnx, tmp_path):
+    missing_graph = tmp_path / "missing-graph"
+    shutil.copytree(demo_onnx, missing_graph)
+    (missing_graph / "decoder_step.onnx").unlink()
+    changed = tmp_path / "changed"
+    shutil.copytree(demo_onnx, changed)
+    with open(changed / "encoder.onnx", "ab") as f:
+        f.write(b"\0")
+    (tmp_path / "bad.txt").write_bytes(b"forty-two\n\xc3\x28 oops\n")
+    (tmp_path / "empty.txt").write_bytes(b"")
+    return missing_graph, changed
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--model", "{tmp}/nowhere", "x"], "nowhere: model not found"),
+    (["--model", "{tmp}/missing-graph", "x"], "decoder_step.onnx: graph file missing"),
+    (["--model", "{tmp}/changed", "x"], "encoder.onnx: sha256 differs from manifest.json"),
+    (["--model", "{demo}", "--input", "{tmp}/bad.txt"], "bad.txt: line 2 is not valid UTF-8"),
+    (["--model", "{demo}", "--input", "{tmp}/empty.txt"], "empty.txt: is empty; nothing to translate"),
+    (["--model", "{demo}", "--device", "cuda", "x"], "--device cuda: this onnxruntime has no CUDAExecutionProvider"),
+    (["--model", str(DEMO_CKPT), "--device", "cuda", "x"], "--device cuda: PyTorch sees no CUDA GPU"),
+    (["--model", "{demo}", "--backend", "torch", "x"], "is a model directory; the torch backend takes a checkpoint"),
+    (["--model", str(DEMO_CKPT), "--backend", "onnxruntime", "x"], "is a checkpoint; the onnxruntime backend"),
+    (["--model", "{demo}", "--backend", "tensorrt", "x"], "the tensorrt backend needs engines"),
+    (["--model", "{demo}", "--max-length", "500", "x"], "--max-length 500 is outside 1..200"),
+    (["--model", "{demo}", " ".join(["one"] * 250)], "line 1: 252 tokens with <s> and </s>, but the model takes at"),
+])
+def test_bad_input_is_one_clear_line(demo_onnx, tmp_path, monkeypatch, args, message):
+    import torch
+    if "cuda" in args and torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    _broken_dirs(demo_onnx, tmp_path)
+    args = [a.format(tmp=tmp_path, demo=demo_onnx) for a in args]
+    monkeypatch.chdir(tmp_path)
+    before = listing(tmp_path)
+    result = CliRunner().invoke(run_main, ["translate", *args])
+    assert result.exit_code == 1, result.output
+    assert result.output.startswith("Error: ") and len(result.output.strip().splitlines()) == 1
+    assert message in result.output
+    assert listing(tmp_path) == before
+
+
+def test_unknown_backend_and_unwritable_output(demo_onnx, tmp_path):
+    runner = CliRunner()
+    result = runner.invoke(run_main, ["translate", "--model", str(demo_onnx), "--backend", "magic", "x"])
+    assert result.exit_code == 2 and "'magic' is not one of" in result.output
+    with unwritable_dir(tmp_path / "ro") as ro:
+        result = runner.invoke(run_main, ["translate", "--model", str(demo_onnx), "--output", str(ro / "o.txt"),
+                                          "forty-two"])
+        assert result.exit_code == 1 and "cannot write output" in result.output and listing(ro) == []
+
+
+def test_truncate_cuts_and_translates(ort_translator, caplog):
+    [result] = ort_translator.translate([" ".join(["one"] * 250)], DecodeOptions(truncate=True, max_length=5))
+    assert "line 1: cut from 252 to 200 tokens" in caplog.text and len(result.ids) <= 5
+
+
+def test_session_options_reach_onnxruntime(demo_onnx):
+    from tfm_export.ort_session import SessionOptions
+    translator = Translator.load(demo_onnx, session_options=SessionOptions(intra_op_threads=1, optimization="basic",
+                                                                            memory_arena=False))
+    options = translator.backend.decoder.get_session_options()
+    assert options.intra_op_num_threads == 1 and not options.enable_cpu_mem_arena
+    assert translator.translate(["eighty"])[0].text == "quatre-vingts"
+
+
+def test_io_binding_backend_matches_plain_arrays(demo_onnx):
+    """The IO-binding path used for CUDA, run here on CPU tensors: same tokens and scores."""
+    from tfm_export.batching import pad_batch
+    from tfm_export.decoding import beam_search, greedy
+    from tfm_export.ort_bound_backend import OrtBoundBackend
+    from tfm_export.tokenizer import BOS_ID, EOS_ID
+    plain = OrtBackend.open(demo_onnx)
+    bound = OrtBoundBackend(OrtBackend.open(demo_onnx), "cpu")
+    tok = Translator.load(demo_onnx).vocab.source
+    src = pad_batch([[BOS_ID, *tok.encode(t), EOS_ID] for t in TEXTS[:48]])
+    assert [h.tokens for h in greedy(plain, src, 40)] == [h.tokens for h in greedy(bound, src, 40)]
+    assert [h[0].tokens for h in beam_search(plain, src, 4, 40)] == \
+        [h[0].tokens for h in beam_search(bound, src, 4, 40)]
+
+
+def test_cuda_translation_matches_cpu(demo_onnx, ort_translator):
+    import onnxruntime as ort
+    import torch
+    if not torch.cuda.is_available() or "CUDAExecutionProvider" not in ort.get_available_providers():
+        pytest.skip("needs an NVIDIA GPU with onnxruntime-gpu (CUDAExecutionProvider)")
+    cuda = Translator.load(demo_onnx, device="cuda")
+    assert texts_of(cuda.translate(TEXTS[:100])) == texts_of(ort_translator.translate(TEXTS[:100]))
+
+
+def test_tensorrt_execution_provider_needs_cuda(demo_onnx):
+    result = CliRunner().invoke(run_main, ["translate", "--model", str(demo_onnx), "--ort-trt", "x"])
+    assert result.exit_code == 1 and "--ort-trt needs --device cuda" in result.output

@@ -1,0 +1,156 @@
+"""Text in, text out: tokenize, bucket by length, decode with the one loop, detokenize, restore order.
+
+`Translator.load` picks the backend from what it is given: an exported model directory runs on ONNX
+Runtime, a checkpoint file on PyTorch (with a KV cache). The search itself lives in `decoding`, once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import decoding
+from .batching import length_buckets, pad_batch
+from .config import ModelConfig
+from .decoding import StepBackend
+from .errors import InputTextError, TfmExportError
+from .hypothesis import Hypothesis
+from .ort_session import DEFAULT_OPTIONS, SessionOptions
+from .tokenizer import BOS_ID, EOS_ID, TextTokenizer, Vocabulary, load_tokenizer
+
+BACKENDS = ("onnxruntime", "torch", "tensorrt")
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Translation:
+    text: str
+    ids: tuple[int, ...]  # generated target ids, without <s> and </s>
+    tokens: tuple[str, ...]
+    score: float  # summed log-probability
+    time_ms: float  # its batch's decode time divided by the batch size
+
+
+@dataclass(frozen=True)
+class DecodeOptions:
+    beam_size: int = 1  # 1 = greedy
+    length_penalty: float = 1.0
+    max_length: int | None = None  # generated tokens; None = the model's positions
+    batch_size: int = 32
+    truncate: bool = False  # cut over-long sources (with a warning) instead of failing
+
+
+def source_ids(tok: TextTokenizer, text: str, n_position: int, line: int, truncate: bool) -> list[int]:
+    """[<s>] + tokens + [</s>], checked against the model's positions."""
+    ids = [BOS_ID, *tok.encode(text), EOS_ID]
+    if len(ids) <= n_position:
+        return ids
+    if not truncate:
+        raise InputTextError(f"line {line}: {len(ids)} tokens with <s> and </s>, but the model takes at most "
+                             f"{n_position}; shorten or split it, or pass --truncate")
+    log.warning("line %d: cut from %d to %d tokens to fit the model's positions", line, len(ids), n_position)
+    return [*ids[:n_position - 1], EOS_ID]
+
+
+class Translator:
+    """Translate sentences with any StepBackend."""
+
+    def __init__(self, backend: StepBackend, vocab: Vocabulary, config: ModelConfig) -> None:
+        self.backend, self.vocab, self.config = backend, vocab, config
+
+    @classmethod
+    def load(cls, model: str | Path, vocab: Sequence[Path] = (), backend: str | None = None, device: str = "cpu",
+             session_options: SessionOptions = DEFAULT_OPTIONS) -> Translator:
+        """A model directory (ONNX Runtime, the default for directories) or a checkpoint (PyTorch)."""
+        model = Path(model)
+        if not model.exists():
+            raise TfmExportError(f"{model}: model not found; give an exported model directory (tfm-export onnx) "
+                                 "or a checkpoint file")
+        backend = backend or ("onnxruntime" if model.is_dir() else "torch")
+        if backend not in BACKENDS:
+            raise TfmExportError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+        if backend == "torch":
+            return cls._load_torch(model, vocab, device)
+        if backend == "tensorrt":
+            raise TfmExportError("the tensorrt backend needs engines built by `tfm-export trt`, which this release "
+                                 "does not have yet; use --backend onnxruntime")
+        if model.is_file():
+            raise TfmExportError(f"{model}: is a checkpoint; the onnxruntime backend takes a model directory "
+                                 "(make one with `tfm-export onnx`), or use --backend torch")
+        return cls._load_onnxruntime(model, vocab, device, session_options)
+
+    @classmethod
+    def _load_torch(cls, model: Path, vocab: Sequence[Path], device: str) -> Translator:
+        import torch  # only this backend needs PyTorch
+
+        from .checkpoint import load_checkpoint
+        from .torch_backend import TorchBackend
+        if model.is_dir():
+            raise TfmExportError(f"{model}: is a model directory; the torch backend takes a checkpoint file")
+        if device == "cuda" and not torch.cuda.is_available():
+            raise TfmExportError("--device cuda: PyTorch sees no CUDA GPU on this machine; use --device cpu")
+        ckpt = load_checkpoint(model, list(vocab))
+        return cls(TorchBackend(ckpt.model, device), ckpt.vocab, ckpt.config)
+
+    @classmethod
+    def _load_onnxruntime(cls, model: Path, vocab: Sequence[Path], device: str,
+                          session_options: SessionOptions) -> Translator:
+        from .ort_backend import OrtBackend
+        from .ort_session import require_device
+        options = dataclasses.replace(session_options, device=device)
+        require_device(options)
+        backend = OrtBackend.open(model, options)
+        vocabulary = _directory_vocab(model, backend.manifest, vocab)
+        if device == "cuda":  # keep the cache on the GPU: IO binding over torch CUDA tensors
+            from .ort_bound_backend import OrtBoundBackend
+            return cls(OrtBoundBackend(backend, "cuda"), vocabulary, backend.config)
+        return cls(backend, vocabulary, backend.config)
+
+    def translate(self, texts: Sequence[str], options: DecodeOptions = DecodeOptions(),
+                  progress: Callable[[int], None] | None = None) -> list[Translation]:
+        """Translations in input order; empty lines give empty translations without touching the model."""
+        n_position = self.config.n_position
+        sources = {i: source_ids(self.vocab.source, t, n_position, i + 1, options.truncate)
+                   for i, t in enumerate(texts) if t.strip()}
+        results = {i: Translation("", (), (), 0.0, 0.0) for i in range(len(texts)) if i not in sources}
+        if progress and results:
+            progress(len(results))
+        keys = list(sources)
+        for bucket in length_buckets([len(sources[k]) for k in keys], options.batch_size):
+            batch = [keys[i] for i in bucket]
+            start = time.perf_counter()
+            hyps = self._decode(pad_batch([sources[k] for k in batch]), options)
+            per_sentence = 1000 * (time.perf_counter() - start) / len(batch)
+            for key, hyp in zip(batch, hyps, strict=True):
+                results[key] = self._result(hyp, per_sentence)
+            if progress:
+                progress(len(batch))
+        return [results[i] for i in range(len(texts))]
+
+    def _decode(self, src, options: DecodeOptions) -> list[Hypothesis]:
+        max_length = options.max_length or self.config.n_position
+        if not 1 <= max_length <= self.config.n_position:
+            raise InputTextError(f"--max-length {max_length} is outside 1..{self.config.n_position} "
+                                 "(the model's positions)")
+        if options.beam_size == 1:
+            return decoding.greedy(self.backend, src, max_length)
+        return [nbest[0] for nbest in decoding.beam_search(self.backend, src, options.beam_size, max_length,
+                                                           options.length_penalty)]
+
+    def _result(self, hyp: Hypothesis, time_ms: float) -> Translation:
+        target = self.vocab.target
+        tokens = tuple(target.tokenizer.id_to_token(i) for i in hyp.tokens)
+        return Translation(target.decode(hyp.tokens), hyp.tokens, tokens, hyp.score, time_ms)
+
+
+def _directory_vocab(directory: Path, manifest: dict, given: Sequence[Path]) -> Vocabulary:
+    if given:
+        raise TfmExportError("--vocab is only for checkpoints; a model directory carries its own tokenizer")
+    files = manifest["tokenizer"]
+    source = load_tokenizer(directory / files["source"])
+    target = source if files["target"] == files["source"] else load_tokenizer(directory / files["target"])
+    return Vocabulary(source, target)
