@@ -211,3 +211,17 @@ def test_cuda_translation_matches_cpu(demo_onnx, ort_translator):
 def test_tensorrt_execution_provider_needs_cuda(demo_onnx):
     result = CliRunner().invoke(run_main, ["translate", "--model", str(demo_onnx), "--ort-trt", "x"])
     assert result.exit_code == 1 and "--ort-trt needs --device cuda" in result.output
+
+
+def test_n_best_lists_distinct_hypotheses_best_first(demo_onnx, torch_translator):
+    result = CliRunner().invoke(run_main, ["translate", "--model", str(demo_onnx), "--beam-size", "4", "--n-best",
+                                           "3", "--format", "jsonl", "seventy-one"])
+    row = json.loads(result.output)
+    scores = [alt["score"] for alt in row["n_best"]]
+    assert row["n_best"][0]["translation"] == row["translation"] == "soixante et onze"
+    assert len(row["n_best"]) == 3 and len({alt["translation"] for alt in row["n_best"]}) == 3
+    assert scores[0] == row["score"] and all(s < 0 for s in scores)
+    [same] = torch_translator.translate(["seventy-one"], DecodeOptions(beam_size=4, n_best=3))
+    assert [text for text, _ in same.n_best] == [alt["translation"] for alt in row["n_best"]]
+    bad = CliRunner().invoke(run_main, ["translate", "--model", str(demo_onnx), "--n-best", "2", "x"])
+    assert bad.exit_code == 1 and "--n-best 2 needs --beam-size >= 2" in bad.output

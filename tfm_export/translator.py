@@ -33,6 +33,7 @@ class Translation:
     tokens: tuple[str, ...]
     score: float  # summed log-probability
     time_ms: float  # its batch's decode time divided by the batch size
+    n_best: tuple[tuple[str, float], ...] = ()  # (text, score), best first, when more than one was asked for
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,7 @@ class DecodeOptions:
     max_length: int | None = None  # generated tokens; None = the model's positions
     batch_size: int = 32
     truncate: bool = False  # cut over-long sources (with a warning) instead of failing
+    n_best: int = 1  # hypotheses kept per input (<= beam_size)
 
 
 def source_ids(tok: TextTokenizer, text: str, n_position: int, line: int, truncate: bool) -> list[int]:
@@ -123,28 +125,31 @@ class Translator:
         for bucket in length_buckets([len(sources[k]) for k in keys], options.batch_size):
             batch = [keys[i] for i in bucket]
             start = time.perf_counter()
-            hyps = self._decode(pad_batch([sources[k] for k in batch]), options)
+            nbests = self._decode(pad_batch([sources[k] for k in batch]), options)
             per_sentence = 1000 * (time.perf_counter() - start) / len(batch)
-            for key, hyp in zip(batch, hyps, strict=True):
-                results[key] = self._result(hyp, per_sentence)
+            for key, nbest in zip(batch, nbests, strict=True):
+                results[key] = self._result(nbest, per_sentence, options.n_best > 1)
             if progress:
                 progress(len(batch))
         return [results[i] for i in range(len(texts))]
 
-    def _decode(self, src, options: DecodeOptions) -> list[Hypothesis]:
+    def _decode(self, src, options: DecodeOptions) -> list[list[Hypothesis]]:
         max_length = options.max_length or self.config.n_position
         if not 1 <= max_length <= self.config.n_position:
             raise InputTextError(f"--max-length {max_length} is outside 1..{self.config.n_position} "
                                  "(the model's positions)")
+        if not 1 <= options.n_best <= options.beam_size:
+            raise InputTextError(f"--n-best {options.n_best} needs --beam-size >= {options.n_best}")
         if options.beam_size == 1:
-            return decoding.greedy(self.backend, src, max_length)
-        return [nbest[0] for nbest in decoding.beam_search(self.backend, src, options.beam_size, max_length,
-                                                           options.length_penalty)]
+            return [[hyp] for hyp in decoding.greedy(self.backend, src, max_length)]
+        return decoding.beam_search(self.backend, src, options.beam_size, max_length, options.length_penalty,
+                                    options.n_best)
 
-    def _result(self, hyp: Hypothesis, time_ms: float) -> Translation:
-        target = self.vocab.target
-        tokens = tuple(target.tokenizer.id_to_token(i) for i in hyp.tokens)
-        return Translation(target.decode(hyp.tokens), hyp.tokens, tokens, hyp.score, time_ms)
+    def _result(self, nbest: list[Hypothesis], time_ms: float, keep_alternatives: bool) -> Translation:
+        target, best = self.vocab.target, nbest[0]
+        tokens = tuple(target.tokenizer.id_to_token(i) for i in best.tokens)
+        alternatives = tuple((target.decode(h.tokens), h.score) for h in nbest) if keep_alternatives else ()
+        return Translation(target.decode(best.tokens), best.tokens, tokens, best.score, time_ms, alternatives)
 
 
 def _directory_vocab(directory: Path, manifest: dict, given: Sequence[Path]) -> Vocabulary:

@@ -35,9 +35,11 @@ def read_lines(input_file: Path | None, texts: tuple[str, ...]) -> list[str]:
 def format_line(source: str, result: Translation, fmt: str) -> str:
     if fmt == "text":
         return result.text
-    return json.dumps({"source": source, "translation": result.text, "tokens": list(result.tokens),
-                       "ids": list(result.ids), "score": round(result.score, 6),
-                       "time_ms": round(result.time_ms, 3)}, ensure_ascii=False)
+    row = {"source": source, "translation": result.text, "tokens": list(result.tokens), "ids": list(result.ids),
+           "score": round(result.score, 6), "time_ms": round(result.time_ms, 3)}
+    if result.n_best:
+        row["n_best"] = [{"translation": text, "score": round(score, 6)} for text, score in result.n_best]
+    return json.dumps(row, ensure_ascii=False)
 
 
 def write_output(lines: list[str], output: Path | None) -> None:
@@ -68,6 +70,8 @@ def write_output(lines: list[str], output: Path | None) -> None:
               help="Beam hypotheses are ranked by score / length ** this.")
 @click.option("--max-length", type=click.IntRange(min=1), default=None,
               help="Most tokens to generate (default: the model's positions).")
+@click.option("--n-best", type=click.IntRange(min=1), default=1, show_default=True,
+              help="With --format jsonl, list this many best hypotheses per line (needs --beam-size >= it).")
 @click.option("--batch-size", type=click.IntRange(min=1), default=32, show_default=True,
               help="Sentences decoded together (grouped by length; output order is kept).")
 @click.option("--truncate", is_flag=True, help="Cut sources longer than the model's positions instead of failing.")
@@ -85,7 +89,8 @@ def write_output(lines: list[str], output: Path | None) -> None:
               help="Disable ONNX Runtime's CPU memory arena (less memory held, slower). Env: TFM_ORT_NO_ARENA.")
 @click.option("--ort-trt", is_flag=True, help="With --device cuda: ONNX Runtime's TensorRT execution provider first.")
 def translate(texts: tuple[str, ...], model_path: Path, vocab: tuple[Path, ...], backend: str | None, device: str,
-              beam_size: int, length_penalty: float, max_length: int | None, batch_size: int, truncate: bool,
+              beam_size: int, length_penalty: float, max_length: int | None, n_best: int, batch_size: int,
+              truncate: bool,
               input_file: Path | None, output: Path | None, fmt: str, threads: int, ort_opt_level: str,
               no_memory_arena: bool, ort_trt: bool) -> None:
     """Translate TEXT arguments, a file or stdin: one translation per line, in input order.
@@ -100,7 +105,7 @@ def translate(texts: tuple[str, ...], model_path: Path, vocab: tuple[Path, ...],
     session = SessionOptions(intra_op_threads=threads, optimization=ort_opt_level, memory_arena=not no_memory_arena,
                              tensorrt_ep=ort_trt)
     translator = Translator.load(model_path, vocab, backend, device, session)
-    options = DecodeOptions(beam_size, length_penalty, max_length, batch_size, truncate)
+    options = DecodeOptions(beam_size, length_penalty, max_length, batch_size, truncate, n_best)
     show = input_file is not None and sys.stderr.isatty()
     with tqdm(total=len(lines), desc="translating", unit="line", disable=not show) as bar:
         results = translator.translate(lines, options, progress=bar.update)
