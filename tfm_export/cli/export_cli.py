@@ -107,11 +107,13 @@ def verify_cmd(model_dir: Path, checkpoint: Path | None, vocab: tuple[Path, ...]
     texts = read_text_lines(input_file) if input_file else []
     report = verify(model_dir, ckpt, texts, samples=samples, steps=steps, beam_size=beam_size,
                     tolerance=Tolerance(atol, rtol), min_agreement=min_agreement)
-    click.echo(f"{'tensor':58} {'max abs':>10} {'max rel':>10}  ok")
+    width = max(len(row.name) for row in [*report.tensors, *report.agreements])
+    click.echo(f"{'tensor':{width}} {'max abs':>10} {'max rel':>10}  ok")
     for d in report.tensors:
-        click.echo(f"{d.name:58} {d.max_abs:10.2e} {d.max_rel:10.2e}  {'yes' if d.within(report.tolerance) else 'NO'}")
+        ok = "yes" if d.within(report.tolerance) else "NO"
+        click.echo(f"{d.name:{width}} {d.max_abs:10.2e} {d.max_rel:10.2e}  {ok}")
     for a in report.agreements:
-        click.echo(f"{a.name:58} {a.identical:>5}/{a.total:<5} identical ({100 * a.rate:.1f}%)")
+        click.echo(f"{a.name:{width}} {a.identical:>5}/{a.total:<5} identical ({100 * a.rate:.1f}%)")
     if report.failures:
         raise click.ClickException("parity check failed: " + "; ".join(report.failures))
     click.echo(f"parity OK (atol {atol}, rtol {rtol}, agreement >= {min_agreement:.0%})")

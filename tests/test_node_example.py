@@ -1,0 +1,59 @@
+"""The exported directory works without Python: examples/node translates exactly as tfm-run does."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from conftest import REPO
+
+from tfm_export import Translator, demo_numbers
+
+NODE_DIR = REPO / "examples" / "node"
+
+
+@pytest.fixture(scope="module")
+def node_example(tmp_path_factory) -> Path:
+    if not shutil.which("node") or not shutil.which("npm"):
+        pytest.skip("node and npm are not installed")
+    work = tmp_path_factory.mktemp("node") / "example"
+    shutil.copytree(NODE_DIR, work, ignore=shutil.ignore_patterns("node_modules"))
+    result = subprocess.run(["npm", "ci", "--no-audit", "--no-fund"], cwd=work, capture_output=True, text=True,
+                            timeout=600)
+    assert result.returncode == 0, result.stderr[-2000:]
+    return work
+
+
+def run_node(example: Path, model: Path, lines: list[str]) -> list[str]:
+    result = subprocess.run(["node", "translate.js", str(model)], cwd=example, input="\n".join(lines) + "\n",
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    return result.stdout.split("\n")[:-1]
+
+
+def test_node_translations_equal_tfm_run(node_example, demo_onnx):
+    lines = [en for en, _ in demo_numbers.held_out_pairs()[:60]] + ["", "  Forty-Two ", "eighty", "one thousand, one"]
+    expected = [r.text for r in Translator.load(demo_onnx).translate(lines)]
+    assert run_node(node_example, demo_onnx, lines) == expected
+
+
+def test_node_refuses_a_directory_that_is_not_a_model(node_example, tmp_path):
+    (tmp_path / "manifest.json").write_text('{"format": "something-else"}')
+    result = subprocess.run(["node", "translate.js", str(tmp_path), "x"], cwd=node_example, capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == 1 and "not a tfm-export model directory" in result.stderr
+
+
+def test_contract_doc_names_every_graph_tensor():
+    """docs/graph-contract.md stays in step with the graph specs the exporter uses."""
+    from tfm_export.config import ModelConfig
+    from tfm_export.graph_spec import graph_specs
+    doc = (REPO / "docs" / "graph-contract.md").read_text()
+    specs = graph_specs(ModelConfig(src_vocab_size=10, trg_vocab_size=10, n_layers=1))
+    for spec in specs.values():
+        assert f"## {spec.graph.filename}" in doc
+        for tensor in (*spec.inputs, *spec.outputs):
+            assert f"`{tensor.name.replace('.0.', '.{i}.')}" in doc, tensor.name
+            assert all(axis in doc for axis in tensor.shape if isinstance(axis, str))
