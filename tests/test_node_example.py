@@ -7,9 +7,11 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 from conftest import REPO
 
-from tfm_export import Translator, demo_numbers
+from tfm_export import demo_numbers
+from tfm_export.cli.run_cli import main as run_main
 
 NODE_DIR = REPO / "examples" / "node"
 
@@ -35,8 +37,10 @@ def run_node(example: Path, model: Path, lines: list[str]) -> list[str]:
 
 def test_node_translations_equal_tfm_run(node_example, demo_onnx):
     lines = [en for en, _ in demo_numbers.held_out_pairs()[:60]] + ["", "  Forty-Two ", "eighty", "one thousand, one"]
-    expected = [r.text for r in Translator.load(demo_onnx).translate(lines)]
-    assert run_node(node_example, demo_onnx, lines) == expected
+    result = CliRunner().invoke(run_main, ["translate", "--model", str(demo_onnx), "--backend", "onnxruntime"],
+                                input="\n".join(lines) + "\n")
+    assert result.exit_code == 0
+    assert run_node(node_example, demo_onnx, lines) == result.output.split("\n")[:-1]
 
 
 def test_node_refuses_a_directory_that_is_not_a_model(node_example, tmp_path):

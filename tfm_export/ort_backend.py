@@ -18,7 +18,8 @@ from .tokenizer import PAD_ID
 
 @dataclass(frozen=True)
 class CacheState:
-    """Per row: source mask (N, S), cross-attention K/V and self-attention K/V, flat per layer."""
+    """Per row: source mask (N, S), cross-attention K/V and self-attention K/V, flat per layer.
+    NumPy arrays here; torch tensors on the run device in ort_bound_backend (same shapes)."""
 
     mask: np.ndarray
     cross: tuple[np.ndarray, ...]  # per layer: key (N, nh, S, dk), value (N, nh, S, dv)

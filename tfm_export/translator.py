@@ -13,6 +13,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from . import decoding
 from .batching import length_buckets, pad_batch
 from .config import ModelConfig
@@ -133,7 +135,7 @@ class Translator:
                 progress(len(batch))
         return [results[i] for i in range(len(texts))]
 
-    def _decode(self, src, options: DecodeOptions) -> list[list[Hypothesis]]:
+    def _decode(self, src: np.ndarray, options: DecodeOptions) -> list[list[Hypothesis]]:
         max_length = options.max_length or self.config.n_position
         if not 1 <= max_length <= self.config.n_position:
             raise InputTextError(f"--max-length {max_length} is outside 1..{self.config.n_position} "

@@ -25,7 +25,7 @@ from .parity import (
     random_targets,
     token_agreement,
 )
-from .tokenizer import BOS_ID, EOS_ID
+from .tokenizer import BOS_ID, EOS_ID, PAD_ID
 
 
 @dataclass
@@ -70,7 +70,7 @@ def decode_agreement(name: str, ckpt: Checkpoint, backend: OrtBackend, src: np.n
     got_g, want_g, got_b, want_b = [], [], [], []
     for start in range(0, len(src), batch_size):
         chunk = src[start:start + batch_size]
-        chunk = chunk[:, :max(1, int((chunk != 1).sum(1).max()))]
+        chunk = chunk[:, :max(1, int((chunk != PAD_ID).sum(1).max()))]  # drop all-padding columns
         got_g += [h.tokens for h in decoding.greedy(backend, chunk, max_length)]
         want_g += [h.tokens for h in reference_decoding.greedy_decode(ckpt.model, torch.from_numpy(chunk), max_length)]
         got_b += [h[0].tokens for h in decoding.beam_search(backend, chunk, beam_size, max_length)]

@@ -19,7 +19,8 @@ from ..verify import checkpoint_for, verify
 from .common import ErrorReportingGroup, read_text_lines, setup_logging, vocab_option
 
 
-@click.group(cls=ErrorReportingGroup)
+@click.group(cls=ErrorReportingGroup, epilog="Typical use: tfm-export onnx --checkpoint ckpt.pt --output model/ "
+              "&& tfm-export verify --model model/ && tfm-run translate --model model/ 'some text'")
 @click.option("-v", "--verbose", is_flag=True, help="Log progress and warnings.")
 def main(verbose: bool) -> None:
     """Export encoder-decoder Transformers for ONNX Runtime and TensorRT."""
