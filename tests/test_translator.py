@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shutil
 
+import numpy as np
 import pytest
 from click.testing import CliRunner
 from conftest import DEMO_CKPT, listing, unwritable_dir
@@ -225,3 +226,27 @@ def test_n_best_lists_distinct_hypotheses_best_first(demo_onnx, torch_translator
     assert [text for text, _ in same.n_best] == [alt["translation"] for alt in row["n_best"]]
     bad = CliRunner().invoke(run_main, ["translate", "--model", str(demo_onnx), "--n-best", "2", "x"])
     assert bad.exit_code == 1 and "--n-best 2 needs --beam-size >= 2" in bad.output
+
+
+@pytest.mark.parametrize("vocab_size", [12, 97])
+def test_exact_ties_break_like_the_reference(vocab_size):
+    """All logits equal (zero output projection): ties must go to the lower (beam, token) index in both loops."""
+    import torch
+    from conftest import tiny_config
+
+    from tfm_export import reference_decoding
+    from tfm_export.decoding import beam_search, greedy
+    from tfm_export.model import Transformer
+    from tfm_export.torch_backend import TorchBackend
+    torch.manual_seed(0)
+    model = Transformer(tiny_config(src_vocab_size=vocab_size, trg_vocab_size=vocab_size, proj_share_weight=False,
+                                    embs_share_weight=False)).eval()
+    with torch.no_grad():
+        model.trg_word_prj.weight.zero_()
+    src = np.array([[2, 5, 6, 3], [2, 7, 3, 1]])
+    for k in (3, 4, 5):
+        got = beam_search(TorchBackend(model), src, k, 6, n_best=k)
+        want = reference_decoding.beam_search(model, torch.from_numpy(src), k, 6, n_best=k)
+        assert [[h.tokens for h in nb] for nb in got] == [[h.tokens for h in nb] for nb in want]
+    assert [h.tokens for h in greedy(TorchBackend(model), src, 6)] == \
+        [h.tokens for h in reference_decoding.greedy_decode(model, torch.from_numpy(src), 6)]

@@ -64,10 +64,17 @@ def greedy(backend: StepBackend, src: np.ndarray, max_length: int) -> list[Hypot
 
 
 def _top_candidates(cand: np.ndarray, count: int) -> np.ndarray:
-    """Per row, the `count` best indices, best first, ties by lower index (a stable descending sort)."""
+    """Per row, the `count` best indices, best first, ties by lower index: a stable descending sort.
+    argpartition finds them fast but picks arbitrarily among values tied at the cut, so rows with such a
+    tie fall back to the full stable sort."""
     count = min(count, cand.shape[1])
     part = np.argpartition(-cand, count - 1, axis=1)[:, :count]
     values = np.take_along_axis(cand, part, axis=1)
+    cut = values.min(axis=1, keepdims=True)
+    tied = (cand == cut).sum(axis=1) > (values == cut).sum(axis=1)
+    for row in np.flatnonzero(tied):
+        part[row] = np.argsort(-cand[row], kind="stable")[:count]
+        values[row] = cand[row, part[row]]
     order = np.lexsort((part, -values), axis=1)
     return np.take_along_axis(part, order, axis=1)
 
