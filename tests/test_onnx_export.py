@@ -303,3 +303,29 @@ def test_graph_changed_after_export_is_refused(tiny, tmp_path):
     (other / "decoder_step.onnx").unlink()
     with pytest.raises(ModelDirError, match="decoder_step.onnx: graph file missing"):
         OrtBackend.open(other)
+
+
+def test_force_never_deletes_the_checkpoint_or_the_working_directory(tiny, tmp_path, monkeypatch):
+    ckpt, _ = tiny
+    with pytest.raises(ModelDirError, match="which replacing it would delete; choose another --output"):
+        export_model_dir(ckpt, ckpt.path.parent, force=True, progress=False)
+    assert ckpt.path.exists()
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "work.txt").write_text("keep")
+    with pytest.raises(ModelDirError, match="which replacing it would delete"):
+        export_model_dir(ckpt, tmp_path, force=True, progress=False)
+    assert (tmp_path / "work.txt").exists()
+
+
+def test_model_directory_is_readable_by_others(tiny):
+    assert tiny[1].stat().st_mode & 0o755 == 0o755
+
+
+def test_verify_counts_input_lines_with_blanks_and_refuses_all_blank(tiny, tmp_path):
+    lines = tmp_path / "in.txt"
+    lines.write_text("\n\nw1\n" + " ".join(["w3"] * 45) + "\n")
+    result = CliRunner().invoke(export_main, ["verify", "--model", str(tiny[1]), "--input", str(lines)])
+    assert result.exit_code == 1 and "input line 4: longer than" in result.output
+    lines.write_text("\n  \n")
+    result = CliRunner().invoke(export_main, ["verify", "--model", str(tiny[1]), "--input", str(lines)])
+    assert result.exit_code == 1 and "--input has no non-empty lines" in result.output

@@ -250,3 +250,18 @@ def test_exact_ties_break_like_the_reference(vocab_size):
         assert [[h.tokens for h in nb] for nb in got] == [[h.tokens for h in nb] for nb in want]
     assert [h.tokens for h in greedy(TorchBackend(model), src, 6)] == \
         [h.tokens for h in reference_decoding.greedy_decode(model, torch.from_numpy(src), 6)]
+
+
+def test_only_newlines_split_input_lines(demo_onnx, tmp_path):
+    (tmp_path / "in.txt").write_bytes("forty-two\x0cone\r\neighty\u2028x\n\n".encode())
+    result = CliRunner().invoke(run_main, ["translate", "--model", str(demo_onnx), "--input",
+                                           str(tmp_path / "in.txt")])
+    assert result.exit_code == 0 and len(result.output.split("\n")[:-1]) == 3
+
+
+def test_bad_utf8_argument_and_options_checked_even_for_blank_input(demo_onnx):
+    runner = CliRunner()
+    bad = runner.invoke(run_main, ["translate", "--model", str(demo_onnx), "forty\udcff"])
+    assert bad.exit_code == 1 and "TEXT argument 1 is not valid UTF-8" in bad.output
+    blank = runner.invoke(run_main, ["translate", "--model", str(demo_onnx), "--n-best", "3", " "])
+    assert blank.exit_code == 1 and "--n-best 3 needs --beam-size >= 3" in blank.output

@@ -80,7 +80,9 @@ def export_model_dir(ckpt: Checkpoint, output: Path, opset: int = 18, optimize: 
                      progress: bool = True) -> dict[str, Any]:
     """Write the model directory of the design notes; returns its manifest."""
     torch.manual_seed(0)
-    with staged_directory(output, force) as staging, tqdm(total=4, desc="export", disable=not progress) as bar:
+    inputs = (ckpt.path, *(Path(t.origin) for t in (ckpt.vocab.source, ckpt.vocab.target)))
+    with (staged_directory(output, force, keep=inputs) as staging,
+          tqdm(total=4, desc="export", disable=not progress) as bar):
         bar.set_postfix_str("torch.onnx")
         graphs = export_all(ckpt.model, opset, optimize)
         bar.update()

@@ -28,8 +28,13 @@ class ModelDirError(TfmExportError):
     """A model directory that cannot be written or read."""
 
 
-def check_output(output: Path, force: bool) -> None:
-    """Fail before any slow work if the output cannot be written."""
+def check_output(output: Path, force: bool, keep: tuple[Path, ...] = ()) -> None:
+    """Fail before any slow work if the output cannot be written, or replacing it would delete `keep`
+    (the inputs of the export, or the working directory)."""
+    target = output.resolve()
+    for path in (*keep, Path.cwd()):
+        if path.resolve() == target or target in path.resolve().parents:
+            raise ModelDirError(f"{output}: holds {path}, which replacing it would delete; choose another --output")
     if output.exists() and not output.is_dir():
         raise ModelDirError(f"{output}: exists and is not a directory; choose another --output")
     if output.is_dir() and any(output.iterdir()) and not force:
@@ -43,9 +48,9 @@ def check_output(output: Path, force: bool) -> None:
 
 
 @contextlib.contextmanager
-def staged_directory(output: Path, force: bool) -> Iterator[Path]:
+def staged_directory(output: Path, force: bool, keep: tuple[Path, ...] = ()) -> Iterator[Path]:
     """Yield a hidden staging directory beside `output`; on success it replaces `output` atomically."""
-    check_output(output, force)
+    check_output(output, force, keep)
     parent = output.resolve().parent
     try:
         staging = Path(tempfile.mkdtemp(prefix=f".{output.name}.", suffix=".partial", dir=parent))
@@ -54,6 +59,9 @@ def staged_directory(output: Path, force: bool) -> Iterator[Path]:
                             "choose a writable --output") from None
     try:
         yield staging
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(staging, 0o777 & ~umask)  # mkdtemp makes it private; a model directory is meant to be shared
         _swap_into_place(staging, output.resolve())
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)

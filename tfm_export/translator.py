@@ -117,6 +117,7 @@ class Translator:
     def translate(self, texts: Sequence[str], options: DecodeOptions = DecodeOptions(),
                   progress: Callable[[int], None] | None = None) -> list[Translation]:
         """Translations in input order; empty lines give empty translations without touching the model."""
+        self._check(options)
         n_position = self.config.n_position
         sources = {i: source_ids(self.vocab.source, t, n_position, i + 1, options.truncate)
                    for i, t in enumerate(texts) if t.strip()}
@@ -135,13 +136,15 @@ class Translator:
                 progress(len(batch))
         return [results[i] for i in range(len(texts))]
 
-    def _decode(self, src: np.ndarray, options: DecodeOptions) -> list[list[Hypothesis]]:
-        max_length = options.max_length or self.config.n_position
-        if not 1 <= max_length <= self.config.n_position:
-            raise InputTextError(f"--max-length {max_length} is outside 1..{self.config.n_position} "
-                                 "(the model's positions)")
+    def _check(self, options: DecodeOptions) -> None:
+        limit = self.config.n_position
+        if options.max_length is not None and not 1 <= options.max_length <= limit:
+            raise InputTextError(f"--max-length {options.max_length} is outside 1..{limit} (the model's positions)")
         if not 1 <= options.n_best <= options.beam_size:
             raise InputTextError(f"--n-best {options.n_best} needs --beam-size >= {options.n_best}")
+
+    def _decode(self, src: np.ndarray, options: DecodeOptions) -> list[list[Hypothesis]]:
+        max_length = options.max_length or self.config.n_position
         if options.beam_size == 1:
             return [[hyp] for hyp in decoding.greedy(self.backend, src, max_length)]
         return decoding.beam_search(self.backend, src, options.beam_size, max_length, options.length_penalty,

@@ -58,11 +58,14 @@ def checkpoint_for(directory: Path, given: Path | None, vocab: Sequence[Path]) -
 
 def encode_texts(ckpt: Checkpoint, texts: Sequence[str]) -> np.ndarray:
     limit = ckpt.config.n_position
-    rows = [[BOS_ID, *ckpt.vocab.source.encode(t), EOS_ID] for t in texts if t.strip()]
-    too_long = [i for i, r in enumerate(rows) if len(r) > limit]
+    rows = [(number, [BOS_ID, *ckpt.vocab.source.encode(t), EOS_ID]) for number, t in enumerate(texts, 1)
+            if t.strip()]
+    if not rows:
+        raise TfmExportError("--input has no non-empty lines to compare on")
+    too_long = [number for number, row in rows if len(row) > limit]
     if too_long:
-        raise TfmExportError(f"input line {too_long[0] + 1}: longer than the model's {limit} positions")
-    return pad_batch(rows)
+        raise TfmExportError(f"input line {too_long[0]}: longer than the model's {limit} positions")
+    return pad_batch([row for _, row in rows])
 
 
 def decode_agreement(name: str, ckpt: Checkpoint, backend: OrtBackend, src: np.ndarray, beam_size: int,

@@ -36,6 +36,15 @@ vocab_option = click.option(
          "checkpoints; give it twice (source, then target) for split vocabularies.")
 
 
+def split_lines(text: str) -> list[str]:
+    """Lines split on \n only (str.splitlines also splits on form feeds, U+2028, ..., which would make the output
+    longer than the input); a final newline ends the last line, \r\n counts as one break."""
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    return [line[:-1] if line.endswith("\r") else line for line in lines]
+
+
 def read_text_lines(input_file: Path | None) -> list[str]:
     """Lines of a UTF-8 file, or of stdin when no file is given; bad bytes are a one-line error."""
     name = str(input_file) if input_file else "<stdin>"
@@ -44,7 +53,7 @@ def read_text_lines(input_file: Path | None) -> list[str]:
     except OSError as exc:
         raise InputTextError(f"{name}: cannot read input ({exc.strerror})") from None
     try:
-        return data.decode("utf-8").splitlines()
+        return split_lines(data.decode("utf-8"))
     except UnicodeDecodeError as exc:
         line = data[:exc.start].count(b"\n") + 1
         raise InputTextError(f"{name}: line {line} is not valid UTF-8; convert the file to UTF-8") from None

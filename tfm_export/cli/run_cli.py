@@ -25,6 +25,11 @@ def main(verbose: bool) -> None:
 def read_lines(input_file: Path | None, texts: tuple[str, ...]) -> list[str]:
     """TEXT arguments, else the input file, else stdin; one sentence per line."""
     if texts:
+        for number, text in enumerate(texts, 1):
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError:
+                raise InputTextError(f"TEXT argument {number} is not valid UTF-8") from None
         return list(texts)
     lines = read_text_lines(input_file)
     if not lines:
