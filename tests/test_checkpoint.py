@@ -192,3 +192,22 @@ def test_save_where_the_directory_is_a_file(tmp_path, tiny_model):
     with pytest.raises(CheckpointError, match="output directory does not exist"):
         save_checkpoint(tiny_model, Vocabulary(tok, tok), tmp_path / "file" / "ckpt.pt")
     assert listing(tmp_path) == ["file"]
+
+
+@pytest.mark.parametrize("payload, message", [
+    ({"format": "tfm-export-checkpoint", "format_version": 1, "config": [1], "model": {}}, "'config' and 'model' must"),
+    ({"format": "tfm-export-checkpoint", "format_version": 1, "model": {}}, "'config' and 'model' must both be dicts"),
+    ({"format": "tfm-export-checkpoint", "format_version": 1, "config": {"d_model": 8}, "model": {}},
+     "incomplete model config"),
+    ({"settings": None, "model": [1, 2]}, "'model' is a list, expected a state_dict"),
+])
+def test_damaged_checkpoint_dicts_are_one_line(tmp_path, payload, message):
+    torch.save(payload, tmp_path / "d.pt")
+    with pytest.raises(CheckpointError, match=message):
+        load_checkpoint(tmp_path / "d.pt")
+
+
+def test_non_tensor_weight_is_named(tmp_path, seed_files):
+    path = _seed_ckpt_with(tmp_path, lambda s: s.update({"encoder.layer_norm.bias": 3}))
+    with pytest.raises(CheckpointError, match="encoder.layer_norm.bias is a int, not a tensor"):
+        load_checkpoint(path, [seed_files[1]])

@@ -265,3 +265,35 @@ def test_bad_utf8_argument_and_options_checked_even_for_blank_input(demo_onnx):
     assert bad.exit_code == 1 and "TEXT argument 1 is not valid UTF-8" in bad.output
     blank = runner.invoke(run_main, ["translate", "--model", str(demo_onnx), "--n-best", "3", " "])
     assert blank.exit_code == 1 and "--n-best 3 needs --beam-size >= 3" in blank.output
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda m: [], "not a tfm-export-model manifest"),
+    (lambda m: {**m, "graphs": {"encoder": m["graphs"]["encoder"]}}, "lacks graphs.decoder_step.file"),
+    (lambda m: {k: v for k, v in m.items() if k != "tokenizer"}, "lacks tokenizer.source, tokenizer.target"),
+])
+def test_malformed_manifest_is_one_line(demo_onnx, tmp_path, edit, message):
+    copy = tmp_path / "model"
+    shutil.copytree(demo_onnx, copy)
+    manifest = json.loads((copy / "manifest.json").read_text())
+    (copy / "manifest.json").write_text(json.dumps(edit(manifest)))
+    result = CliRunner().invoke(run_main, ["translate", "--model", str(copy), "x"])
+    assert result.exit_code == 1 and message in result.output and len(result.output.splitlines()) == 1
+
+
+def test_tokenizer_that_does_not_fit_the_graphs(demo_onnx, tmp_path):
+    copy = tmp_path / "model"
+    shutil.copytree(demo_onnx, copy)
+    words = ["<unk>", "<blank>", "<s>", "</s>", *[f"w{i}" for i in range(200)]]
+    (copy / "tokenizer.json").write_text(json.dumps(words))
+    result = CliRunner().invoke(run_main, ["translate", "--model", str(copy), "w150"])
+    assert result.exit_code == 1 and "has 204 tokens but the graphs take 88" in result.output
+
+
+def test_bad_environment_values_are_one_line(demo_onnx, monkeypatch):
+    from tfm_export.errors import TfmExportError
+    from tfm_export.ort_session import SessionOptions
+    with pytest.raises(TfmExportError, match="thread count 'four' .TFM_THREADS.. is not a whole number"):
+        Translator.load(demo_onnx, session_options=SessionOptions(intra_op_threads="four"))
+    with pytest.raises(TfmExportError, match="optimisation level 'Basic'"):
+        Translator.load(demo_onnx, session_options=SessionOptions(optimization="Basic"))

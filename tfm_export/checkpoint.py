@@ -16,6 +16,7 @@ import re
 import tempfile
 import warnings
 import zipfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -116,7 +117,8 @@ def read_checkpoint_file(path: Path) -> dict[str, Any]:
         if "zip archive" in str(exc) or "central directory" in str(exc):
             raise CheckpointError(f"{path}: truncated or corrupt checkpoint (its zip archive is incomplete); "
                                   "copy or save it again") from None
-        raise CheckpointError(f"{path}: not a readable PyTorch checkpoint ({str(exc).splitlines()[0]})") from None
+        reason = (str(exc).splitlines() or [type(exc).__name__])[0]
+        raise CheckpointError(f"{path}: not a readable PyTorch checkpoint ({reason})") from None
     except EOFError:
         raise CheckpointError(f"{path}: truncated checkpoint (file ends early); copy or save it again") from None
     except Exception as exc:  # UnpicklingError, KeyError, ... from a file that is not a checkpoint
@@ -132,19 +134,29 @@ def read_checkpoint_file(path: Path) -> dict[str, Any]:
 
 def classify(data: dict[str, Any], path: Path) -> tuple[str, ModelConfig, dict[str, torch.Tensor]]:
     """Which format this is, the config it implies and its state_dict."""
+    kind, make_config = _format_of(data, path)
+    try:
+        return kind, make_config(), data["model"]
+    except CheckpointError as exc:
+        raise CheckpointError(f"{path}: {exc}") from None
+
+
+def _format_of(data: dict[str, Any], path: Path) -> tuple[str, Callable[[], ModelConfig]]:
     if data.get("format") == FORMAT_NAME:
         if data.get("format_version") != FORMAT_VERSION:
             raise CheckpointError(f"{path}: checkpoint format version {data.get('format_version')} is not "
                                   f"supported (this tool reads {FORMAT_VERSION}); upgrade tfm-export")
-        return "tfm-export", ModelConfig.from_dict(data["config"]), data["model"]
+        if not isinstance(data.get("config"), dict) or not isinstance(data.get("model"), dict):
+            raise CheckpointError(f"{path}: damaged {FORMAT_NAME}: 'config' and 'model' must both be dicts; "
+                                  "save it again")
+        return "tfm-export", lambda: ModelConfig.from_dict(data["config"])
     if SEED_KEYS <= data.keys():
+        if not isinstance(data["model"], dict):
+            raise CheckpointError(f"{path}: 'model' is a {type(data['model']).__name__}, expected a state_dict")
         if not isinstance(data["settings"], argparse.Namespace):
             raise CheckpointError(f"{path}: 'settings' is a {type(data['settings']).__name__}, "
                                   "expected the argparse.Namespace the seed's train.py saves")
-        try:
-            return "seed", ModelConfig.from_seed_settings(data["settings"]), data["model"]
-        except CheckpointError as exc:
-            raise CheckpointError(f"{path}: {exc}") from None
+        return "seed", lambda: ModelConfig.from_seed_settings(data["settings"])
     keys = ", ".join(sorted(map(str, data))[:6]) or "nothing"
     raise CheckpointError(f"{path}: not a Transformer checkpoint this tool knows (found keys {keys}; "
                           f"expected 'settings' and 'model' from the seed's train.py, or a {FORMAT_NAME})")
@@ -155,10 +167,12 @@ def validate_state_dict(state: dict[str, Any], model: Transformer, path: Path) -
     expected = model.state_dict()
     problems = [f"missing {k}" for k in expected if k not in state]
     problems += [f"unexpected {k}" for k in state if k not in expected]
+    problems += [f"{k} is a {type(state[k]).__name__}, not a tensor"
+                 for k in expected if k in state and not isinstance(state[k], torch.Tensor)]
     problems += [
         f"{k} has shape {tuple(state[k].shape)}, the config needs {tuple(v.shape)}"
         for k, v in expected.items()
-        if k in state and (not isinstance(state[k], torch.Tensor) or state[k].shape != v.shape)
+        if k in state and isinstance(state[k], torch.Tensor) and state[k].shape != v.shape
     ]
     if not problems:
         cfg = model.config
@@ -216,16 +230,21 @@ def load_checkpoint(path: str | Path, vocab: list[Path] | None = None) -> Checkp
     return Checkpoint(path, kind, config, model, _vocab_from_files(files, config), file_sha256(path))
 
 
-def _atomic_write(target: Path, write: Any) -> None:
-    """Write via a temp file in the same directory and rename, so a failure leaves nothing half-written."""
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-    os.close(fd)
+def _write_all(files: dict[Path, Any]) -> None:
+    """Write every file to a temp name in its directory first, then rename them all: a failure leaves no
+    half-written file and no new tokenizer beside an old checkpoint."""
+    temps: dict[Path, Path] = {}
     try:
-        write(Path(tmp))
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+        for target, write in files.items():
+            fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+            os.close(fd)
+            temps[target] = Path(tmp)
+            write(temps[target])
+        for target, tmp in temps.items():
+            os.replace(tmp, target)
+    finally:
+        for tmp in temps.values():
+            tmp.unlink(missing_ok=True)
 
 
 def save_checkpoint(model: Transformer, vocab: Vocabulary, path: str | Path,
@@ -238,11 +257,11 @@ def save_checkpoint(model: Transformer, vocab: Vocabulary, path: str | Path,
              {"source": "source_" + TOKENIZER_FILE, "target": "target_" + TOKENIZER_FILE})
     payload = {"format": FORMAT_NAME, "format_version": FORMAT_VERSION, "config": model.config.to_dict(),
                "model": model.state_dict(), "tokenizer": names, **(extra or {})}
+    files = {path.parent / names[side]: getattr(vocab, side).save for side in ("source", "target")}
+    files[path] = lambda tmp: torch.save(payload, tmp)
     try:
-        for side in ("source", "target"):
-            _atomic_write(path.parent / names[side], getattr(vocab, side).save)
-        _atomic_write(path, lambda tmp: torch.save(payload, tmp))
-    except OSError as exc:
-        raise CheckpointError(f"{path}: cannot write checkpoint ({exc.strerror}); "
-                              "choose a writable directory") from None
+        _write_all(files)
+    except Exception as exc:  # OSError, torch's RuntimeError on a full disk, tokenizers' plain Exception
+        reason = getattr(exc, "strerror", None) or (str(exc).splitlines() or [type(exc).__name__])[0]
+        raise CheckpointError(f"{path}: cannot write checkpoint ({reason}); choose a writable directory") from None
     return path

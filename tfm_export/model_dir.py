@@ -94,12 +94,29 @@ def read_manifest(directory: Path) -> dict[str, Any]:
         raise ModelDirError(f"{path}: missing; this is not a tfm-export model directory") from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ModelDirError(f"{path}: unreadable manifest ({exc}); export the model again") from None
-    if manifest.get("format") != FORMAT_NAME:
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT_NAME:
         raise ModelDirError(f"{path}: not a {FORMAT_NAME} manifest")
     if manifest.get("format_version") != FORMAT_VERSION:
         raise ModelDirError(f"{path}: format version {manifest.get('format_version')} is not supported "
                             f"(this tool reads {FORMAT_VERSION}); upgrade tfm-export or export again")
+    missing = [key for key in REQUIRED_KEYS if not _has(manifest, key)]
+    if missing:
+        raise ModelDirError(f"{path}: lacks {', '.join(missing)}; export the model again")
     return manifest
+
+
+REQUIRED_KEYS = ("model", "tokenizer.source", "tokenizer.target", "limits.max_source_length", "precision", "opset",
+                 "graphs.encoder.file", "graphs.encoder.sha256", "graphs.decoder_step.file",
+                 "graphs.decoder_step.sha256", "source_checkpoint.sha256", "optimizations")
+
+
+def _has(manifest: dict[str, Any], dotted: str) -> bool:
+    node: Any = manifest
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return False
+        node = node[part]
+    return True
 
 
 def graph_path(directory: Path, manifest: dict[str, Any], graph: str, check_hash: bool = True) -> Path:

@@ -19,7 +19,9 @@ OPT_LEVELS = {"disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
 
 @dataclass(frozen=True)
 class SessionOptions:
-    intra_op_threads: int = int(os.environ.get("TFM_ORT_THREADS", "0"))  # 0 = ONNX Runtime's choice
+    """Defaults follow TFM_THREADS and TFM_ORT_OPT_LEVEL, as the CLI's flags do; checked when a session opens."""
+
+    intra_op_threads: int | str = os.environ.get("TFM_THREADS", 0)  # 0 = ONNX Runtime's choice
     optimization: str = os.environ.get("TFM_ORT_OPT_LEVEL", "all")
     memory_arena: bool = True
     device: str = "cpu"  # "cuda": CUDA execution provider, CPU for what it does not cover
@@ -45,8 +47,13 @@ def require_device(options: SessionOptions) -> None:
 
 
 def open_session(path: Path, options: SessionOptions = DEFAULT_OPTIONS) -> ort.InferenceSession:
+    if options.optimization not in OPT_LEVELS:
+        raise TfmExportError(f"ONNX Runtime optimisation level {options.optimization!r} (TFM_ORT_OPT_LEVEL?) is not "
+                             f"one of {', '.join(OPT_LEVELS)}")
+    if not str(options.intra_op_threads).isdigit():
+        raise TfmExportError(f"thread count {options.intra_op_threads!r} (TFM_THREADS?) is not a whole number")
     so = ort.SessionOptions()
-    so.intra_op_num_threads = options.intra_op_threads
+    so.intra_op_num_threads = int(options.intra_op_threads)
     so.inter_op_num_threads = 1
     so.graph_optimization_level = OPT_LEVELS[options.optimization]
     so.enable_cpu_mem_arena = options.memory_arena
@@ -59,10 +66,14 @@ def open_session(path: Path, options: SessionOptions = DEFAULT_OPTIONS) -> ort.I
             providers.insert(0, "TensorrtExecutionProvider")
         return ort.InferenceSession(str(path), so, providers=providers)
     except Exception as exc:  # onnxruntime raises its own Fail/InvalidGraph types
-        reason = str(exc).splitlines()[0][:200]
+        reason = (str(exc).splitlines() or [type(exc).__name__])[0][:200]
         raise TfmExportError(f"{path}: ONNX Runtime cannot load this graph ({reason})") from None
 
 
 def run(session: ort.InferenceSession, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     names = [o.name for o in session.get_outputs()]
-    return dict(zip(names, session.run(names, feeds), strict=True))
+    try:
+        return dict(zip(names, session.run(names, feeds), strict=True))
+    except Exception as exc:  # onnxruntime's own exception types; an input the graph cannot take
+        reason = (str(exc).splitlines() or [type(exc).__name__])[0][:300]
+        raise TfmExportError(f"ONNX Runtime failed: {reason}") from None

@@ -17,6 +17,7 @@ from . import demo_numbers
 from .batching import pad_batch
 from .checkpoint import save_checkpoint
 from .config import ModelConfig
+from .errors import CheckpointError
 from .model import Transformer
 from .tokenizer import BOS_ID, EOS_ID, PAD_ID, TextTokenizer, Vocabulary, train_word_tokenizer
 
@@ -94,7 +95,10 @@ def train_demo(output: Path, settings: TrainSettings, progress: bool = True) -> 
     start = time.perf_counter()
     train(model, vocab, demo_pair, settings, progress)
     minutes = (time.perf_counter() - start) / 60
-    output.mkdir(parents=True, exist_ok=True)
+    try:
+        output.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise CheckpointError(f"{output}: cannot create the output directory ({exc.strerror})") from None
     path = save_checkpoint(model.eval(), vocab, output / "ckpt.pt",
                            extra={"training": {**settings.__dict__, "minutes": round(minutes, 2)}})
     return path, minutes

@@ -160,7 +160,11 @@ class Translator:
 def _directory_vocab(directory: Path, manifest: dict, given: Sequence[Path]) -> Vocabulary:
     if given:
         raise TfmExportError("--vocab is only for checkpoints; a model directory carries its own tokenizer")
-    files = manifest["tokenizer"]
+    files, model = manifest["tokenizer"], manifest["model"]
     source = load_tokenizer(directory / files["source"])
     target = source if files["target"] == files["source"] else load_tokenizer(directory / files["target"])
+    for tok, size in ((source, model["src_vocab_size"]), (target, model["trg_vocab_size"])):
+        if tok.vocab_size != size:
+            raise TfmExportError(f"{tok.origin}: has {tok.vocab_size} tokens but the graphs take {size}; "
+                                 "this tokenizer does not belong to these graphs")
     return Vocabulary(source, target)
