@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from .config import ModelConfig
-from .errors import CheckpointError, VocabularyError
+from .errors import CheckpointError, VocabularyError, first_line
 from .model import Transformer
 from .tokenizer import TOKENIZER_FILE, Vocabulary, load_tokenizer
 
@@ -117,8 +117,7 @@ def read_checkpoint_file(path: Path) -> dict[str, Any]:
         if "zip archive" in str(exc) or "central directory" in str(exc):
             raise CheckpointError(f"{path}: truncated or corrupt checkpoint (its zip archive is incomplete); "
                                   "copy or save it again") from None
-        reason = (str(exc).splitlines() or [type(exc).__name__])[0]
-        raise CheckpointError(f"{path}: not a readable PyTorch checkpoint ({reason})") from None
+        raise CheckpointError(f"{path}: not a readable PyTorch checkpoint ({first_line(exc)})") from None
     except EOFError:
         raise CheckpointError(f"{path}: truncated checkpoint (file ends early); copy or save it again") from None
     except Exception as exc:  # UnpicklingError, KeyError, ... from a file that is not a checkpoint
@@ -262,6 +261,6 @@ def save_checkpoint(model: Transformer, vocab: Vocabulary, path: str | Path,
     try:
         _write_all(files)
     except Exception as exc:  # OSError, torch's RuntimeError on a full disk, tokenizers' plain Exception
-        reason = getattr(exc, "strerror", None) or (str(exc).splitlines() or [type(exc).__name__])[0]
+        reason = getattr(exc, "strerror", None) or first_line(exc)
         raise CheckpointError(f"{path}: cannot write checkpoint ({reason}); choose a writable directory") from None
     return path

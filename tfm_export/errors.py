@@ -19,3 +19,8 @@ class VocabularyError(TfmExportError):
 
 class InputTextError(TfmExportError):
     """Text that the model cannot take (too long, not UTF-8, ...)."""
+
+
+def first_line(exc: BaseException, limit: int = 300) -> str:
+    """The first line of an exception's message (or its type name), for quoting in a one-line error."""
+    return (str(exc).splitlines() or [type(exc).__name__])[0][:limit]

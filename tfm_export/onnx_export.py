@@ -20,7 +20,7 @@ import torch
 from onnx import helper, numpy_helper
 from torch.export import Dim
 
-from .errors import TfmExportError
+from .errors import TfmExportError, first_line
 from .graph_modules import DecoderStepGraph, EncoderGraph, example_inputs
 from .graph_spec import Graph, GraphSpec, graph_specs
 from .model import Transformer
@@ -137,7 +137,7 @@ def check_graph(proto: onnx.ModelProto, spec: GraphSpec) -> onnx.ModelProto:
         inferred = onnx.shape_inference.infer_shapes(proto, check_type=True, strict_mode=True, data_prop=True)
         onnx.checker.check_model(inferred, full_check=True)
     except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as exc:
-        raise ExportError(f"{spec.graph.filename}: ONNX checker failed: {str(exc).splitlines()[0]}") from None
+        raise ExportError(f"{spec.graph.filename}: ONNX checker failed: {first_line(exc)}") from None
     bad_ops = sorted({n.op_type for n in inferred.graph.node} & FORBIDDEN_OPS)
     if bad_ops:
         raise ExportError(f"{spec.graph.filename}: contains {', '.join(bad_ops)} nodes, which TensorRT rejects")

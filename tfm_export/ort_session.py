@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from .errors import TfmExportError
+from .errors import TfmExportError, first_line
 
 OPT_LEVELS = {"disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
               "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
@@ -66,8 +66,7 @@ def open_session(path: Path, options: SessionOptions = DEFAULT_OPTIONS) -> ort.I
             providers.insert(0, "TensorrtExecutionProvider")
         return ort.InferenceSession(str(path), so, providers=providers)
     except Exception as exc:  # onnxruntime raises its own Fail/InvalidGraph types
-        reason = (str(exc).splitlines() or [type(exc).__name__])[0][:200]
-        raise TfmExportError(f"{path}: ONNX Runtime cannot load this graph ({reason})") from None
+        raise TfmExportError(f"{path}: ONNX Runtime cannot load this graph ({first_line(exc)})") from None
 
 
 def run(session: ort.InferenceSession, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -75,5 +74,4 @@ def run(session: ort.InferenceSession, feeds: dict[str, np.ndarray]) -> dict[str
     try:
         return dict(zip(names, session.run(names, feeds), strict=True))
     except Exception as exc:  # onnxruntime's own exception types; an input the graph cannot take
-        reason = (str(exc).splitlines() or [type(exc).__name__])[0][:300]
-        raise TfmExportError(f"ONNX Runtime failed: {reason}") from None
+        raise TfmExportError(f"ONNX Runtime failed: {first_line(exc)}") from None

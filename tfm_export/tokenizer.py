@@ -127,7 +127,7 @@ def load_tokenizer(path: str | Path) -> TextTokenizer:
     try:
         data = json.loads(text)
     except json.JSONDecodeError:
-        return plain_word_tokenizer([line.strip() for line in text.splitlines() if line.strip()], str(path))
+        return plain_word_tokenizer([line.strip() for line in text.split("\n") if line.strip()], str(path))
     if isinstance(data, dict) and "model" in data:  # a `tokenizers` JSON file
         try:
             return TextTokenizer(Tokenizer.from_str(text), str(path))
