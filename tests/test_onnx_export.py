@@ -329,3 +329,10 @@ def test_verify_counts_input_lines_with_blanks_and_refuses_all_blank(tiny, tmp_p
     lines.write_text("\n  \n")
     result = CliRunner().invoke(export_main, ["verify", "--model", str(tiny[1]), "--input", str(lines)])
     assert result.exit_code == 1 and "--input has no non-empty lines" in result.output
+
+
+def test_graphs_carry_no_trace_of_the_build_machine(tiny):
+    from conftest import REPO
+    for graph in Graph:
+        data = (tiny[1] / graph.filename).read_bytes()
+        assert str(REPO).encode() not in data and b"stack_trace" not in data

@@ -156,6 +156,16 @@ class DecoderLayer(nn.Module):
 class Embedder(nn.Module):
     """Shared start of encoder and decoder: embedding (x sqrt(d_model)), positions, dropout, LayerNorm."""
 
+    def _build(self, cfg: ModelConfig, layer: type[EncoderLayer] | type[DecoderLayer]) -> None:
+        """Everything after the word embedding, under the seed's names (the subclass registers the embedding
+        first, under its own name, so the state_dict order is the seed's too)."""
+        self.position_enc = PositionalEncoding(cfg.d_model, n_position=cfg.n_position)
+        self.dropout = nn.Dropout(cfg.dropout)
+        self.layer_stack = nn.ModuleList(
+            layer(cfg.d_model, cfg.d_inner, cfg.n_head, cfg.d_k, cfg.d_v, cfg.dropout) for _ in range(cfg.n_layers))
+        self.layer_norm = nn.LayerNorm(cfg.d_model, eps=1e-6)
+        self.scale_emb, self.d_model = cfg.scale_emb, cfg.d_model
+
     def _embed(self, seq: Tensor, emb: nn.Embedding, start: int | Tensor = 0) -> Tensor:
         x = emb(seq)
         if self.scale_emb:
@@ -168,13 +178,7 @@ class Encoder(Embedder):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.src_word_emb = nn.Embedding(cfg.src_vocab_size, cfg.d_model, padding_idx=cfg.src_pad_idx)
-        self.position_enc = PositionalEncoding(cfg.d_model, n_position=cfg.n_position)
-        self.dropout = nn.Dropout(cfg.dropout)
-        self.layer_stack = nn.ModuleList(
-            EncoderLayer(cfg.d_model, cfg.d_inner, cfg.n_head, cfg.d_k, cfg.d_v, cfg.dropout)
-            for _ in range(cfg.n_layers))
-        self.layer_norm = nn.LayerNorm(cfg.d_model, eps=1e-6)
-        self.scale_emb, self.d_model = cfg.scale_emb, cfg.d_model
+        self._build(cfg, EncoderLayer)
 
     def forward(self, src_seq: Tensor, src_mask: Tensor) -> Tensor:
         x = self._embed(src_seq, self.src_word_emb)  # (B, S, C)
@@ -187,13 +191,7 @@ class Decoder(Embedder):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.trg_word_emb = nn.Embedding(cfg.trg_vocab_size, cfg.d_model, padding_idx=cfg.trg_pad_idx)
-        self.position_enc = PositionalEncoding(cfg.d_model, n_position=cfg.n_position)
-        self.dropout = nn.Dropout(cfg.dropout)
-        self.layer_stack = nn.ModuleList(
-            DecoderLayer(cfg.d_model, cfg.d_inner, cfg.n_head, cfg.d_k, cfg.d_v, cfg.dropout)
-            for _ in range(cfg.n_layers))
-        self.layer_norm = nn.LayerNorm(cfg.d_model, eps=1e-6)
-        self.scale_emb, self.d_model = cfg.scale_emb, cfg.d_model
+        self._build(cfg, DecoderLayer)
 
     def forward(self, trg_seq: Tensor, trg_mask: Tensor, enc_output: Tensor, src_mask: Tensor) -> Tensor:
         x = self._embed(trg_seq, self.trg_word_emb)  # (B, T, C)

@@ -1,8 +1,9 @@
 """PyTorch model -> encoder and decoder-step ONNX graphs, driven by the graph specs.
 
 A fixed pipeline per graph: torch.onnx (dynamo) export with the spec's names and dynamic axes
--> one copy of every weight -> checker with full shape inference -> contract checks (no If/Loop,
-names, axis symbols). Each step is a small function so tests and later stages can reuse it.
+-> exporter debug metadata dropped -> one copy of every weight -> checker with full shape
+inference -> contract checks (no If/Loop, names, axis symbols). Each step is a small function so
+tests and later stages can reuse it.
 """
 
 from __future__ import annotations
@@ -56,6 +57,19 @@ def export_graph(model: Transformer, spec: GraphSpec, opset: int, optimize: bool
             input_names=[t.name for t in spec.inputs], output_names=[t.name for t in spec.outputs],
             dynamic_shapes=_dynamic_shapes(spec))
     return program.model_proto
+
+
+def strip_exporter_metadata(proto: onnx.ModelProto) -> None:
+    """Drop the exporter's per-node debug records (stack traces with this machine's file paths, FX node text):
+    they leak the build machine's layout into a portable artifact and change the graph's hash whenever a line
+    of the Python source moves."""
+    for node in proto.graph.node:
+        del node.metadata_props[:]
+        node.doc_string = ""
+    for value in [*proto.graph.input, *proto.graph.output, *proto.graph.value_info]:
+        del value.metadata_props[:]
+    for init in proto.graph.initializer:
+        del init.metadata_props[:]
 
 
 def _consumers(graph: onnx.GraphProto, name: str) -> list[onnx.NodeProto]:
@@ -157,6 +171,7 @@ def export_all(model: Transformer, opset: int, optimize: bool = True) -> dict[Gr
     graphs = {}
     for graph, spec in graph_specs(model.config).items():
         proto = export_graph(model.eval(), spec, opset, optimize)
+        strip_exporter_metadata(proto)
         removed = share_tied_weights(proto)
         log.info("%s: exported, %d duplicate weight copies removed", graph.filename, removed)
         graphs[graph] = check_graph(proto, spec)
