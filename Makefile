@@ -28,6 +28,9 @@ demo: setup
 	$(VENV)/bin/tfm-run translate --model $(DEMO_ONNX) --beam-size 4 --format jsonl "seventy-one thousand and eighty"
 	$(VENV)/bin/tfm-export verify --model $(DEMO_ONNX) --input models/demo/samples.en.txt
 	$(VENV)/bin/tfm-export eval-demo --model $(DEMO_ONNX)
+	$(VENV)/bin/tfm-export quantize --model $(DEMO_ONNX) --precision int8 --calibration calibration/demo.en.txt \
+		--output build/demo-int8 --force
+	$(VENV)/bin/tfm-export verify --model build/demo-int8 --input models/demo/samples.en.txt
 
 test: setup
 	$(PY) -m pytest -q

@@ -45,6 +45,18 @@ def demo_onnx(tmp_path_factory) -> Path:
     return out
 
 
+@pytest.fixture(scope="session")
+def base_onnx(tmp_path_factory):
+    """The base config (d_model 512, 8 heads, 6+6 layers, vocab 32,000, random weights): (checkpoint, export)."""
+    from tfm_export.checkpoint import load_checkpoint
+    from tfm_export.export_pipeline import export_model_dir
+    from tfm_export.synthetic import random_checkpoint
+    root = tmp_path_factory.mktemp("base")
+    ckpt = load_checkpoint(random_checkpoint(ModelConfig(src_vocab_size=32000, trg_vocab_size=32000), root / "ckpt"))
+    export_model_dir(ckpt, root / "model", progress=False)
+    return ckpt, root / "model"
+
+
 def listing(directory: Path) -> list[str]:
     """Every path under a directory, to show that a failed command wrote nothing."""
     return sorted(str(p.relative_to(directory)) for p in directory.rglob("*"))

@@ -17,27 +17,22 @@ from seed_oracle import save_seed_checkpoint, seed_settings, seed_state_dict, se
 
 from tfm_export import decoding, demo_numbers, reference_decoding
 from tfm_export.batching import pad_batch
-from tfm_export.checkpoint import file_sha256, load_checkpoint, save_checkpoint
+from tfm_export.checkpoint import file_sha256, load_checkpoint
 from tfm_export.cli.export_cli import main as export_main
 from tfm_export.config import ModelConfig
 from tfm_export.errors import InputTextError
 from tfm_export.export_pipeline import export_model_dir
 from tfm_export.graph_spec import Graph, graph_specs
-from tfm_export.model import Transformer
 from tfm_export.model_dir import ModelDirError, staged_directory
 from tfm_export.onnx_export import save_graph
 from tfm_export.ort_backend import OrtBackend
 from tfm_export.parity import compare_stepwise, random_sources, random_targets
-from tfm_export.tokenizer import BOS_ID, EOS_ID, Vocabulary, plain_word_tokenizer
+from tfm_export.synthetic import random_checkpoint
+from tfm_export.tokenizer import BOS_ID, EOS_ID
 
 
 def make_ckpt(directory, cfg: ModelConfig, seed: int = 0):
-    torch.manual_seed(seed)
-    model = Transformer(cfg).eval()
-    tok = plain_word_tokenizer(["<unk>", "<blank>", "<s>", "</s>", *[f"w{i}" for i in range(cfg.src_vocab_size - 4)]],
-                               "test")
-    directory.mkdir(parents=True, exist_ok=True)
-    return load_checkpoint(save_checkpoint(model, Vocabulary(tok, tok), directory / "ckpt.pt"))
+    return load_checkpoint(random_checkpoint(cfg, directory, seed))
 
 
 @pytest.fixture(scope="module")
@@ -72,12 +67,9 @@ def test_tiny_parity_step_by_step(tiny, batch):
 
 
 @pytest.mark.slow
-def test_base_config_parity_step_by_step(tmp_path):
-    cfg = ModelConfig(src_vocab_size=32000, trg_vocab_size=32000)  # d_model 512, 8 heads, 6+6 layers
-    ckpt = make_ckpt(tmp_path / "ckpt", cfg)
-    export_model_dir(ckpt, tmp_path / "model", progress=False)
+def test_base_config_parity_step_by_step(base_onnx):
     for batch in (1, 4):
-        assert_stepwise_parity(ckpt, tmp_path / "model", batch)
+        assert_stepwise_parity(*base_onnx, batch)
 
 
 def test_graphs_follow_the_contract(tiny):

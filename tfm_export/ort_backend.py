@@ -43,6 +43,12 @@ class OrtBackend:
         self.self_input_names = [cache_name("past_key_values", i, "decoder", r) for i in layers for r in roles]
         self.cross_input_names = [cache_name("past_key_values", i, "encoder", r) for i in layers for r in roles]
 
+    @property
+    def cache_dtype(self) -> np.dtype:
+        """float32, or float16 for fp16 graphs exported without --keep-io-types."""
+        kind = next(i.type for i in self.decoder.get_inputs() if i.name == self.self_input_names[0])
+        return np.dtype(np.float16 if kind == "tensor(float16)" else np.float32)
+
     @classmethod
     def open(cls, directory: Path, options: SessionOptions = DEFAULT_OPTIONS) -> OrtBackend:
         """Sessions for a model directory, its graphs checked against the manifest's sha256."""
@@ -52,7 +58,10 @@ class OrtBackend:
 
     def run_encoder(self, src: np.ndarray) -> dict[str, np.ndarray]:
         mask = (src != PAD_ID).astype(np.int64)
-        return run(self.encoder, {"input_ids": src.astype(np.int64), "attention_mask": mask})
+        return self._run(self.encoder, {"input_ids": src.astype(np.int64), "attention_mask": mask})
+
+    def _run(self, session: ort.InferenceSession, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return run(session, feeds)  # one place, so calibration can record every call's inputs
 
     def check_source(self, length: int) -> None:
         if length > self.config.n_position:
@@ -68,7 +77,8 @@ class OrtBackend:
         self.check_source(src.shape[1])
         out = self.run_encoder(src)
         cfg = self.config
-        empty = [np.zeros((len(src), cfg.n_head, 0, d), np.float32) for d in (cfg.d_k, cfg.d_v)] * cfg.n_layers
+        dtype = self.cache_dtype
+        empty = [np.zeros((len(src), cfg.n_head, 0, d), dtype) for d in (cfg.d_k, cfg.d_v)] * cfg.n_layers
         mask = (src != PAD_ID).astype(np.int64)
         return CacheState(mask, tuple(out[name] for name in self.cross_output_names), tuple(empty))
 
@@ -78,7 +88,7 @@ class OrtBackend:
         feeds = {"input_ids": input_ids.astype(np.int64), "encoder_attention_mask": state.mask,
                  **dict(zip(self.self_input_names, state.past, strict=True)),
                  **dict(zip(self.cross_input_names, state.cross, strict=True))}
-        out = run(self.decoder, feeds)
+        out = self._run(self.decoder, feeds)
         self.step_calls += 1
         return CacheState(state.mask, state.cross, tuple(out[n] for n in self.self_output_names)), out["logits"]
 

@@ -22,6 +22,7 @@ class OrtBoundBackend:
 
     def __init__(self, base: OrtBackend, device: str = "cuda") -> None:
         self.base, self.config, self.device = base, base.config, torch.device(device)
+        self.cache_dtype = torch.float16 if base.cache_dtype == np.float16 else torch.float32
         self.manifest = base.manifest
         self.step_calls = 0
 
@@ -33,8 +34,9 @@ class OrtBoundBackend:
                 bind(name, kind, index, NUMPY_DTYPES[t.dtype], tuple(t.shape), t.data_ptr())
         session.run_with_iobinding(binding)
 
-    def _empty(self, *shape: int) -> Tensor:
-        return torch.empty(shape, dtype=torch.float32, device=self.device)
+    def _empty(self, *shape: int, dtype: torch.dtype | None = None) -> Tensor:
+        """Cache and hidden-state buffers in the graph's cache dtype (fp16 graphs), logits always float32."""
+        return torch.empty(shape, dtype=dtype or self.cache_dtype, device=self.device)
 
     def encode(self, src: np.ndarray) -> CacheState:
         self.base.check_source(src.shape[1])
@@ -53,7 +55,7 @@ class OrtBoundBackend:
         self.base.check_target(past, 1)
         ids = torch.from_numpy(np.ascontiguousarray(tokens, dtype=np.int64)).to(self.device)[:, None]
         present = [self._empty(n, cfg.n_head, past + 1, d) for d in [cfg.d_k, cfg.d_v] * cfg.n_layers]
-        logits = self._empty(n, 1, cfg.trg_vocab_size)
+        logits = self._empty(n, 1, cfg.trg_vocab_size, dtype=torch.float32)
         inputs = {"input_ids": ids, "encoder_attention_mask": state.mask,
                   **dict(zip(self.base.self_input_names, state.past, strict=True)),
                   **dict(zip(self.base.cross_input_names, state.cross, strict=True))}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import click
@@ -11,8 +12,11 @@ from .. import demo_numbers
 from ..checkpoint import load_checkpoint
 from ..export_pipeline import export_model_dir
 from ..inspect_model import inspect_model
+from ..model_dir import read_manifest
 from ..onnx_export import SUPPORTED_OPSETS
 from ..parity import Tolerance
+from ..precision_report import compare_precision, parent_directory, summary_lines, write_report
+from ..quantize_pipeline import INT8_MODES, PRECISIONS, Calibration, quantize_model_dir
 from ..train import TrainSettings, train_demo
 from ..translator import DecodeOptions, Translator
 from ..verify import checkpoint_for, verify
@@ -84,30 +88,91 @@ def onnx_cmd(checkpoint: Path, vocab: tuple[Path, ...], output: Path, opset: str
                "positions)")
 
 
+@main.command("quantize")
+@click.option("--model", "model_dir", type=click.Path(path_type=Path), required=True,
+              help="An fp32 model directory from `tfm-export onnx`.")
+@click.option("--precision", type=click.Choice(PRECISIONS), required=True,
+              help="fp16: for GPUs (TensorRT, CUDA). int8: Q/DQ graphs (static) or CPU int8 (dynamic).")
+@click.option("--mode", type=click.Choice(INT8_MODES), default="static", show_default=True,
+              help="int8 only. static: explicit Q/DQ with calibrated ranges, for TensorRT and int8 accelerators. "
+                   "dynamic: activations quantized per call, the fast choice for ONNX Runtime on x86 CPUs.")
+@click.option("--calibration", type=click.Path(path_type=Path, dir_okay=False), default=None,
+              help="int8 static: sentences in the source language, one per line (e.g. calibration/demo.en.txt).")
+@click.option("--calibration-max-length", type=click.IntRange(min=1), default=None,
+              help="int8 static: stop tracing each calibration sentence after this many generated tokens "
+                   "(default: at </s> or the model's positions).")
+@click.option("--keep-io-types", is_flag=True,
+              help="fp16: keep every float input/output fp32 (the KV cache too); default is fp16 cache tensors.")
+@click.option("--output", type=click.Path(path_type=Path, file_okay=False), required=True,
+              help="Model directory to create, same contract as the input.")
+@click.option("--force", is_flag=True, help="Replace a non-empty output directory.")
+def quantize_cmd(model_dir: Path, precision: str, mode: str, calibration: Path | None,
+                 calibration_max_length: int | None, keep_io_types: bool, output: Path, force: bool) -> None:
+    """Make an fp16 or int8 model directory from an fp32 one (check it with `tfm-export verify`)."""
+    if calibration_max_length and not calibration:
+        raise click.UsageError("--calibration-max-length needs --calibration")
+    calib = Calibration(calibration, read_text_lines(calibration), calibration_max_length) if calibration else None
+    manifest = quantize_model_dir(model_dir, output, precision, mode, calib, keep_io_types, force,
+                                  progress=sys.stderr.isatty())
+    sizes = {g: (output / e["file"]).stat().st_size / 1e6 for g, e in manifest["graphs"].items()}
+    kind = f"int8 {mode}" if precision == "int8" else precision
+    click.echo(f"wrote {output}: {kind}, " + ", ".join(f"{g} {mb:.1f} MB" for g, mb in sizes.items()))
+
+
 @main.command("verify")
 @click.option("--model", "model_dir", type=click.Path(path_type=Path), required=True, help="Exported model directory.")
 @click.option("--checkpoint", type=click.Path(path_type=Path), default=None,
-              help="Checkpoint to compare with (default: the one the manifest names, if still there).")
+              help="fp32: checkpoint to compare with (default: the one the manifest names, if still there).")
+@click.option("--reference", type=click.Path(path_type=Path, file_okay=False), default=None,
+              help="fp16/int8: the fp32 directory to compare with (default: the parent the manifest names).")
 @vocab_option
 @click.option("--input", "input_file", type=click.Path(path_type=Path, dir_okay=False), default=None,
-              help="Real sentences (one per line) to compare on, besides random inputs.")
+              help="Real sentences, one per line (fp16/int8: required; all comparisons run on them).")
+@click.option("--references", "references_file", type=click.Path(path_type=Path, dir_okay=False), default=None,
+              help="fp16/int8: true translations of --input, line by line, for exact match and BLEU.")
+@click.option("--report", "report_dir", type=click.Path(path_type=Path, file_okay=False), default=None,
+              help="fp16/int8: write precision-report.md and error histograms (PNG) into this directory.")
 @click.option("--samples", type=click.IntRange(min=1), default=16, show_default=True,
-              help="Random sources decoded by both sides.")
+              help="fp32: random sources decoded by both sides.")
 @click.option("--steps", type=click.IntRange(min=1), default=30, show_default=True,
-              help="Decoder steps compared with the cache fed back.")
+              help="fp32: decoder steps compared with the cache fed back.")
 @click.option("--beam-size", type=click.IntRange(min=1), default=4, show_default=True)
 @click.option("--atol", type=float, default=Tolerance.atol, show_default=True)
 @click.option("--rtol", type=float, default=Tolerance.rtol, show_default=True,
               help="Relative to the largest reference value of each tensor.")
-@click.option("--min-agreement", type=click.FloatRange(0, 1), default=0.99, show_default=True,
-              help="Fraction of decodes that must be token-identical.")
-def verify_cmd(model_dir: Path, checkpoint: Path | None, vocab: tuple[Path, ...], input_file: Path | None,
-               samples: int, steps: int, beam_size: int, atol: float, rtol: float, min_agreement: float) -> None:
-    """Compare ONNX Runtime with PyTorch: tensor errors step by step, and greedy/beam token agreement."""
+@click.option("--min-agreement", type=click.FloatRange(0, 1), default=None,
+              help="Fraction of decodes that must be token-identical (default: fp32 0.99, fp16 0.995, int8 0.97).")
+def verify_cmd(model_dir: Path, checkpoint: Path | None, reference: Path | None, vocab: tuple[Path, ...],
+               input_file: Path | None, references_file: Path | None, report_dir: Path | None, samples: int,
+               steps: int, beam_size: int, atol: float, rtol: float, min_agreement: float | None) -> None:
+    """fp32: compare ONNX Runtime with PyTorch (tensor errors step by step, greedy/beam agreement).
+    fp16/int8: compare with the fp32 parent (per-graph errors, agreement, BLEU, exact match)."""
+    if read_manifest(model_dir)["precision"] != "fp32":
+        if checkpoint or vocab:
+            raise click.UsageError("--checkpoint/--vocab are for fp32 directories; a quantized directory is "
+                                   "compared with its fp32 parent (--reference)")
+        if input_file is None:
+            raise click.UsageError("--input FILE is required for fp16/int8 directories (sentences to compare on)")
+        texts = read_text_lines(input_file)
+        refs = read_text_lines(references_file) if references_file else None
+        report = compare_precision(model_dir, parent_directory(model_dir, reference), texts, refs, beam_size,
+                                   min_agreement)
+        for row in summary_lines(report):
+            click.echo(row)
+        if report_dir:
+            click.echo("wrote " + ", ".join(str(p) for p in write_report(report, report_dir)))
+        if report.failures:
+            raise click.ClickException("precision check failed: " + "; ".join(report.failures))
+        click.echo(f"{report.precision} OK against fp32 (agreement >= {report.min_agreement:.1%})")
+        return
+    for flag, value in (("--reference", reference), ("--references", references_file), ("--report", report_dir)):
+        if value:
+            raise click.UsageError(f"{flag} is for fp16/int8 directories; fp32 ones are compared with PyTorch")
     ckpt = checkpoint_for(model_dir, checkpoint, vocab)
     texts = read_text_lines(input_file) if input_file else []
+    threshold = 0.99 if min_agreement is None else min_agreement
     report = verify(model_dir, ckpt, texts, samples=samples, steps=steps, beam_size=beam_size,
-                    tolerance=Tolerance(atol, rtol), min_agreement=min_agreement)
+                    tolerance=Tolerance(atol, rtol), min_agreement=threshold)
     width = max(len(row.name) for row in [*report.tensors, *report.agreements])
     click.echo(f"{'tensor':{width}} {'max abs':>10} {'max rel':>10}  ok")
     for d in report.tensors:
@@ -117,7 +182,7 @@ def verify_cmd(model_dir: Path, checkpoint: Path | None, vocab: tuple[Path, ...]
         click.echo(f"{a.name:{width}} {a.identical:>5}/{a.total:<5} identical ({100 * a.rate:.1f}%)")
     if report.failures:
         raise click.ClickException("parity check failed: " + "; ".join(report.failures))
-    click.echo(f"parity OK (atol {atol}, rtol {rtol}, agreement >= {min_agreement:.0%})")
+    click.echo(f"parity OK (atol {atol}, rtol {rtol}, agreement >= {threshold:.0%})")
 
 
 @main.command("inspect")

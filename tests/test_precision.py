@@ -1,0 +1,276 @@
+"""fp16 and int8 model directories: what the graphs contain, how close they stay to fp32, bad input."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import numpy as np
+import onnx
+import pytest
+from click.testing import CliRunner
+from conftest import REPO, listing, unwritable_dir
+from onnx import numpy_helper
+
+from tfm_export import demo_numbers
+from tfm_export.cli.export_cli import main as export_main
+from tfm_export.graph_spec import Graph
+from tfm_export.precision_report import compare_decodes
+from tfm_export.quantize_pipeline import Calibration, quantize_model_dir
+from tfm_export.synthetic import random_texts
+from tfm_export.translator import DecodeOptions, Translator
+
+CALIBRATION = REPO / "calibration" / "demo.en.txt"
+
+
+@pytest.fixture(scope="module")
+def variants(demo_onnx, tmp_path_factory):
+    """The demo model in every precision, made once: int8 static/dynamic, fp16, fp16 with fp32 I/O."""
+    root = tmp_path_factory.mktemp("precision")
+    texts = CALIBRATION.read_text().splitlines()
+    made = {"fp32": demo_onnx}
+    for name, kwargs in {"int8-static": dict(precision="int8", calibration=Calibration(CALIBRATION, texts)),
+                         "int8-dynamic": dict(precision="int8", mode="dynamic"),
+                         "fp16": dict(precision="fp16"),
+                         "fp16-io": dict(precision="fp16", keep_io_types=True)}.items():
+        quantize_model_dir(demo_onnx, root / name, progress=False, **kwargs)
+        made[name] = root / name
+    return made
+
+
+def _graph(directory, graph: Graph) -> onnx.ModelProto:
+    return onnx.load(str(directory / graph.filename))
+
+
+def _producers(proto):
+    return {out: node for node in proto.graph.node for out in node.output}
+
+
+@pytest.mark.parametrize("graph", list(Graph))
+def test_int8_static_has_qdq_around_matmuls_and_none_around_layernorm_softmax(variants, graph):
+    proto = _graph(variants["int8-static"], graph)
+    producers = _producers(proto)
+    inits = {i.name: numpy_helper.to_array(i) for i in proto.graph.initializer}
+    matmuls = [n for n in proto.graph.node if n.op_type == "MatMul"]
+    assert matmuls
+    weights = 0
+    for node in matmuls:
+        sources = [producers.get(name) for name in node.input]
+        assert all(s is not None and s.op_type == "DequantizeLinear" for s in sources), node.name
+        for dq in sources:
+            if dq.input[0] in inits:  # a weight: int8, per output channel, zero point 0
+                weights += 1
+                assert inits[dq.input[0]].dtype == np.int8 and inits[dq.input[1]].size > 1
+                assert all(not inits[z].any() for z in dq.input[2:] if z)
+            else:  # an activation: DequantizeLinear(QuantizeLinear(x))
+                assert producers[dq.input[0]].op_type == "QuantizeLinear"
+    assert weights >= 2
+    for node in proto.graph.node:  # these compute on float inputs (a Q after them belongs to the next MatMul)
+        if node.op_type in ("LayerNormalization", "Softmax", "Add"):
+            assert all(producers.get(i) is None or producers[i].op_type != "DequantizeLinear"
+                       for i in node.input), node.name
+    zero_points = [inits[n.input[2]] for n in proto.graph.node
+                   if n.op_type in ("QuantizeLinear", "DequantizeLinear") and len(n.input) > 2 and n.input[2]]
+    assert zero_points and all(not z.any() and z.dtype == np.int8 for z in zero_points)  # symmetric int8
+
+
+def test_int8_graphs_store_no_float_matrices(variants):
+    """Every 2-D weight, embeddings and the tied projection included, is int8 (the position table stays float)."""
+    for name in ("int8-static", "int8-dynamic"):
+        for graph in Graph:
+            floats = [i.name for i in _graph(variants[name], graph).graph.initializer
+                      if i.data_type == onnx.TensorProto.FLOAT and len(i.dims) == 2]
+            assert floats == [], (name, graph, floats)
+
+
+def test_int8_dynamic_quantizes_weights_at_run_time(variants):
+    ops = {n.op_type for n in _graph(variants["int8-dynamic"], Graph.DECODER_STEP).graph.node}
+    assert {"DynamicQuantizeLinear", "MatMulInteger"} <= ops and "QuantizeLinear" not in ops
+
+
+def _io_types(proto) -> dict[str, int]:
+    return {v.name: v.type.tensor_type.elem_type for v in [*proto.graph.input, *proto.graph.output]}
+
+
+def test_fp16_io_types(variants):
+    f32, f16, i64 = onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.INT64
+    for graph in Graph:
+        kept = _io_types(_graph(variants["fp16-io"], graph))
+        assert set(kept.values()) == {f32, i64}  # --keep-io-types: the fp32 contract exactly
+        default = _io_types(_graph(variants["fp16"], graph))
+        for name, kind in default.items():
+            want = i64 if kind == i64 else f32 if name == "logits" else f16
+            assert kind == want, name
+
+
+def test_fp16_keeps_layernorm_softmax_residuals_and_logits_in_fp32(variants):
+    proto = onnx.shape_inference.infer_shapes(_graph(variants["fp16"], Graph.DECODER_STEP))
+    types = {v.name: v.type.tensor_type.elem_type for v in [*proto.graph.value_info, *proto.graph.output]}
+    for node in proto.graph.node:
+        if node.op_type in ("LayerNormalization", "Softmax"):
+            assert types[node.output[0]] == onnx.TensorProto.FLOAT, node.name
+    matmuls = [n for n in proto.graph.node if n.op_type == "MatMul"]
+    assert sum(types[n.output[0]] == onnx.TensorProto.FLOAT16 for n in matmuls) >= len(matmuls) - 1
+    weights = [i.data_type for i in proto.graph.initializer if len(i.dims) == 2]
+    assert weights.count(onnx.TensorProto.FLOAT16) >= len(weights) - 1  # the logits weight may stay fp32
+    manifest = json.loads((variants["fp16"] / "manifest.json").read_text())
+    kept = manifest["fp16"]["kept_fp32"]["decoder_step"]
+    assert kept["MatMul (logits)"] == 1 and kept["LayerNormalization"] == 10 and kept["Add (residual)"] >= 9
+
+
+def test_manifest_records_precision_calibration_and_parent(variants):
+    parent = json.loads((variants["fp32"] / "manifest.json").read_text())
+    manifest = json.loads((variants["int8-static"] / "manifest.json").read_text())
+    assert manifest["precision"] == "int8" and manifest["int8"]["mode"] == "static"
+    calibration = manifest["int8"]["calibration"]
+    assert calibration["sentences"] == 500 and calibration["unknown_token_rate"] == 0
+    import hashlib
+    assert calibration["sha256"] == hashlib.sha256(CALIBRATION.read_bytes()).hexdigest()
+    assert set(manifest["int8"]["kept_float"]["encoder"]) >= {"LayerNormalization", "Softmax", "Add"}
+    assert manifest["parent"]["graphs_sha256"] == {g: e["sha256"] for g, e in parent["graphs"].items()}
+    for graph in Graph:  # the same contract: names and axes
+        for side in ("inputs", "outputs"):
+            strip = [(t["name"], t["shape"]) for t in manifest["graphs"][graph.value][side]]
+            assert strip == [(t["name"], t["shape"]) for t in parent["graphs"][graph.value][side]]
+    tokenizer = "tokenizer.json"
+    assert (variants["int8-static"] / tokenizer).read_bytes() == (variants["fp32"] / tokenizer).read_bytes()
+
+
+def test_calibration_texts_never_contain_a_test_number():
+    held_out = {demo_numbers.english(n) for n in demo_numbers.held_out_numbers()}
+    lines = CALIBRATION.read_text().splitlines()
+    assert len(lines) == 500 and not held_out & set(lines)
+
+
+def test_held_out_files_match_the_test_numbers():
+    pairs = demo_numbers.held_out_pairs()
+    assert (REPO / "models/demo/heldout.en.txt").read_text().splitlines() == [en for en, _ in pairs]
+    assert (REPO / "models/demo/heldout.fr.txt").read_text().splitlines() == [fr for _, fr in pairs]
+
+
+def _exact_match(directory) -> float:
+    pairs = demo_numbers.held_out_pairs()
+    out = Translator.load(directory).translate([en for en, _ in pairs], DecodeOptions(batch_size=100))
+    return demo_numbers.exact_match([t.text for t in out], [fr for _, fr in pairs])[0]
+
+
+def test_int8_loses_at_most_one_point_of_exact_match(variants):
+    fp32 = _exact_match(variants["fp32"])
+    for name in ("int8-static", "int8-dynamic"):
+        assert _exact_match(variants[name]) >= fp32 - 0.01, name
+
+
+@pytest.mark.parametrize("name", ["fp16", "fp16-io"])
+def test_fp16_keeps_token_agreement_with_fp32(variants, name):
+    texts = [en for en, _ in demo_numbers.held_out_pairs()]
+    greedy = compare_decodes(Translator.load(variants[name]), Translator.load(variants["fp32"]), texts, 1, None)[0]
+    assert greedy.agreement.rate >= 0.995 and greedy.token_rate >= 0.995
+
+
+def test_verify_compares_with_the_parent_and_writes_a_report(variants, tmp_path):
+    result = CliRunner().invoke(export_main, [
+        "verify", "--model", str(variants["int8-dynamic"]), "--input", str(REPO / "models/demo/samples.en.txt"),
+        "--report", str(tmp_path / "report")])
+    assert result.exit_code == 0, result.output
+    assert "decoder_step logits" in result.output and "int8 OK against fp32" in result.output
+    report = (tmp_path / "report" / "precision-report.md").read_text()
+    assert "| greedy |" in report and "| beam 4 |" in report
+    for png in ("errors-encoder.png", "errors-decoder_step.png"):
+        assert (tmp_path / "report" / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_verify_references_give_exact_match_and_bleu(variants, tmp_path):
+    pairs = demo_numbers.held_out_pairs()[:50]
+    (tmp_path / "en.txt").write_text("\n".join(en for en, _ in pairs) + "\n")
+    (tmp_path / "fr.txt").write_text("\n".join(fr for _, fr in pairs) + "\n")
+    result = CliRunner().invoke(export_main, ["verify", "--model", str(variants["fp16"]), "--input",
+                                              str(tmp_path / "en.txt"), "--references", str(tmp_path / "fr.txt")])
+    assert result.exit_code == 0, result.output
+    greedy = next(line for line in result.output.splitlines() if line.startswith("| greedy |"))
+    rates = []
+    for name in ("fp32", "fp16"):
+        out = Translator.load(variants[name]).translate([en for en, _ in pairs])
+        rates.append(100 * demo_numbers.exact_match([t.text for t in out], [fr for _, fr in pairs])[0])
+    assert f"| {rates[0]:.1f}% -> {rates[1]:.1f}% |" in greedy
+
+
+def test_runtime_runs_fp16_cache_tensors(variants):
+    """The runtime feeds an fp16 graph fp16 cache tensors (an empty past of the right dtype included)."""
+    from tfm_export.ort_backend import OrtBackend
+    assert OrtBackend.open(variants["fp16"]).cache_dtype == np.float16
+    assert OrtBackend.open(variants["fp16-io"]).cache_dtype == np.float32
+    texts = ["forty-two", "one thousand and one"]
+    assert [t.text for t in Translator.load(variants["fp16"]).translate(texts)] == ["quarante-deux", "mille un"]
+
+
+def _quantize(args):
+    return CliRunner().invoke(export_main, ["quantize", *args])
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--precision", "int8"], "needs --calibration FILE"),
+    (["--precision", "int8", "--calibration", "missing.txt"], "missing.txt: cannot read input"),
+    (["--precision", "int8", "--calibration", "empty.txt"], "empty.txt: has no non-empty lines"),
+    (["--precision", "int8", "--mode", "dynamic", "--calibration", "empty.txt"], "--calibration is only used by"),
+    (["--precision", "fp16", "--calibration", "empty.txt"], "--calibration is only used by"),
+])
+def test_bad_quantize_requests_are_one_line_errors(demo_onnx, tmp_path, monkeypatch, args, message):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "empty.txt").write_text("\n  \n")
+    before = listing(tmp_path)
+    result = _quantize(["--model", str(demo_onnx), "--output", "out", *args])
+    assert result.exit_code == 1, result.output
+    assert len(result.output.strip().splitlines()) == 1 and message in result.output
+    assert listing(tmp_path) == before
+
+
+def test_unknown_precision_is_a_usage_error(demo_onnx, tmp_path):
+    result = _quantize(["--model", str(demo_onnx), "--precision", "int4", "--output", str(tmp_path / "o")])
+    assert result.exit_code == 2 and "'int4' is not one of 'fp16', 'int8'" in result.output
+
+
+def test_quantizing_a_quantized_model_is_refused(variants, tmp_path):
+    result = _quantize(["--model", str(variants["int8-dynamic"]), "--precision", "fp16", "--output",
+                        str(tmp_path / "o")])
+    assert result.exit_code == 1 and "is already int8; quantize the fp32 model directory" in result.output
+
+
+def test_calibration_in_another_language_warns_loudly(demo_onnx, tmp_path, caplog):
+    (tmp_path / "de.txt").write_text("zweiundvierzig\neinhundert und eins\n")
+    with caplog.at_level(logging.WARNING):
+        quantize_model_dir(demo_onnx, tmp_path / "o", "int8", "static",
+                           Calibration(tmp_path / "de.txt", ["zweiundvierzig", "einhundert und eins"]), progress=False)
+    assert any("unknown to the model's source vocabulary" in r.message for r in caplog.records)
+    manifest = json.loads((tmp_path / "o" / "manifest.json").read_text())
+    assert manifest["int8"]["calibration"]["unknown_token_rate"] == 1.0
+
+
+def test_unwritable_output_leaves_nothing(demo_onnx, tmp_path):
+    with unwritable_dir(tmp_path / "ro"):
+        result = _quantize(["--model", str(demo_onnx), "--precision", "fp16", "--output", str(tmp_path / "ro" / "o")])
+    assert result.exit_code == 1 and "not writable" in result.output
+    assert listing(tmp_path / "ro") == []
+
+
+def test_verify_of_a_quantized_dir_needs_input_and_the_right_parent(variants, demo_onnx, tmp_path):
+    model = str(variants["fp16"])
+    result = CliRunner().invoke(export_main, ["verify", "--model", model])
+    assert result.exit_code == 2 and "--input FILE is required" in result.output
+    samples = str(REPO / "models/demo/samples.en.txt")
+    result = CliRunner().invoke(export_main, ["verify", "--model", model, "--input", samples,
+                                              "--reference", str(variants["fp16-io"])])
+    assert result.exit_code == 1 and "is not the fp32 directory" in result.output
+
+
+@pytest.mark.slow
+def test_base_config_int8_is_at_least_3_5x_smaller(base_onnx, tmp_path):
+    ckpt, fp32 = base_onnx
+    texts = random_texts(ckpt.config, 16)
+    (tmp_path / "calib.txt").write_text("\n".join(texts) + "\n")
+    made = {"static": quantize_model_dir(fp32, tmp_path / "static", "int8", "static",
+                                         Calibration(tmp_path / "calib.txt", texts, max_length=4), progress=False),
+            "dynamic": quantize_model_dir(fp32, tmp_path / "dynamic", "int8", "dynamic", progress=False)}
+    for mode in made:
+        for graph in Graph:
+            ratio = (fp32 / graph.filename).stat().st_size / (tmp_path / mode / graph.filename).stat().st_size
+            assert ratio >= 3.5, (mode, graph, ratio)

@@ -1,0 +1,166 @@
+"""fp32 model directory -> fp16 or int8 model directory of the same contract, written atomically.
+
+The new directory has the same input/output names and axes (only float dtypes may change for fp16
+without --keep-io-types), its own manifest recording the precision, how it was made and from what,
+and the same tokenizer files, so everything that runs the fp32 directory runs this one.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import shutil
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+from tqdm import tqdm
+
+from . import decoding
+from .calibration import Traces, record_traces
+from .checkpoint import file_sha256
+from .config import ModelConfig
+from .errors import TfmExportError
+from .fp16_convert import to_fp16
+from .graph_spec import Graph, graph_specs
+from .int8_quantize import float_ops, quantize_dynamic_graph, quantize_static_graph
+from .model_dir import graph_path, read_manifest, staged_directory, write_manifest
+from .onnx_export import check_graph, save_graph
+from .ort_backend import OrtBackend
+from .parity import random_sources
+from .tokenizer import load_tokenizer
+
+PRECISIONS = ("fp16", "int8")
+INT8_MODES = ("static", "dynamic")
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Calibration texts and where they came from (the file's sha256 goes into the manifest)."""
+
+    path: Path
+    texts: Sequence[str]
+    max_length: int | None = None  # generated tokens per sentence while tracing; None = the model's positions
+
+
+def check_request(manifest: dict[str, Any], directory: Path, precision: str, mode: str,
+                  calibration: Calibration | None) -> None:
+    """Every way the request can be wrong, before any slow work."""
+    if precision not in PRECISIONS:
+        raise TfmExportError(f"unknown precision {precision!r}; choose one of {', '.join(PRECISIONS)}")
+    if manifest["precision"] != "fp32":
+        parent = manifest.get("parent", {}).get("path", "its fp32 parent")
+        raise TfmExportError(f"{directory}: is already {manifest['precision']}; quantize the fp32 model directory "
+                             f"({parent}) instead")
+    if precision == "int8" and mode not in INT8_MODES:
+        raise TfmExportError(f"unknown int8 mode {mode!r}; choose static or dynamic")
+    static = precision == "int8" and mode == "static"
+    if static and calibration is None:
+        raise TfmExportError("--precision int8 --mode static needs --calibration FILE: sentences in the model's "
+                             "source language, one per line (calibration/README.md)")
+    if calibration is not None and not static:
+        raise TfmExportError("--calibration is only used by --precision int8 --mode static; drop it")
+
+
+def quantize_model_dir(source: Path, output: Path, precision: str, mode: str = "static",
+                       calibration: Calibration | None = None, keep_io_types: bool = False, force: bool = False,
+                       progress: bool = True) -> dict[str, Any]:
+    """Write the fp16/int8 sibling of an fp32 model directory; returns its manifest."""
+    manifest = read_manifest(source)
+    check_request(manifest, source, precision, mode, calibration)
+    graphs = {g: onnx.load_model(str(graph_path(source, manifest, g.value))) for g in Graph}
+    keep = (source, *([calibration.path] if calibration else []))
+    with staged_directory(output, force, keep=keep) as staging, \
+            tqdm(total=len(Graph) + 2, desc=f"{precision}", disable=not progress) as bar:
+        traces = None
+        if calibration is not None:
+            bar.set_postfix_str("calibration traces")
+            traces = _traces(source, manifest, calibration)
+        bar.update()
+        specs = graph_specs(ModelConfig.from_dict(manifest["model"]))
+        entries, kept = {}, {}
+        for graph, proto in graphs.items():
+            bar.set_postfix_str(graph.value)
+            converted, kept[graph.value] = _convert(proto, precision, mode, keep_io_types, traces, graph)
+            _set_precision_metadata(converted, precision)
+            checked = check_graph(converted, specs[graph])
+            save_graph(converted, staging / graph.filename)
+            entries[graph.value] = {**manifest["graphs"][graph.value], "sha256": file_sha256(staging / graph.filename),
+                                    "inputs": _tensors(checked.graph.input), "outputs": _tensors(checked.graph.output)}
+            bar.update()
+        for name in set(manifest["tokenizer"].values()):
+            shutil.copyfile(source / name, staging / name)
+        new = _manifest(manifest, source, precision, mode, keep_io_types, entries, kept, calibration, traces)
+        write_manifest(staging, new)
+        bar.set_postfix_str("smoke test")
+        _smoke_test(staging)
+        bar.update()
+    return new
+
+
+def _traces(source: Path, manifest: dict[str, Any], calibration: Calibration) -> Traces:
+    tokenizer = load_tokenizer(source / manifest["tokenizer"]["source"])
+    return record_traces(OrtBackend.open(source), calibration.texts, tokenizer, str(calibration.path),
+                         max_length=calibration.max_length)
+
+
+def _convert(proto: onnx.ModelProto, precision: str, mode: str, keep_io_types: bool, traces: Traces | None,
+             graph: Graph) -> tuple[onnx.ModelProto, dict[str, int]]:
+    if precision == "fp16":
+        return to_fp16(proto, keep_io_types)
+    if mode == "static":
+        quantized = quantize_static_graph(proto, traces.feeds[graph])
+    else:
+        quantized = quantize_dynamic_graph(proto)
+    return quantized, float_ops(quantized)
+
+
+def _set_precision_metadata(proto: onnx.ModelProto, precision: str) -> None:
+    props = {p.key: p.value for p in proto.metadata_props}
+    props["tfm_export.precision"] = precision
+    onnx.helper.set_model_props(proto, props)
+
+
+def _tensors(values) -> list[dict[str, Any]]:
+    return [{"name": v.name, "dtype": onnx.helper.tensor_dtype_to_np_dtype(v.type.tensor_type.elem_type).name,
+             "shape": [d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim]} for v in values]
+
+
+def _manifest(parent: dict[str, Any], source: Path, precision: str, mode: str, keep_io_types: bool,
+              entries: dict[str, Any], kept: dict[str, dict[str, int]], calibration: Calibration | None,
+              traces: Traces | None) -> dict[str, Any]:
+    new = copy.deepcopy(parent)
+    new.update(precision=precision, graphs=entries,
+               parent={"path": str(source.resolve()), "precision": parent["precision"],
+                       "graphs_sha256": {g: e["sha256"] for g, e in parent["graphs"].items()}})
+    if precision == "fp16":
+        new["fp16"] = {"keep_io_types": keep_io_types, "kept_fp32": kept,
+                       "converter": "onnxruntime.transformers.float16 (weights clamped to fp16's finite range)"}
+    else:
+        new["int8"] = {"mode": mode, "kept_float": kept, "weights": "int8 symmetric per output channel",
+                       "activations": "int8 symmetric per tensor, zero point 0, calibrated ranges (MinMax)"
+                       if mode == "static" else "quantized per call at run time (ONNX Runtime CPU)",
+                       "embeddings": "int8 per row, dequantized after the Gather"}
+    if calibration is not None and traces is not None:
+        new["int8"]["calibration"] = {
+            "file": str(calibration.path), "sha256": file_sha256(calibration.path), "sentences": traces.sentences,
+            "unknown_token_rate": round(traces.unknown_rate, 4), "max_length": calibration.max_length,
+            "calls": {g.value: traces.calls[g] for g in Graph},
+            "calls_sampled": {g.value: len(traces.feeds[g]) for g in Graph}}
+    new["optimizations"] = [*parent["optimizations"], f"{precision}" + (f" {mode}" if precision == "int8" else "")]
+    return new
+
+
+def _smoke_test(directory: Path) -> None:
+    """The new graphs load in ONNX Runtime and decode a few tokens; an unloadable artifact is never left."""
+    backend = OrtBackend.open(directory)
+    cfg = backend.config
+    src = random_sources(cfg.src_vocab_size, 2, min(8, cfg.n_position), seed=0)
+    hyps = decoding.greedy(backend, src, min(4, cfg.n_position))
+    if any(not np.isfinite(h.score) for h in hyps):
+        raise TfmExportError(f"{directory.name}: the {backend.manifest['precision']} graphs produce non-finite "
+                             "scores; please report this model")
