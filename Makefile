@@ -38,9 +38,16 @@ test: setup
 lint: setup
 	$(VENV)/bin/ruff check tfm_export tests
 
+# Every backend side by side on the demo model and on the base config (random weights); see docs/benchmarks.md.
+BENCH := build/bench
 bench: setup
-	@echo "make bench: the benchmark suite is not built yet (issue 7); nothing was measured." >&2
-	@exit 1
+	mkdir -p $(BENCH)
+	$(VENV)/bin/tfm-run bench --model models/demo/ckpt.pt --input models/demo/samples.en.txt \
+		--calibration calibration/demo.en.txt --output-length 64 \
+		--json $(BENCH)/demo.json --plot $(BENCH)/demo.png --markdown $(BENCH)/demo.md
+	$(VENV)/bin/tfm-export random-checkpoint --output $(BENCH)/base-model
+	$(VENV)/bin/tfm-run bench --model $(BENCH)/base-model/ckpt.pt --output-length 64 \
+		--json $(BENCH)/base.json --plot $(BENCH)/base.png --markdown $(BENCH)/base.md
 
 # Retrain the shipped demo model (8-14 minutes on 2 CPU cores; bit-identical weights).
 demo-model: setup

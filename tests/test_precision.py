@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
-import logging
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -12,9 +14,10 @@ from click.testing import CliRunner
 from conftest import REPO, listing, unwritable_dir
 from onnx import numpy_helper
 
-from tfm_export import demo_numbers
+from tfm_export import decoding, demo_numbers
 from tfm_export.cli.export_cli import main as export_main
 from tfm_export.graph_spec import Graph
+from tfm_export.int8_quantize import logits_nodes
 from tfm_export.precision_report import compare_decodes
 from tfm_export.quantize_pipeline import Calibration, quantize_model_dir
 from tfm_export.synthetic import random_texts
@@ -51,8 +54,13 @@ def test_int8_static_has_qdq_around_matmuls_and_none_around_layernorm_softmax(va
     proto = _graph(variants["int8-static"], graph)
     producers = _producers(proto)
     inits = {i.name: numpy_helper.to_array(i) for i in proto.graph.initializer}
-    matmuls = [n for n in proto.graph.node if n.op_type == "MatMul"]
-    assert matmuls
+    logits = logits_nodes(proto)
+    matmuls = [n for n in proto.graph.node if n.op_type == "MatMul" and n.name not in logits]
+    assert matmuls and len(logits) == (graph is Graph.DECODER_STEP)
+    for node in [n for n in proto.graph.node if n.name in logits]:  # float hidden state x int8 weight
+        activation, weight = (producers.get(name) for name in node.input)
+        assert activation.op_type == "LayerNormalization"
+        assert weight.op_type == "DequantizeLinear" and inits[weight.input[0]].dtype == np.int8
     weights = 0
     for node in matmuls:
         sources = [producers.get(name) for name in node.input]
@@ -235,14 +243,81 @@ def test_quantizing_a_quantized_model_is_refused(variants, tmp_path):
     assert result.exit_code == 1 and "is already int8; quantize the fp32 model directory" in result.output
 
 
-def test_calibration_in_another_language_warns_loudly(demo_onnx, tmp_path, caplog):
+def test_calibration_in_another_language_warns_loudly(demo_onnx, tmp_path):
     (tmp_path / "de.txt").write_text("zweiundvierzig\neinhundert und eins\n")
-    with caplog.at_level(logging.WARNING):
-        quantize_model_dir(demo_onnx, tmp_path / "o", "int8", "static",
-                           Calibration(tmp_path / "de.txt", ["zweiundvierzig", "einhundert und eins"]), progress=False)
-    assert any("unknown to the model's source vocabulary" in r.message for r in caplog.records)
+    cli = Path(sys.executable).parent / "tfm-export"  # the real command: its warning must reach stderr
+    result = subprocess.run([str(cli), "quantize", "--model", str(demo_onnx), "--precision", "int8", "--calibration",
+                             str(tmp_path / "de.txt"), "--output", str(tmp_path / "o")], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert "WARNING" in result.stderr and "100% of its tokens are unknown to the model's source vocabulary" \
+        in result.stderr
     manifest = json.loads((tmp_path / "o" / "manifest.json").read_text())
     assert manifest["int8"]["calibration"]["unknown_token_rate"] == 1.0
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--precision", "int8", "--mode", "dynamic", "--keep-io-types"], "--keep-io-types is only for --precision fp16"),
+    (["--precision", "int8", "--calibration", str(CALIBRATION), "--calibration-max-length", "500"],
+     "--calibration-max-length 500 is beyond the model's 200 target positions"),
+    (["--precision", "int8", "--calibration-max-length", "5"], "--calibration-max-length needs --calibration"),
+])
+def test_options_that_do_not_fit_are_refused(demo_onnx, tmp_path, args, message):
+    result = _quantize(["--model", str(demo_onnx), "--output", str(tmp_path / "o"), *args])
+    assert result.exit_code == 1 and message in result.output and len(result.output.strip().splitlines()) == 1
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("damage, message", [
+    (lambda m: m["tokenizer"].update(source="../elsewhere.json"), "has an invalid tokenizer.source"),
+    (lambda m: m.update(precision=None), "has an invalid precision"),
+    (lambda m: m.update(optimizations=None), "has an invalid optimizations"),
+])
+def test_damaged_manifests_are_one_line_errors(demo_onnx, tmp_path, damage, message):
+    import shutil
+    copy = tmp_path / "model"
+    shutil.copytree(demo_onnx, copy)
+    manifest = json.loads((copy / "manifest.json").read_text())
+    damage(manifest)
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    before = listing(tmp_path)
+    result = _quantize(["--model", str(copy), "--precision", "fp16", "--output", str(tmp_path / "o")])
+    assert result.exit_code == 1 and message in result.output and len(result.output.strip().splitlines()) == 1
+    assert listing(tmp_path) == before
+
+
+def test_verify_refuses_a_manifest_without_parent(variants, tmp_path):
+    import shutil
+    copy = tmp_path / "model"
+    shutil.copytree(variants["fp16"], copy)
+    manifest = json.loads((copy / "manifest.json").read_text())
+    manifest["parent"] = "x"
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    result = CliRunner().invoke(export_main, ["verify", "--model", str(copy), "--input",
+                                              str(REPO / "models/demo/samples.en.txt")])
+    assert result.exit_code == 1 and "names no fp32 parent" in result.output
+
+
+def test_fp16_logits_are_not_rounded_to_fp16(variants):
+    """The logits projection is fp32 and nothing rounds its output through fp16 on the way out."""
+    from tfm_export.ort_backend import OrtBackend
+    backend = OrtBackend.open(variants["fp16"])
+    state = backend.encode(np.array([[2, 10, 11, 12, 3]]))
+    _, logits = backend.run_step(state, np.array([[2]]))
+    assert not np.array_equal(logits, logits.astype(np.float16).astype(np.float32))
+    proto = _graph(variants["fp16"], Graph.DECODER_STEP)
+    producers = _producers(proto)
+    cast = producers["logits"]
+    assert cast.op_type != "Cast" or producers[cast.input[0]].op_type != "Cast"
+
+
+def test_io_bound_backend_runs_fp16_caches_on_cpu_tensors(variants):
+    from tfm_export.ort_backend import OrtBackend
+    from tfm_export.ort_bound_backend import OrtBoundBackend
+    from tfm_export.parity import random_sources
+    src = random_sources(88, 3, 8, seed=1)
+    plain = OrtBackend.open(variants["fp16"])
+    bound = OrtBoundBackend(plain, "cpu")
+    assert [h.tokens for h in decoding.greedy(bound, src, 10)] == [h.tokens for h in decoding.greedy(plain, src, 10)]
 
 
 def test_unwritable_output_leaves_nothing(demo_onnx, tmp_path):
@@ -255,7 +330,7 @@ def test_unwritable_output_leaves_nothing(demo_onnx, tmp_path):
 def test_verify_of_a_quantized_dir_needs_input_and_the_right_parent(variants, demo_onnx, tmp_path):
     model = str(variants["fp16"])
     result = CliRunner().invoke(export_main, ["verify", "--model", model])
-    assert result.exit_code == 2 and "--input FILE is required" in result.output
+    assert result.exit_code == 1 and "--input FILE is required" in result.output
     samples = str(REPO / "models/demo/samples.en.txt")
     result = CliRunner().invoke(export_main, ["verify", "--model", model, "--input", samples,
                                               "--reference", str(variants["fp16-io"])])

@@ -297,3 +297,16 @@ def test_bad_environment_values_are_one_line(demo_onnx, monkeypatch):
         Translator.load(demo_onnx, session_options=SessionOptions(intra_op_threads="four"))
     with pytest.raises(TfmExportError, match="optimisation level 'Basic'"):
         Translator.load(demo_onnx, session_options=SessionOptions(optimization="Basic"))
+
+
+@pytest.mark.parametrize("vocab, ties", [(32000, False), (32000, True), (97, True), (5, False)])
+def test_top_candidates_equal_a_stable_descending_sort(vocab, ties):
+    """The sampled-floor selection is exact: the same indices as a full stable sort, ties by lower index."""
+    from tfm_export.decoding import _top_candidates
+    rng = np.random.default_rng(vocab)
+    cand = rng.standard_normal((6, 4 * vocab)).astype(np.float32)
+    if ties:
+        cand = np.round(cand, 1)  # many exact ties, also at the cut
+    cand[0, : 4 * vocab // 2] = -np.inf  # half the row barred, as with dead beams
+    want = np.argsort(-cand, axis=1, kind="stable")[:, :8]
+    np.testing.assert_array_equal(_top_candidates(cand, 8), want)

@@ -75,20 +75,38 @@ def calibration_sources(texts: Sequence[str], tokenizer: TextTokenizer, max_posi
     if not rows:
         raise CalibrationError(f"{name}: has no non-empty lines; give sentences in the model's source language, "
                                "one per line (see calibration/README.md)")
+    return rows, _unknown_rate(rows)
+
+
+def _unknown_rate(rows: Sequence[Sequence[int]]) -> float:
     words = [i for row in rows for i in row[1:-1]]
-    unknown = sum(i == UNK_ID for i in words) / max(1, len(words))
-    return rows, unknown
+    return sum(i == UNK_ID for i in words) / max(1, len(words))
+
+
+def language_warning(texts: Sequence[str], source: TextTokenizer, target: TextTokenizer | None,
+                     unknown: float) -> str | None:
+    """Why these texts look like the wrong language, if they do. Only vocabularies can tell: with a shared
+    vocabulary (or subwords that never produce <unk>) target-language text goes unnoticed."""
+    if unknown > MAX_UNKNOWN_RATE:
+        return f"{100 * unknown:.0f}% of its tokens are unknown to the model's source vocabulary"
+    if target is not None and target is not source:
+        as_target = _unknown_rate([[BOS_ID, *target.encode(t), EOS_ID] for t in texts if t.strip()])
+        if as_target < unknown / 2:
+            return (f"{100 * unknown:.0f}% of its tokens are unknown to the source vocabulary but only "
+                    f"{100 * as_target:.0f}% to the target one: it looks like target-language text")
+    return None
 
 
 def record_traces(backend: OrtBackend, texts: Sequence[str], tokenizer: TextTokenizer, name: str,
-                  batch_size: int = 8, max_length: int | None = None, max_feeds: int = MAX_FEEDS) -> Traces:
+                  batch_size: int = 8, max_length: int | None = None, max_feeds: int = MAX_FEEDS,
+                  target: TextTokenizer | None = None, consequence: str = "the int8 ranges will be wrong") -> Traces:
     """Greedy-decode `texts` on the fp32 graphs and record every encoder and decoder_step input."""
     cfg = backend.config
     rows, unknown = calibration_sources(texts, tokenizer, cfg.n_position, name)
-    if unknown > MAX_UNKNOWN_RATE:
-        log.warning("%s: %.0f%% of its tokens are unknown to the model's source vocabulary; these texts are "
-                    "probably not in the model's source language, and the int8 ranges will be wrong. Use texts "
-                    "like the training data (calibration/README.md).", name, 100 * unknown)
+    problem = language_warning(texts, tokenizer, target, unknown)
+    if problem:
+        log.warning("%s: %s; these texts are probably not in the model's source language, and %s. Use texts "
+                    "like the training data (calibration/README.md).", name, problem, consequence)
     traces = Traces(max_feeds, sentences=len(rows), unknown_rate=unknown)
     recorder = RecordingBackend(backend, traces)
     for bucket in length_buckets([len(r) for r in rows], batch_size):

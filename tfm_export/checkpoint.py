@@ -9,7 +9,6 @@ validate every weight by name and shape -> build the model -> attach the vocabul
 from __future__ import annotations
 
 import argparse
-import hashlib
 import os
 import pickletools
 import re
@@ -25,6 +24,7 @@ import torch
 
 from .config import ModelConfig
 from .errors import CheckpointError, VocabularyError, first_line
+from .files import file_sha256
 from .model import Transformer
 from .tokenizer import TOKENIZER_FILE, Vocabulary, load_tokenizer
 
@@ -47,14 +47,6 @@ class Checkpoint:
     model: Transformer  # in eval mode
     vocab: Vocabulary
     sha256: str
-
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _pickle_globals(path: Path) -> list[str]:

@@ -11,8 +11,9 @@ import torch
 from tqdm import tqdm
 
 from . import __version__
-from .checkpoint import Checkpoint, file_sha256
+from .checkpoint import Checkpoint
 from .errors import TfmExportError
+from .files import file_sha256
 from .graph_spec import Graph, graph_specs
 from .model_dir import FORMAT_NAME, FORMAT_VERSION, staged_directory, write_manifest
 from .onnx_export import export_all, save_graph

@@ -61,6 +61,33 @@ def _unshare_fp32_initializers(proto: onnx.ModelProto, fp32_names: set[str]) -> 
     return proto
 
 
+def _drop_round_trips(proto: onnx.ModelProto) -> None:
+    """The converter casts an fp32 node's output to fp16 and back to fp32 before an fp32 reader (a
+    residual Add into its LayerNorm, the logits into the graph output), which rounds exactly what was
+    kept fp32. Such readers take the fp32 tensor itself; a Cast left unread is removed."""
+    graph = proto.graph
+    producers = {out: node for node in graph.node for out in node.output}
+    fp32 = _fp32_tensors(proto)
+    for node in graph.node:
+        inner = producers.get(node.input[0]) if node.op_type == "Cast" else None
+        if _cast_to(node) == onnx.TensorProto.FLOAT and inner is not None and inner.op_type == "Cast" \
+                and _cast_to(inner) == onnx.TensorProto.FLOAT16 and inner.input[0] in fp32:
+            node.input[0] = inner.input[0]  # Cast(float -> float) is a copy; it keeps the output's name
+    read = {name for node in graph.node for name in node.input} | {o.name for o in graph.output}
+    for node in [n for n in graph.node if n.op_type == "Cast" and n.output[0] not in read]:
+        graph.node.remove(node)
+
+
+def _cast_to(node: onnx.NodeProto) -> int | None:
+    return next((a.i for a in node.attribute if a.name == "to"), None)
+
+
+def _fp32_tensors(proto: onnx.ModelProto) -> set[str]:
+    inferred = onnx.shape_inference.infer_shapes(proto)
+    values = [*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output]
+    return {v.name for v in values if v.type.tensor_type.elem_type == onnx.TensorProto.FLOAT}
+
+
 def to_fp16(proto: onnx.ModelProto, keep_io_types: bool) -> tuple[onnx.ModelProto, dict[str, int]]:
     """The fp16 graph and what stayed fp32 (op role -> count). Without keep_io_types the cache and
     hidden-state tensors are fp16 (half the memory and traffic); ids, masks and logits never change."""
@@ -73,6 +100,7 @@ def to_fp16(proto: onnx.ModelProto, keep_io_types: bool) -> tuple[onnx.ModelProt
                                          min_positive_val=FP16_MIN_POSITIVE)
     del converted.graph.value_info[:]  # float32 shapes of the source; the checker infers them again
     OnnxModel(converted).topological_sort()  # the converter appends its Casts after their users
+    _drop_round_trips(converted)
     kept = Counter(roles.values())
     kept.update(n.op_type for n in proto.graph.node if n.op_type in FP32_OPS)
     return converted, dict(sorted(kept.items()))

@@ -71,11 +71,24 @@ def _roundtrip(proto: onnx.ModelProto, quantize) -> onnx.ModelProto:
         return onnx.load_model(str(target))
 
 
+def logits_nodes(proto: onnx.ModelProto) -> list[str]:
+    """The MatMul that makes the logits (and nothing else): kept in float by static quantization."""
+    producers = {out: node for node in proto.graph.node for out in node.output}
+    node = producers.get("logits")
+    while node is not None and node.op_type not in QUANTIZED_OPS:
+        node = producers.get(node.input[0])
+    return [node.name] if node is not None else []
+
+
 def quantize_static_graph(proto: onnx.ModelProto, feeds: Iterable[dict[str, np.ndarray]]) -> onnx.ModelProto:
-    """Q/DQ graph with activation ranges from `feeds` (the graph's inputs recorded while decoding)."""
+    """Q/DQ graph with activation ranges from `feeds` (the graph's inputs recorded while decoding). The
+    logits projection reads the float hidden state (its weight is still stored int8, dequantized)."""
+    proto = fold_weight_transposes(proto)
+    excluded = logits_nodes(proto)
+
     def run(source: str, target: str) -> None:
         quantize_static(source, target, _Feeds(feeds), quant_format=QuantFormat.QDQ,
-                        op_types_to_quantize=list(QUANTIZED_OPS), per_channel=True,
+                        op_types_to_quantize=list(QUANTIZED_OPS), per_channel=True, nodes_to_exclude=excluded,
                         activation_type=QuantType.QInt8, weight_type=QuantType.QInt8,
                         calibrate_method=CalibrationMethod.MinMax,
                         extra_options={"ActivationSymmetric": True, "WeightSymmetric": True,
@@ -84,7 +97,7 @@ def quantize_static_graph(proto: onnx.ModelProto, feeds: Iterable[dict[str, np.n
                                        "OpTypesToExcludeOutputQuantization": list(QUANTIZED_OPS),
                                        # Q/DQ only on the path into each MatMul; other readers keep the float
                                        "DedicatedQDQPair": True})
-    return quantize_embeddings(_float_inputs_for_float_ops(_roundtrip(fold_weight_transposes(proto), run)))
+    return quantize_embeddings(_float_inputs_for_float_ops(_roundtrip(proto, run)))
 
 
 def _float_inputs_for_float_ops(proto: onnx.ModelProto) -> onnx.ModelProto:
@@ -112,15 +125,17 @@ def quantize_dynamic_graph(proto: onnx.ModelProto) -> onnx.ModelProto:
 
 
 def float_ops(proto: onnx.ModelProto) -> dict[str, int]:
-    """What still computes in float: the design's high-precision ops, and MatMuls left unquantized
-    (the dynamic mode's activation x activation attention products)."""
+    """What still computes in float: the design's high-precision ops, the static logits projection (float
+    activations, int8 weights) and MatMuls left unquantized (dynamic mode's attention products)."""
     producers = {out: node.op_type for node in proto.graph.node for out in node.output}
     counts: Counter[str] = Counter()
     for node in proto.graph.node:
+        dequantized = [producers.get(i) == "DequantizeLinear" for i in node.input]
         if node.op_type in FLOAT_OPS:
             counts[node.op_type] += 1
-        elif node.op_type in QUANTIZED_OPS and "DequantizeLinear" not in {producers.get(i) for i in node.input}:
-            counts[f"{node.op_type} (float)"] += 1
+        elif node.op_type in QUANTIZED_OPS and not all(dequantized):
+            kind = "float activations, int8 weights" if any(dequantized) else "float"
+            counts[f"{node.op_type} ({kind})"] += 1
         elif node.op_type == "Gather" and node.name.endswith("_int8"):
             counts["Gather (int8 table, float rows)"] += 1
     return dict(sorted(counts.items()))

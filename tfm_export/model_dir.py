@@ -16,8 +16,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from .checkpoint import file_sha256
 from .errors import TfmExportError
+from .files import file_sha256
 
 MANIFEST = "manifest.json"
 FORMAT_NAME = "tfm-export-model"
@@ -102,12 +102,33 @@ def read_manifest(directory: Path) -> dict[str, Any]:
     missing = [key for key in REQUIRED_KEYS if not _has(manifest, key)]
     if missing:
         raise ModelDirError(f"{path}: lacks {', '.join(missing)}; export the model again")
+    wrong = [key for key, ok in _TYPE_CHECKS.items() if not ok(_get(manifest, key))]
+    if wrong:
+        raise ModelDirError(f"{path}: has an invalid {', '.join(wrong)}; export the model again")
     return manifest
 
 
 REQUIRED_KEYS = ("model", "tokenizer.source", "tokenizer.target", "limits.max_source_length", "precision", "opset",
                  "graphs.encoder.file", "graphs.encoder.sha256", "graphs.decoder_step.file",
                  "graphs.decoder_step.sha256", "source_checkpoint.sha256", "optimizations")
+
+
+PRECISIONS = ("fp32", "fp16", "int8")
+_file_name = lambda v: isinstance(v, str) and v != "" and Path(v).name == v  # noqa: E731
+_TYPE_CHECKS = {
+    "precision": lambda v: v in PRECISIONS,
+    "optimizations": lambda v: isinstance(v, list),
+    "tokenizer.source": _file_name, "tokenizer.target": _file_name,
+    "graphs.encoder.file": _file_name, "graphs.decoder_step.file": _file_name,
+    "limits.max_source_length": lambda v: isinstance(v, int) and v > 0,
+}
+
+
+def _get(manifest: dict[str, Any], dotted: str) -> Any:
+    node: Any = manifest
+    for part in dotted.split("."):
+        node = node[part]
+    return node
 
 
 def _has(manifest: dict[str, Any], dotted: str) -> bool:

@@ -78,8 +78,10 @@ def parent_directory(directory: Path, given: Path | None) -> Path:
     """The fp32 directory this one was made from: the one given, else the manifest's; graphs checked."""
     manifest = read_manifest(directory)
     recorded = manifest.get("parent")
-    if recorded is None:
-        raise TfmExportError(f"{directory}: its manifest names no fp32 parent; was it made by tfm-export quantize?")
+    if not isinstance(recorded, dict) or not isinstance(recorded.get("path"), str) \
+            or not isinstance(recorded.get("graphs_sha256"), dict):
+        raise TfmExportError(f"{directory}/manifest.json: names no fp32 parent (parent.path, parent.graphs_sha256); "
+                             "make the directory again with tfm-export quantize")
     parent = given or Path(recorded["path"])
     if not parent.is_dir():
         raise TfmExportError(f"{directory}: its fp32 parent {parent} is not here; pass --reference DIR")
@@ -92,7 +94,7 @@ def parent_directory(directory: Path, given: Path | None) -> Path:
 
 def graph_errors(model: OrtBackend, parent: OrtBackend, texts: Sequence[str], tokenizer) -> list[ErrorStats]:
     """Each graph of `model` fed exactly what the fp32 graphs saw while greedy-decoding `texts`."""
-    traces = record_traces(parent, texts, tokenizer, "--input")
+    traces = record_traces(parent, texts, tokenizer, "--input", consequence="the comparison says little")
     stats = []
     for graph, compared in ((Graph.ENCODER, None), (Graph.DECODER_STEP, ("logits",))):
         ours, theirs = _session(model, graph), _session(parent, graph)
@@ -149,6 +151,11 @@ def compare_precision(directory: Path, parent: Path, texts: Sequence[str], refer
     texts = [texts[i] for i in rows]
     references = [references[i] for i in rows] if references is not None else None
     model, reference = Translator.load(directory), Translator.load(parent)
+    positions = reference.config.n_position
+    for number, text in zip(rows, texts, strict=True):
+        if len(reference.vocab.source.encode(text)) + 2 > positions:
+            raise TfmExportError(f"--input line {number + 1}: longer than the model's {positions} positions "
+                                 "(with <s> and </s>); shorten or remove it")
     precision = model.backend.manifest["precision"]
     errors = graph_errors(model.backend, reference.backend, texts, reference.vocab.source)
     decodes = compare_decodes(model, reference, texts, beam_size, references)

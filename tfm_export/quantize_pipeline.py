@@ -21,9 +21,9 @@ from tqdm import tqdm
 
 from . import decoding
 from .calibration import Traces, record_traces
-from .checkpoint import file_sha256
 from .config import ModelConfig
 from .errors import TfmExportError
+from .files import file_sha256
 from .fp16_convert import to_fp16
 from .graph_spec import Graph, graph_specs
 from .int8_quantize import float_ops, quantize_dynamic_graph, quantize_static_graph
@@ -48,10 +48,16 @@ class Calibration:
 
 
 def check_request(manifest: dict[str, Any], directory: Path, precision: str, mode: str,
-                  calibration: Calibration | None) -> None:
+                  calibration: Calibration | None, keep_io_types: bool = False) -> None:
     """Every way the request can be wrong, before any slow work."""
     if precision not in PRECISIONS:
         raise TfmExportError(f"unknown precision {precision!r}; choose one of {', '.join(PRECISIONS)}")
+    if keep_io_types and precision != "fp16":
+        raise TfmExportError("--keep-io-types is only for --precision fp16 (int8 graphs keep fp32 inputs/outputs)")
+    positions = manifest["limits"]["max_target_length"]
+    if calibration is not None and calibration.max_length is not None and calibration.max_length > positions:
+        raise TfmExportError(f"--calibration-max-length {calibration.max_length} is beyond the model's {positions} "
+                             "target positions; give at most that")
     if manifest["precision"] != "fp32":
         parent = manifest.get("parent", {}).get("path", "its fp32 parent")
         raise TfmExportError(f"{directory}: is already {manifest['precision']}; quantize the fp32 model directory "
@@ -71,7 +77,9 @@ def quantize_model_dir(source: Path, output: Path, precision: str, mode: str = "
                        progress: bool = True) -> dict[str, Any]:
     """Write the fp16/int8 sibling of an fp32 model directory; returns its manifest."""
     manifest = read_manifest(source)
-    check_request(manifest, source, precision, mode, calibration)
+    check_request(manifest, source, precision, mode, calibration, keep_io_types)
+    for name in set(manifest["tokenizer"].values()):
+        tokenizer_file(source, name)
     graphs = {g: onnx.load_model(str(graph_path(source, manifest, g.value))) for g in Graph}
     keep = (source, *([calibration.path] if calibration else []))
     with staged_directory(output, force, keep=keep) as staging, \
@@ -93,19 +101,29 @@ def quantize_model_dir(source: Path, output: Path, precision: str, mode: str = "
                                     "inputs": _tensors(checked.graph.input), "outputs": _tensors(checked.graph.output)}
             bar.update()
         for name in set(manifest["tokenizer"].values()):
-            shutil.copyfile(source / name, staging / name)
+            shutil.copyfile(tokenizer_file(source, name), staging / name)
         new = _manifest(manifest, source, precision, mode, keep_io_types, entries, kept, calibration, traces)
         write_manifest(staging, new)
         bar.set_postfix_str("smoke test")
-        _smoke_test(staging)
+        _smoke_test(staging, output, source)
         bar.update()
     return new
 
 
+def tokenizer_file(directory: Path, name: str) -> Path:
+    """A tokenizer file the manifest names: a plain file name inside the directory, present."""
+    path = directory / name
+    if Path(name).name != name or not path.is_file():
+        raise TfmExportError(f"{directory / 'manifest.json'}: tokenizer file {name!r} is not a file in the model "
+                             "directory; export the model again")
+    return path
+
+
 def _traces(source: Path, manifest: dict[str, Any], calibration: Calibration) -> Traces:
-    tokenizer = load_tokenizer(source / manifest["tokenizer"]["source"])
+    files = manifest["tokenizer"]
+    tokenizer, target = (load_tokenizer(tokenizer_file(source, files[side])) for side in ("source", "target"))
     return record_traces(OrtBackend.open(source), calibration.texts, tokenizer, str(calibration.path),
-                         max_length=calibration.max_length)
+                         max_length=calibration.max_length, target=target)
 
 
 def _convert(proto: onnx.ModelProto, precision: str, mode: str, keep_io_types: bool, traces: Traces | None,
@@ -147,7 +165,8 @@ def _manifest(parent: dict[str, Any], source: Path, precision: str, mode: str, k
                        "embeddings": "int8 per row, dequantized after the Gather"}
     if calibration is not None and traces is not None:
         new["int8"]["calibration"] = {
-            "file": str(calibration.path), "sha256": file_sha256(calibration.path), "sentences": traces.sentences,
+            "file": str(calibration.path.resolve()), "sha256": file_sha256(calibration.path),
+            "sentences": traces.sentences,
             "unknown_token_rate": round(traces.unknown_rate, 4), "max_length": calibration.max_length,
             "calls": {g.value: traces.calls[g] for g in Graph},
             "calls_sampled": {g.value: len(traces.feeds[g]) for g in Graph}}
@@ -155,12 +174,13 @@ def _manifest(parent: dict[str, Any], source: Path, precision: str, mode: str, k
     return new
 
 
-def _smoke_test(directory: Path) -> None:
-    """The new graphs load in ONNX Runtime and decode a few tokens; an unloadable artifact is never left."""
-    backend = OrtBackend.open(directory)
-    cfg = backend.config
+def _smoke_test(staging: Path, output: Path, source: Path) -> None:
+    """The new graphs load in ONNX Runtime and decode a few tokens; an unusable artifact is never left."""
+    backend = OrtBackend.open(staging)
+    cfg, precision = backend.config, backend.manifest["precision"]
     src = random_sources(cfg.src_vocab_size, 2, min(8, cfg.n_position), seed=0)
     hyps = decoding.greedy(backend, src, min(4, cfg.n_position))
     if any(not np.isfinite(h.score) for h in hyps):
-        raise TfmExportError(f"{directory.name}: the {backend.manifest['precision']} graphs produce non-finite "
-                             "scores; please report this model")
+        hint = "try --keep-io-types or int8" if precision == "fp16" else "try the other --mode or fp16"
+        raise TfmExportError(f"{output}: not written: the {precision} graphs made from {source} give non-finite "
+                             f"scores (values beyond the precision's range); {hint}")

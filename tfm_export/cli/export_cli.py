@@ -10,6 +10,8 @@ import torch
 
 from .. import demo_numbers
 from ..checkpoint import load_checkpoint
+from ..config import ModelConfig
+from ..errors import TfmExportError
 from ..export_pipeline import export_model_dir
 from ..inspect_model import inspect_model
 from ..model_dir import read_manifest
@@ -17,6 +19,7 @@ from ..onnx_export import SUPPORTED_OPSETS
 from ..parity import Tolerance
 from ..precision_report import compare_precision, parent_directory, summary_lines, write_report
 from ..quantize_pipeline import INT8_MODES, PRECISIONS, Calibration, quantize_model_dir
+from ..synthetic import random_checkpoint
 from ..train import TrainSettings, train_demo
 from ..translator import DecodeOptions, Translator
 from ..verify import checkpoint_for, verify
@@ -68,6 +71,27 @@ def eval_demo(model_path: Path, vocab: tuple[Path, ...], backend: str | None, be
         click.echo(f"  {pairs[i][0]!r} -> {results[i].text!r} (expected {pairs[i][1]!r})")
 
 
+@main.command("random-checkpoint")
+@click.option("--output", type=click.Path(path_type=Path, file_okay=False), required=True,
+              help="Directory for ckpt.pt and tokenizer.json (tokens w0, w1, ...).")
+@click.option("--d-model", type=click.IntRange(min=8), default=512, show_default=True)
+@click.option("--heads", type=click.IntRange(min=1), default=8, show_default=True)
+@click.option("--layers", type=click.IntRange(min=1), default=6, show_default=True, help="Encoder and decoder each.")
+@click.option("--ffn", type=click.IntRange(min=1), default=2048, show_default=True)
+@click.option("--vocab-size", type=click.IntRange(min=8), default=32000, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True)
+def random_checkpoint_cmd(output: Path, d_model: int, heads: int, layers: int, ffn: int, vocab_size: int,
+                          seed: int) -> None:
+    """A random-weight model (default: the base config) for benchmarks: real shapes, meaningless outputs."""
+    if d_model % heads:
+        raise TfmExportError(f"--d-model {d_model} is not a multiple of --heads {heads}")
+    config = ModelConfig(src_vocab_size=vocab_size, trg_vocab_size=vocab_size, d_model=d_model, d_inner=ffn,
+                         n_layers=layers, n_head=heads, d_k=d_model // heads, d_v=d_model // heads)
+    if output.exists() and not output.is_dir():
+        raise TfmExportError(f"{output}: exists and is not a directory")
+    click.echo(f"wrote {random_checkpoint(config, output, seed)}")
+
+
 @main.command("onnx")
 @click.option("--checkpoint", type=click.Path(path_type=Path), required=True,
               help="A tfm-export or seed train.py checkpoint.")
@@ -110,7 +134,7 @@ def quantize_cmd(model_dir: Path, precision: str, mode: str, calibration: Path |
                  calibration_max_length: int | None, keep_io_types: bool, output: Path, force: bool) -> None:
     """Make an fp16 or int8 model directory from an fp32 one (check it with `tfm-export verify`)."""
     if calibration_max_length and not calibration:
-        raise click.UsageError("--calibration-max-length needs --calibration")
+        raise TfmExportError("--calibration-max-length needs --calibration")
     calib = Calibration(calibration, read_text_lines(calibration), calibration_max_length) if calibration else None
     manifest = quantize_model_dir(model_dir, output, precision, mode, calib, keep_io_types, force,
                                   progress=sys.stderr.isatty())
@@ -149,10 +173,10 @@ def verify_cmd(model_dir: Path, checkpoint: Path | None, reference: Path | None,
     fp16/int8: compare with the fp32 parent (per-graph errors, agreement, BLEU, exact match)."""
     if read_manifest(model_dir)["precision"] != "fp32":
         if checkpoint or vocab:
-            raise click.UsageError("--checkpoint/--vocab are for fp32 directories; a quantized directory is "
+            raise TfmExportError("--checkpoint/--vocab are for fp32 directories; a quantized directory is "
                                    "compared with its fp32 parent (--reference)")
         if input_file is None:
-            raise click.UsageError("--input FILE is required for fp16/int8 directories (sentences to compare on)")
+            raise TfmExportError("--input FILE is required for fp16/int8 directories (sentences to compare on)")
         texts = read_text_lines(input_file)
         refs = read_text_lines(references_file) if references_file else None
         report = compare_precision(model_dir, parent_directory(model_dir, reference), texts, refs, beam_size,
@@ -167,7 +191,7 @@ def verify_cmd(model_dir: Path, checkpoint: Path | None, reference: Path | None,
         return
     for flag, value in (("--reference", reference), ("--references", references_file), ("--report", report_dir)):
         if value:
-            raise click.UsageError(f"{flag} is for fp16/int8 directories; fp32 ones are compared with PyTorch")
+            raise TfmExportError(f"{flag} is for fp16/int8 directories; fp32 ones are compared with PyTorch")
     ckpt = checkpoint_for(model_dir, checkpoint, vocab)
     texts = read_text_lines(input_file) if input_file else []
     threshold = 0.99 if min_agreement is None else min_agreement

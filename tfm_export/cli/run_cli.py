@@ -12,6 +12,7 @@ from tqdm import tqdm
 from ..errors import InputTextError, TfmExportError
 from ..ort_session import OPT_LEVELS, SessionOptions
 from ..translator import BACKENDS, DecodeOptions, Translation, Translator
+from .bench_cli import bench
 from .common import ErrorReportingGroup, read_text_lines, setup_logging, vocab_option
 
 
@@ -115,3 +116,6 @@ def translate(texts: tuple[str, ...], model_path: Path, vocab: tuple[Path, ...],
     with tqdm(total=len(lines), desc="translating", unit="line", disable=not show) as bar:
         results = translator.translate(lines, options, progress=bar.update)
     write_output([format_line(src, r, fmt) for src, r in zip(lines, results, strict=True)], output)
+
+
+main.add_command(bench)

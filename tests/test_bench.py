@@ -1,0 +1,133 @@
+"""The benchmark's parts: forced-length decoding, the full-recompute baseline, the CTranslate2 anchor
+(same model, checked numerically), and one whole tiny `tfm-run bench` run."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from click.testing import CliRunner
+from conftest import DEMO_CKPT, tiny_config
+
+from tfm_export import decoding, demo_numbers
+from tfm_export.batching import pad_batch
+from tfm_export.benchmark import _batches
+from tfm_export.checkpoint import load_checkpoint
+from tfm_export.cli.run_cli import main as run_main
+from tfm_export.parity import random_sources
+from tfm_export.synthetic import random_checkpoint
+from tfm_export.tokenizer import EOS_ID
+from tfm_export.torch_backend import TorchBackend, TorchFullBackend
+from tfm_export.translator import Translator
+
+ctranslate2 = pytest.importorskip("ctranslate2", reason="CTranslate2 is in the dev/bench extras")
+
+
+def test_min_length_bars_eos_and_forces_the_length():
+    ckpt = load_checkpoint(DEMO_CKPT)
+    src = pad_batch([[2, *ckpt.vocab.source.encode(en), 3] for en, _ in demo_numbers.held_out_pairs()[:6]])
+    backend = TorchBackend(ckpt.model)
+    natural = decoding.greedy(backend, src, 40)
+    assert all(h.finished and len(h.tokens) < 20 for h in natural)
+    forced = decoding.greedy(backend, src, 24, min_length=24)
+    assert all(len(h.tokens) == 24 and EOS_ID not in h.tokens for h in forced)
+    assert all(f.tokens[:len(n.tokens)] == n.tokens for f, n in zip(forced, natural, strict=True))
+    beams = decoding.beam_search(backend, src, 3, 12, min_length=12)
+    assert all(len(h[0].tokens) == 12 for h in beams)
+
+
+def test_full_recompute_baseline_decodes_like_the_cached_backend():
+    ckpt = load_checkpoint(DEMO_CKPT)
+    src = random_sources(ckpt.config.src_vocab_size, 5, 12, seed=3)
+    full, cached = TorchFullBackend(ckpt.model), TorchBackend(ckpt.model)
+    assert [h.tokens for h in decoding.greedy(full, src, 16, 16)] == \
+        [h.tokens for h in decoding.greedy(cached, src, 16, 16)]
+    assert [h[0].tokens for h in decoding.beam_search(full, src, 3, 10)] == \
+        [h[0].tokens for h in decoding.beam_search(cached, src, 3, 10)]
+
+
+def test_ctranslate2_translates_the_demo_exactly_like_us(tmp_path):
+    from tfm_export.ctranslate2_convert import convert_to_ctranslate2
+    ckpt = load_checkpoint(DEMO_CKPT)
+    model = ctranslate2.Translator(str(convert_to_ctranslate2(ckpt, tmp_path / "ct2")), intra_threads=1)
+    pairs = demo_numbers.held_out_pairs()[:200]
+    tokens = [ckpt.vocab.source.tokenizer.encode(en).tokens for en, _ in pairs]
+    theirs = [r.hypotheses[0] for r in model.translate_batch(tokens, beam_size=1, max_decoding_length=200)]
+    ours = Translator.load(DEMO_CKPT).translate([en for en, _ in pairs])
+    assert theirs == [list(t.tokens) for t in ours]
+
+
+@pytest.mark.parametrize("overrides", [dict(scale_emb_or_prj="prj"), dict(scale_emb_or_prj="none"),
+                                       dict(proj_share_weight=False, embs_share_weight=False)])
+def test_ctranslate2_scores_equal_ours_on_random_models(tmp_path, overrides):
+    """Summed log-probs of forced greedy decodes: the same numbers, so the same model (scaling options too)."""
+    from tfm_export.ctranslate2_convert import convert_to_ctranslate2
+    cfg = tiny_config(src_vocab_size=40, trg_vocab_size=40, d_model=32, n_head=4, d_k=8, d_v=8, **overrides)
+    ckpt = load_checkpoint(random_checkpoint(cfg, tmp_path / "m", seed=1))
+    model = ctranslate2.Translator(str(convert_to_ctranslate2(ckpt, tmp_path / "ct2")), intra_threads=1)
+    src = random_sources(cfg.src_vocab_size, 6, 10, seed=5)
+    vocab = [ckpt.vocab.source.tokenizer.id_to_token(i) for i in range(cfg.src_vocab_size)]
+    tokens = [[vocab[i] for i in row if i > 3] for row in src]
+    theirs = model.translate_batch(tokens, beam_size=1, max_decoding_length=12, min_decoding_length=12,
+                                   return_scores=True)
+    ours = decoding.greedy(TorchBackend(ckpt.model), src, 12, min_length=12)
+    target = ckpt.vocab.target.tokenizer
+    assert [[target.token_to_id(t) for t in r.hypotheses[0]] for r in theirs] == [list(h.tokens) for h in ours]
+    per_token = np.array([r.scores[0] for r in theirs])  # CTranslate2 divides by the length (length_penalty 1)
+    np.testing.assert_allclose(per_token * 12, _scores_without_eos(ckpt, src, ours), atol=2e-4)
+
+
+def _scores_without_eos(ckpt, src, hyps) -> list[float]:
+    """Summed log-probs with </s> removed before the softmax, which is how CTranslate2 bars it."""
+    backend = TorchBackend(ckpt.model)
+    state, tokens = backend.encode(src), np.full(len(src), 2)
+    chosen = np.array([h.tokens for h in hyps])
+    total = np.zeros(len(src))
+    for step in range(chosen.shape[1]):
+        state, logits = backend.step(state, tokens)
+        logits = logits.astype(np.float64)
+        logits[:, EOS_ID] = -np.inf
+        norm = np.log(np.exp(logits - logits.max(1, keepdims=True)).sum(1)) + logits.max(1)
+        total += logits[np.arange(len(src)), chosen[:, step]] - norm
+        tokens = chosen[:, step]
+    return total.tolist()
+
+
+def test_batches_are_whole_and_fill_up():
+    rows = [[2, i, 3] for i in range(5)]
+    assert [len(b) for b in _batches(rows, 2)] == [2, 2]
+    assert _batches(rows, 8) == [(rows * 2)[:8]]
+
+
+def test_tiny_bench_run_writes_table_json_and_plot(tmp_path):
+    torch.manual_seed(0)
+    ckpt = random_checkpoint(tiny_config(n_position=16), tmp_path / "m")
+    result = CliRunner().invoke(run_main, [
+        "bench", "--model", str(ckpt), "--batch-sizes", "1,3", "--beam-sizes", "1,2", "--output-length", "5",
+        "--sentences", "6", "--repeats", "2", "--min-time", "0", "--threads", "1",
+        "--json", str(tmp_path / "b.json"), "--plot", str(tmp_path / "b.png")])
+    assert result.exit_code == 0, result.output
+    data = json.loads((tmp_path / "b.json").read_text())
+    backends = data["backends"]
+    assert backends["tensorrt"]["skipped"] and backends["ort-fp16"]["skipped"]
+    ran = {name: b for name, b in backends.items() if not b["skipped"]}
+    assert set(ran) >= {"torch-full", "torch-cache", "ort-fp32", "ort-int8-static", "ort-int8-dynamic", "ct2-fp32"}
+    for b in ran.values():
+        assert b["peak_rss_mb"] > 10 and b["agreement"] is not None
+        assert {(r["beam"], r["batch"]) for r in b["rows"]} == {(1, 1), (1, 3), (2, 1), (2, 3)}
+        for r in b["rows"]:
+            assert len(r["timings_s"]) == 2 and r["p95_ms"] >= r["median_ms"] > 0
+            assert r["tokens_per_s"] == pytest.approx(2 * r["batch"] * 5 / sum(r["timings_s"]))  # forced length
+    for name in ("torch-full", "torch-cache", "ct2-fp32"):  # int8 may differ on a random model's flat logits
+        assert ran[name]["agreement"] == 1.0, name  # same outputs as ONNX Runtime fp32
+    assert set(ran["torch-full"]["sweep"]) == {"8", "16"}  # sweep lengths capped at the model's 16 positions
+    assert data["machine"]["cores"] >= 1 and data["machine"]["versions"]["onnxruntime"]
+    assert (tmp_path / "b.png").read_bytes()[:4] == b"\x89PNG"
+    assert "ratio ort-fp32 / torch-full, batch 1:" in result.output
+
+
+def test_unknown_backend_is_a_usage_error():
+    result = CliRunner().invoke(run_main, ["bench", "--model", str(DEMO_CKPT), "--backends", "ort-fp32,magic"])
+    assert result.exit_code == 2 and "unknown backend 'magic'" in result.output
