@@ -25,8 +25,10 @@ class StepBackend(Protocol):
     def step(self, state: Any, tokens: np.ndarray) -> tuple[Any, np.ndarray]:
         """(N,) next input token per row -> (new state, (N, V) float32 logits)."""
 
-    def reorder(self, state: Any, rows: np.ndarray) -> Any:
-        """Keep/duplicate/permute rows of the state: row i of the result is row rows[i]."""
+    def reorder(self, state: Any, rows: np.ndarray, same_sources: bool = False) -> Any:
+        """Keep/duplicate/permute rows of the state: row i of the result is row rows[i].
+        same_sources: rows[i] and i hold the same source (beams reshuffled within each input), so the
+        per-source part of the state (encoder output, cross K/V, mask) is already right and is not copied."""
 
 
 def log_softmax(logits: np.ndarray, allow_eos: bool = True) -> np.ndarray:
@@ -110,7 +112,7 @@ def beam_search(backend: StepBackend, src: np.ndarray, beam_size: int, max_lengt
                 next_scores += [s for _, _, s in picked]
         if not still:
             break
-        state = backend.reorder(state, np.array(rows))
+        state = backend.reorder(state, np.array(rows), same_sources=len(still) == len(active))
         prefixes = [(*prefixes[r], t) for r, t in zip(rows, next_tokens, strict=True)]
         tokens = np.array(next_tokens, dtype=np.int64)
         scores = np.array(next_scores, dtype=np.float32).reshape(len(still), k)

@@ -96,5 +96,8 @@ class OrtBackend:
         new_state, logits = self.run_step(state, tokens[:, None])
         return new_state, logits[:, -1]
 
-    def reorder(self, state: CacheState, rows: np.ndarray) -> CacheState:
-        return CacheState(state.mask[rows], tuple(a[rows] for a in state.cross), tuple(a[rows] for a in state.past))
+    def reorder(self, state: CacheState, rows: np.ndarray, same_sources: bool = False) -> CacheState:
+        past = tuple(a[rows] for a in state.past)
+        if same_sources:
+            return CacheState(state.mask, state.cross, past)
+        return CacheState(state.mask[rows], tuple(a[rows] for a in state.cross), past)

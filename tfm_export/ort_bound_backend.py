@@ -64,7 +64,9 @@ class OrtBoundBackend:
         self.step_calls += 1
         return CacheState(state.mask, state.cross, tuple(present)), logits[:, -1].cpu().numpy()
 
-    def reorder(self, state: CacheState, rows: np.ndarray) -> CacheState:
+    def reorder(self, state: CacheState, rows: np.ndarray, same_sources: bool = False) -> CacheState:
         index = torch.from_numpy(np.asarray(rows, dtype=np.int64)).to(self.device)
         pick = lambda ts: tuple(t.index_select(0, index) for t in ts)  # noqa: E731
+        if same_sources:
+            return CacheState(state.mask, state.cross, pick(state.past))
         return CacheState(state.mask.index_select(0, index), pick(state.cross), pick(state.past))

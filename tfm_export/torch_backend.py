@@ -49,9 +49,11 @@ class TorchBackend:
         logits = self.model.project(x)[:, -1].float().cpu().numpy()  # (N, V)
         return TorchState(state.src_mask, state.cross, present), logits
 
-    def reorder(self, state: TorchState, rows: np.ndarray) -> TorchState:
+    def reorder(self, state: TorchState, rows: np.ndarray, same_sources: bool = False) -> TorchState:
         index = torch.from_numpy(np.asarray(rows, dtype=np.int64)).to(self.device)
         pick = lambda pairs: [(k.index_select(0, index), v.index_select(0, index)) for k, v in pairs]  # noqa: E731
+        if same_sources:
+            return TorchState(state.src_mask, state.cross, pick(state.past))
         return TorchState(state.src_mask.index_select(0, index), pick(state.cross), pick(state.past))
 
 
@@ -82,6 +84,9 @@ class TorchFullBackend:
         x = self.model.decoder(prefix, trg_mask, state.enc_output, state.src_mask)
         return FullState(state.enc_output, state.src_mask, prefix), self.model.project(x)[:, -1].float().cpu().numpy()
 
-    def reorder(self, state: FullState, rows: np.ndarray) -> FullState:
+    def reorder(self, state: FullState, rows: np.ndarray, same_sources: bool = False) -> FullState:
         index = torch.from_numpy(np.asarray(rows, dtype=np.int64)).to(self.device)
-        return FullState(*(t.index_select(0, index) for t in (state.enc_output, state.src_mask, state.prefix)))
+        prefix = state.prefix.index_select(0, index)
+        if same_sources:
+            return FullState(state.enc_output, state.src_mask, prefix)
+        return FullState(state.enc_output.index_select(0, index), state.src_mask.index_select(0, index), prefix)
