@@ -15,6 +15,7 @@ from tfm_export.model import Transformer  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 DEMO_CKPT = REPO / "models" / "demo" / "ckpt.pt"
+CALIBRATION = REPO / "calibration" / "demo.en.txt"
 
 
 @pytest.fixture(autouse=True)
@@ -55,6 +56,41 @@ def base_onnx(tmp_path_factory):
     ckpt = load_checkpoint(random_checkpoint(ModelConfig(src_vocab_size=32000, trg_vocab_size=32000), root / "ckpt"))
     export_model_dir(ckpt, root / "model", progress=False)
     return ckpt, root / "model"
+
+
+@pytest.fixture(scope="session")
+def variants(demo_onnx, tmp_path_factory) -> dict[str, Path]:
+    """The demo model in every precision, made once: int8 static/dynamic, fp16, fp16 with fp32 I/O."""
+    from tfm_export.quantize_pipeline import Calibration, quantize_model_dir
+    root = tmp_path_factory.mktemp("precision")
+    texts = CALIBRATION.read_text().splitlines()
+    made = {"fp32": demo_onnx}
+    for name, kwargs in {"int8-static": dict(precision="int8", calibration=Calibration(CALIBRATION, texts)),
+                         "int8-dynamic": dict(precision="int8", mode="dynamic"),
+                         "fp16": dict(precision="fp16"),
+                         "fp16-io": dict(precision="fp16", keep_io_types=True)}.items():
+        quantize_model_dir(demo_onnx, root / name, progress=False, **kwargs)
+        made[name] = root / name
+    return made
+
+
+@pytest.fixture(scope="session")
+def base_variants(base_onnx, tmp_path_factory) -> dict[str, Path]:
+    """The base config in fp32, fp16, int8 static (calibrated on 16 random-word sentences) and int8 dynamic."""
+    from tfm_export.quantize_pipeline import Calibration, quantize_model_dir
+    from tfm_export.synthetic import random_texts
+    ckpt, fp32 = base_onnx
+    root = tmp_path_factory.mktemp("base-precision")
+    texts = random_texts(ckpt.config, 16)
+    (root / "calib.txt").write_text("\n".join(texts) + "\n")
+    made = {"fp32": fp32}
+    for name, kwargs in {"int8-static": dict(precision="int8", calibration=Calibration(root / "calib.txt", texts,
+                                                                                        max_length=4)),
+                         "int8-dynamic": dict(precision="int8", mode="dynamic"),
+                         "fp16": dict(precision="fp16")}.items():
+        quantize_model_dir(fp32, root / name, progress=False, **kwargs)
+        made[name] = root / name
+    return made
 
 
 def listing(directory: Path) -> list[str]:

@@ -11,7 +11,7 @@ import numpy as np
 import onnx
 import pytest
 from click.testing import CliRunner
-from conftest import REPO, listing, unwritable_dir
+from conftest import CALIBRATION, REPO, listing, unwritable_dir
 from onnx import numpy_helper
 
 from tfm_export import decoding, demo_numbers
@@ -19,26 +19,7 @@ from tfm_export.cli.export_cli import main as export_main
 from tfm_export.graph_spec import Graph
 from tfm_export.int8_quantize import logits_nodes
 from tfm_export.precision_report import compare_decodes
-from tfm_export.quantize_pipeline import Calibration, quantize_model_dir
-from tfm_export.synthetic import random_texts
 from tfm_export.translator import DecodeOptions, Translator
-
-CALIBRATION = REPO / "calibration" / "demo.en.txt"
-
-
-@pytest.fixture(scope="module")
-def variants(demo_onnx, tmp_path_factory):
-    """The demo model in every precision, made once: int8 static/dynamic, fp16, fp16 with fp32 I/O."""
-    root = tmp_path_factory.mktemp("precision")
-    texts = CALIBRATION.read_text().splitlines()
-    made = {"fp32": demo_onnx}
-    for name, kwargs in {"int8-static": dict(precision="int8", calibration=Calibration(CALIBRATION, texts)),
-                         "int8-dynamic": dict(precision="int8", mode="dynamic"),
-                         "fp16": dict(precision="fp16"),
-                         "fp16-io": dict(precision="fp16", keep_io_types=True)}.items():
-        quantize_model_dir(demo_onnx, root / name, progress=False, **kwargs)
-        made[name] = root / name
-    return made
 
 
 def _graph(directory, graph: Graph) -> onnx.ModelProto:
@@ -338,14 +319,9 @@ def test_verify_of_a_quantized_dir_needs_input_and_the_right_parent(variants, de
 
 
 @pytest.mark.slow
-def test_base_config_int8_is_at_least_3_5x_smaller(base_onnx, tmp_path):
-    ckpt, fp32 = base_onnx
-    texts = random_texts(ckpt.config, 16)
-    (tmp_path / "calib.txt").write_text("\n".join(texts) + "\n")
-    made = {"static": quantize_model_dir(fp32, tmp_path / "static", "int8", "static",
-                                         Calibration(tmp_path / "calib.txt", texts, max_length=4), progress=False),
-            "dynamic": quantize_model_dir(fp32, tmp_path / "dynamic", "int8", "dynamic", progress=False)}
-    for mode in made:
+def test_base_config_int8_is_at_least_3_5x_smaller(base_variants):
+    fp32 = base_variants["fp32"]
+    for mode in ("int8-static", "int8-dynamic"):
         for graph in Graph:
-            ratio = (fp32 / graph.filename).stat().st_size / (tmp_path / mode / graph.filename).stat().st_size
+            ratio = (fp32 / graph.filename).stat().st_size / (base_variants[mode] / graph.filename).stat().st_size
             assert ratio >= 3.5, (mode, graph, ratio)

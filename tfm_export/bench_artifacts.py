@@ -58,9 +58,10 @@ def build_fp32(model: Path, work: Path, say: Callable[[str], None] = lambda _: N
     return built
 
 
-def build_variants(built: Built, work: Path, calibration: Calibration, want_fp16: bool,
-                   say: Callable[[str], None] = lambda _: None) -> None:
-    """int8 static and dynamic, fp16 if asked, and the CTranslate2 conversion, each timed."""
+def build_variants(built: Built, work: Path, calibration: Calibration, want_fp16: bool, want_tensorrt: bool = False,
+                   max_rows: int = 128, positions: int = 200, say: Callable[[str], None] = lambda _: None) -> None:
+    """int8 static and dynamic, fp16 and TensorRT fp16 engines if asked, and the CTranslate2 conversion, each
+    timed. Engines take up to `max_rows` rows (batch x beam) and the model's positions."""
     fp32, onnx = built.artifacts.onnx["fp32"], dict(built.artifacts.onnx)
     variants = {"int8-static": dict(precision="int8", calibration=calibration),
                 "int8-dynamic": dict(precision="int8", mode="dynamic")}
@@ -70,12 +71,20 @@ def build_variants(built: Built, work: Path, calibration: Calibration, want_fp16
         say(f"quantize {variant}")
         onnx[variant] = _timed(built, f"onnx {variant}", lambda v=variant, k=kwargs: quantize_model_dir(
             fp32, work / f"onnx-{v}", force=True, progress=False, **k) and work / f"onnx-{v}")
+    engines = None
+    if want_tensorrt:
+        from .trt_build import build_engines
+        from .trt_profiles import ShapeLimits
+        say("build TensorRT fp16 engines")
+        limits = ShapeLimits(max_batch=max_rows, max_source_length=positions, max_target_length=positions)
+        engines = _timed(built, "tensorrt fp16", lambda: build_engines(
+            fp32, work / "tensorrt-fp16", "fp16", limits, force=True, progress=False) and work / "tensorrt-fp16")
     ct2 = None
     if built.artifacts.checkpoint and importlib.util.find_spec("ctranslate2"):
         say("convert CTranslate2")
         ckpt = load_checkpoint(built.artifacts.checkpoint)
         ct2 = _timed(built, "ctranslate2", lambda: convert_to_ctranslate2(ckpt, work / "ctranslate2"))
-    built.artifacts = replace(built.artifacts, onnx=onnx, ctranslate2=ct2)
+    built.artifacts = replace(built.artifacts, onnx=onnx, ctranslate2=ct2, tensorrt=engines)
 
 
 def _token_lists(fp32: Path) -> tuple[tuple[str, ...], tuple[str, ...]]:

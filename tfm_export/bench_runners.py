@@ -21,7 +21,7 @@ BACKENDS = {
     "ort-int8-static": "ONNX Runtime int8 Q/DQ (static, calibrated)",
     "ort-int8-dynamic": "ONNX Runtime int8 dynamic",
     "ort-fp16": "ONNX Runtime fp16 on CUDA",
-    "tensorrt": "TensorRT engines",
+    "tensorrt": "TensorRT fp16 engines (built from the fp32 graphs' fp16 version)",
     "ct2-fp32": "CTranslate2 float32 (same weights)",
     "ct2-int8": "CTranslate2 int8 (same weights)",
 }
@@ -40,12 +40,13 @@ class Artifacts:
     ctranslate2: Path | None
     source_tokens: tuple[str, ...] = ()  # id -> token, for CTranslate2's string interface
     target_tokens: tuple[str, ...] = ()
+    tensorrt: Path | None = None  # fp16 engine directory, where TensorRT and a GPU are present
 
 
 def unavailable(name: str, artifacts: Artifacts) -> str | None:
     """Why a backend cannot run here, or None."""
-    if name == "tensorrt":
-        return "TensorRT engines are not built by this release (issue 6)"
+    if name == "tensorrt" and artifacts.tensorrt is None:
+        return tensorrt_missing() or "the engines could not be built"
     if name == "ort-fp16":
         import onnxruntime as ort
         if "CUDAExecutionProvider" not in ort.get_available_providers():
@@ -63,6 +64,9 @@ def open_decoder(name: str, artifacts: Artifacts, threads: int) -> Decode:
     """decode(sources with <s>/</s>, beam size, length, forced) -> generated ids per source (best only)."""
     if name.startswith("ct2"):
         return _ctranslate2(artifacts, "int8" if name == "ct2-int8" else "float32", threads)
+    if name == "tensorrt":
+        from .trt_backend import TrtBackend
+        return _loop(TrtBackend(artifacts.tensorrt))
     if name.startswith("torch"):
         import torch
 
@@ -77,6 +81,16 @@ def open_decoder(name: str, artifacts: Artifacts, threads: int) -> Decode:
     device = "cuda" if name == "ort-fp16" else "cpu"
     return _loop(OrtBackend.open(artifacts.onnx[ONNX_VARIANTS[name]], SessionOptions(intra_op_threads=threads,
                                                                                       device=device)))
+
+
+def tensorrt_missing() -> str | None:
+    """Why TensorRT engines cannot be built or run here, or None."""
+    from .trt_support import TensorRTUnavailable, current_platform
+    try:
+        current_platform()
+    except TensorRTUnavailable as exc:
+        return str(exc).split(";")[0]
+    return None
 
 
 def _loop(backend: decoding.StepBackend) -> Decode:

@@ -19,6 +19,7 @@ from . import decoding
 from .batching import length_buckets, pad_batch
 from .config import ModelConfig
 from .decoding import StepBackend
+from .engine_dir import is_engine_dir
 from .errors import InputTextError, TfmExportError
 from .hypothesis import Hypothesis
 from .ort_session import DEFAULT_OPTIONS, SessionOptions
@@ -67,21 +68,25 @@ class Translator:
         self.backend, self.vocab, self.config = backend, vocab, config
 
     @classmethod
-    def load(cls, model: str | Path, vocab: Sequence[Path] = (), backend: str | None = None, device: str = "cpu",
+    def load(cls, model: str | Path, vocab: Sequence[Path] = (), backend: str | None = None, device: str | None = None,
              session_options: SessionOptions = DEFAULT_OPTIONS) -> Translator:
-        """A model directory (ONNX Runtime, the default for directories) or a checkpoint (PyTorch)."""
+        """A model directory (ONNX Runtime), an engine directory (TensorRT) or a checkpoint (PyTorch); the
+        device defaults to the GPU for TensorRT and the CPU otherwise."""
         model = Path(model)
         if not model.exists():
             raise TfmExportError(f"{model}: model not found; give an exported model directory (tfm-export onnx) "
                                  "or a checkpoint file")
-        backend = backend or ("onnxruntime" if model.is_dir() else "torch")
+        backend = backend or _default_backend(model)
         if backend not in BACKENDS:
             raise TfmExportError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+        if backend == "tensorrt":
+            return cls._load_tensorrt(model, vocab, device or "cuda")
+        device = device or "cpu"
         if backend == "torch":
             return cls._load_torch(model, vocab, device)
-        if backend == "tensorrt":
-            raise TfmExportError("the tensorrt backend needs engines built by `tfm-export trt`, which this release "
-                                 "does not have yet; use --backend onnxruntime")
+        if is_engine_dir(model):
+            raise TfmExportError(f"{model}: holds TensorRT engines; run it with --backend tensorrt, or give the model "
+                                 "directory they were built from")
         if model.is_file():
             raise TfmExportError(f"{model}: is a checkpoint; the onnxruntime backend takes a model directory "
                                  "(make one with `tfm-export onnx`), or use --backend torch")
@@ -99,6 +104,19 @@ class Translator:
             raise TfmExportError("--device cuda: PyTorch sees no CUDA GPU on this machine; use --device cpu")
         ckpt = load_checkpoint(model, list(vocab))
         return cls(TorchBackend(ckpt.model, device), ckpt.vocab, ckpt.config)
+
+    @classmethod
+    def _load_tensorrt(cls, model: Path, vocab: Sequence[Path], device: str) -> Translator:
+        from .trt_backend import TrtBackend
+        from .trt_support import current_platform
+        if device != "cuda":
+            raise TfmExportError("--backend tensorrt runs on the GPU; pass --device cuda (or leave --device out)")
+        current_platform()  # what is missing, in one line, before anything else
+        if not is_engine_dir(model):
+            raise TfmExportError(f"{model}: is not a TensorRT engine directory; build one with `tfm-export trt "
+                                 f"--model {model} --output ENGINES`")
+        backend = TrtBackend(model)
+        return cls(backend, _directory_vocab(model, backend.manifest, vocab), backend.config)
 
     @classmethod
     def _load_onnxruntime(cls, model: Path, vocab: Sequence[Path], device: str,
@@ -155,6 +173,12 @@ class Translator:
         tokens = tuple(target.tokenizer.id_to_token(i) for i in best.tokens)
         alternatives = tuple((target.decode(h.tokens), h.score) for h in nbest) if keep_alternatives else ()
         return Translation(target.decode(best.tokens), best.tokens, tokens, best.score, time_ms, alternatives)
+
+
+def _default_backend(model: Path) -> str:
+    if model.is_dir():
+        return "tensorrt" if is_engine_dir(model) else "onnxruntime"
+    return "torch"
 
 
 def _directory_vocab(directory: Path, manifest: dict, given: Sequence[Path]) -> Vocabulary:

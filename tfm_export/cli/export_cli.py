@@ -54,8 +54,9 @@ def train_demo_cmd(output: Path, steps: int, batch_size: int, seed: int, threads
               default=Path("models/demo/ckpt.pt"), show_default=True,
               help="The demo checkpoint, or a model directory exported from it.")
 @vocab_option
-@click.option("--backend", type=click.Choice(["onnxruntime", "torch"]), default=None,
-              help="Default: onnxruntime for a model directory, torch for a checkpoint.")
+@click.option("--backend", type=click.Choice(["onnxruntime", "torch", "tensorrt"]), default=None,
+              help="Default: tensorrt for an engine directory, onnxruntime for a model directory, torch for a "
+                   "checkpoint.")
 @click.option("--beam-size", type=click.IntRange(1, 64), default=1, show_default=True, help="1 = greedy.")
 @click.option("--show-misses", type=click.IntRange(min=0), default=5, show_default=True)
 def eval_demo(model_path: Path, vocab: tuple[Path, ...], backend: str | None, beam_size: int, show_misses: int) -> None:
@@ -226,3 +227,75 @@ def inspect_cmd(model_dir: Path) -> None:
             for name, dtype, shape in values:
                 click.echo(f"  {kind} {name:36} {dtype:8} [{', '.join(map(str, shape))}]")
         click.echo("  ops: " + ", ".join(f"{op} {n}" for op, n in g.op_counts.items()))
+
+
+@main.command("check")
+@click.option("--model", "model_dir", type=click.Path(path_type=Path), required=True,
+              help="A model directory (fp32, fp16 or int8) from `tfm-export onnx` or `quantize`.")
+@click.option("--trt", "with_trt", is_flag=True,
+              help="Also build each graph in TensorRT (Polygraphy) and compare it with ONNX Runtime (needs a GPU).")
+def check_cmd(model_dir: Path, with_trt: bool) -> None:
+    """Will these graphs build in TensorRT? A static report for TensorRT 10.3 (JetPack 6) and 11, then a
+    Polygraphy run of every graph on generated inputs (past length 0 included). Exit 1 on any problem."""
+    from ..graph_check import check_onnxruntime
+    from ..trt_compat import check_model_dir
+    if with_trt:
+        from ..trt_support import current_platform
+        platform = current_platform()
+        click.echo(f"TensorRT {platform.tensorrt} on {platform.gpu} (compute capability {platform.compute_capability})")
+    report = check_model_dir(model_dir)
+    for line in report.lines():
+        click.echo(line)
+    runs = check_onnxruntime(model_dir, trt=with_trt)
+    click.echo(f"Polygraphy runs on generated inputs ({len(runs)} checks):")
+    for run in runs:
+        click.echo(f"  {run.graph:12} {run.runner:26} {run.case:34} {run.problem or 'ok'}")
+    failed = [r for r in runs if r.problem]
+    if report.errors() or failed:
+        raise click.ClickException(f"{model_dir}: {len(report.errors())} compatibility problem(s), {len(failed)} "
+                                   "failed run(s); see above")
+    click.echo("check OK")
+
+
+@main.command("trt")
+@click.option("--model", "model_dir", type=click.Path(path_type=Path), required=True,
+              help="A model directory: fp32 (with --fp16, the fp16 graphs are made from it), fp16, or int8 static.")
+@click.option("--fp16", "precision", flag_value="fp16", help="fp16 engines (from the fp16 graphs; made if needed).")
+@click.option("--int8", "precision", flag_value="int8", help="int8 engines from an int8 static (Q/DQ) directory.")
+@click.option("--output", type=click.Path(path_type=Path, file_okay=False), required=True,
+              help="Engine directory to create: encoder.plan, decoder_step.plan, manifest.json, tokenizer.")
+@click.option("--max-batch", type=click.IntRange(min=1), default=64, show_default=True,
+              help="Most rows one call takes: sentences x beams.")
+@click.option("--max-source-length", type=click.IntRange(min=1), default=None,
+              help="Longest source, with <s> and </s> (default: the model's positions).")
+@click.option("--max-target-length", type=click.IntRange(min=2), default=None,
+              help="Longest target, <s> included (default: the model's positions).")
+@click.option("--opt-batch", type=click.IntRange(min=1), default=8, show_default=True,
+              help="Rows TensorRT tunes its kernels for.")
+@click.option("--opt-source-length", type=click.IntRange(min=1), default=32, show_default=True)
+@click.option("--opt-past-length", type=click.IntRange(min=0), default=32, show_default=True)
+@click.option("--timing-cache", type=click.Path(path_type=Path, dir_okay=False), default=None,
+              help="Read and update this timing cache, so later builds skip kernel timing.")
+@click.option("--workspace", "workspace_mib", type=click.IntRange(min=1), default=None,
+              help="Builder workspace limit in MiB (default: TensorRT's, the whole GPU memory).")
+@click.option("--weak-typing", is_flag=True,
+              help="TensorRT 10 only: build with builder precision flags instead of from the typed graphs.")
+@click.option("--force", is_flag=True, help="Replace a non-empty output directory.")
+def trt_cmd(model_dir: Path, precision: str | None, output: Path, max_batch: int, max_source_length: int | None,
+            max_target_length: int | None, opt_batch: int, opt_source_length: int, opt_past_length: int,
+            timing_cache: Path | None, workspace_mib: int | None, weak_typing: bool, force: bool) -> None:
+    """Build TensorRT engines (one optimisation profile per graph) from a model directory.
+
+    Precision comes from the graphs: fp32 by default, --fp16 (the fp16 graphs, made from an fp32 directory
+    if needed) or --int8 (an int8 static directory). Run with `tfm-run translate --model OUTPUT`.
+    """
+    from ..trt_build import build_engines
+    from ..trt_profiles import ShapeLimits
+    positions = ModelConfig.from_dict(read_manifest(model_dir)["model"]).n_position
+    limits = ShapeLimits(max_batch, max_source_length or positions, max_target_length or positions, opt_batch,
+                         opt_source_length, opt_past_length)
+    manifest = build_engines(model_dir, output, precision, limits, timing_cache, workspace_mib, weak_typing, force,
+                             progress=sys.stderr.isatty())
+    info = manifest["tensorrt"]
+    click.echo(f"wrote {output}: {manifest['precision']} engines ({info['precision_source']}), TensorRT "
+               f"{info['tensorrt']}, {info['gpu']} (compute capability {info['compute_capability']})")

@@ -69,8 +69,10 @@ def write_output(lines: list[str], output: Path | None) -> None:
               help="An exported model directory (tfm-export onnx) or a checkpoint file (.pt).")
 @vocab_option
 @click.option("--backend", type=click.Choice(BACKENDS), default=None,
-              help="Default: onnxruntime for a model directory, torch for a checkpoint.")
-@click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True)
+              help="Default: tensorrt for an engine directory (tfm-export trt), onnxruntime for a model directory, "
+                   "torch for a checkpoint.")
+@click.option("--device", type=click.Choice(["cpu", "cuda"]), default=None,
+              help="Default: cuda for TensorRT engines, cpu otherwise.")
 @click.option("--beam-size", type=click.IntRange(1, 64), default=1, show_default=True, help="1 = greedy.")
 @click.option("--length-penalty", type=float, default=1.0, show_default=True,
               help="Beam hypotheses are ranked by score / length ** this.")
@@ -94,11 +96,10 @@ def write_output(lines: list[str], output: Path | None) -> None:
 @click.option("--no-memory-arena", is_flag=True, envvar="TFM_ORT_NO_ARENA",
               help="Disable ONNX Runtime's CPU memory arena (less memory held, slower). Env: TFM_ORT_NO_ARENA.")
 @click.option("--ort-trt", is_flag=True, help="With --device cuda: ONNX Runtime's TensorRT execution provider first.")
-def translate(texts: tuple[str, ...], model_path: Path, vocab: tuple[Path, ...], backend: str | None, device: str,
-              beam_size: int, length_penalty: float, max_length: int | None, n_best: int, batch_size: int,
-              truncate: bool,
-              input_file: Path | None, output: Path | None, fmt: str, threads: int, ort_opt_level: str,
-              no_memory_arena: bool, ort_trt: bool) -> None:
+def translate(texts: tuple[str, ...], model_path: Path, vocab: tuple[Path, ...], backend: str | None,
+              device: str | None, beam_size: int, length_penalty: float, max_length: int | None, n_best: int,
+              batch_size: int, truncate: bool, input_file: Path | None, output: Path | None, fmt: str, threads: int,
+              ort_opt_level: str, no_memory_arena: bool, ort_trt: bool) -> None:
     """Translate TEXT arguments, a file or stdin: one translation per line, in input order.
 
     Empty lines give empty lines. A line longer than the model's positions is an error naming the line

@@ -1,0 +1,175 @@
+"""The TensorRT backend: the engines of `tfm-export trt` behind the same encode/step/reorder interface.
+
+Every tensor is a torch CUDA tensor whose address goes to `set_tensor_address`, and the engines run
+with `execute_async_v3` on PyTorch's current stream, so TensorRT and the cache gathers stay ordered
+without host synchronisation; only the logits come back to the host for the search. The decoder
+cache lives in two flat device buffers per tensor (ping-pong): a step reads the past from one and
+writes the present into the other, and a beam reorder gathers back the other way, so the cache is
+never allocated per step and never leaves the GPU.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .config import ModelConfig
+from .engine_dir import plan_path, read_engine_manifest
+from .errors import InputTextError, TfmExportError
+from .graph_spec import Graph, cache_name
+from .ort_backend import CacheState
+from .tokenizer import PAD_ID
+from .trt_support import current_platform, engine_mismatch, import_tensorrt
+
+
+@dataclass
+class _PingPong:
+    """Two flat buffers for one cache tensor; views of the first rows x length elements are contiguous."""
+
+    buffers: tuple[Any, Any]
+    row_size: int  # n_head * d per position
+
+    def view(self, side: int, rows: int, heads: int, length: int):
+        flat = self.buffers[side][: rows * self.row_size * length]
+        return flat.view(rows, heads, length, self.row_size // heads)  # (N, nh, L, d)
+
+
+class TrtBackend:
+    """decoding.StepBackend on an engine directory."""
+
+    def __init__(self, directory: Path) -> None:
+        import torch
+        self.torch = torch
+        self.manifest = read_engine_manifest(directory)
+        here = current_platform()
+        problem = engine_mismatch(self.manifest["tensorrt"], here)
+        if problem:
+            raise TfmExportError(f"{directory}: engines {problem}; rebuild them here with `tfm-export trt`")
+        trt = import_tensorrt()
+        self.config = ModelConfig.from_dict(self.manifest["model"])
+        self.limits = self.manifest["limits"]
+        runtime = trt.Runtime(trt.Logger(trt.Logger.ERROR))
+        self.engines = {g: self._load(trt, runtime, plan_path(directory, self.manifest, g)) for g in Graph}
+        self.contexts = {g: e.create_execution_context() for g, e in self.engines.items()}
+        self.dtypes = {g: {name: _torch_dtype(trt, torch, e.get_tensor_dtype(name)) for name in _names(e)}
+                       for g, e in self.engines.items()}
+        layers, roles = range(self.config.n_layers), ("key", "value")
+        self.cross_outputs = [cache_name("present", i, "encoder", r) for i in layers for r in roles]
+        self.self_outputs = [cache_name("present", i, "decoder", r) for i in layers for r in roles]
+        self.self_inputs = [cache_name("past_key_values", i, "decoder", r) for i in layers for r in roles]
+        self.cross_inputs = [cache_name("past_key_values", i, "encoder", r) for i in layers for r in roles]
+        self.device = torch.device("cuda")
+        self._cache: list[_PingPong] = []
+        self._side = 0
+        self.step_calls = 0
+
+    @staticmethod
+    def _load(trt, runtime, path: Path):
+        engine = runtime.deserialize_cuda_engine(path.read_bytes())
+        if engine is None:
+            raise TfmExportError(f"{path}: TensorRT cannot load this engine (built by another TensorRT version or for "
+                                 "another GPU?); rebuild it here with `tfm-export trt`")
+        return engine
+
+    def _execute(self, graph: Graph, inputs: dict[str, Any], outputs: dict[str, Any]) -> None:
+        context = self.contexts[graph]
+        for name, tensor in inputs.items():
+            context.set_input_shape(name, tuple(tensor.shape))
+            context.set_tensor_address(name, tensor.data_ptr())
+        for name, tensor in outputs.items():
+            context.set_tensor_address(name, tensor.data_ptr())
+        if not context.execute_async_v3(self.torch.cuda.current_stream().cuda_stream):
+            raise TfmExportError(f"TensorRT failed to run {graph.value} (shapes outside the engine's profile?)")
+
+    def _ids(self, graph: Graph, name: str, ids: np.ndarray):
+        """int64 ids as the engine takes them (int64 on TensorRT 10+, int32 where the parser narrowed them)."""
+        return self.torch.from_numpy(np.ascontiguousarray(ids, dtype=np.int64)).to(self.device,
+                                                                                   self.dtypes[graph][name])
+
+    def _ensure_cache(self, rows: int) -> None:
+        """Ping-pong buffers big enough for `rows` rows at the engines' longest target."""
+        cfg, length = self.config, self.limits["max_target_length"]
+        sizes = [cfg.n_head * d for d in (cfg.d_k, cfg.d_v)] * cfg.n_layers
+        if self._cache and self._cache[0].buffers[0].numel() >= rows * sizes[0] * length:
+            return
+        dtype = self.dtypes[Graph.DECODER_STEP][self.self_inputs[0]]
+        self._cache = [_PingPong(tuple(self.torch.empty(rows * s * length, dtype=dtype, device=self.device)
+                                       for _ in range(2)), s) for s in sizes]
+
+    def _past(self, side: int, rows: int, length: int) -> tuple[Any, ...]:
+        return tuple(p.view(side, rows, self.config.n_head, length) for p in self._cache)
+
+    def encode(self, src: np.ndarray) -> CacheState:
+        cfg, (n, s) = self.config, src.shape
+        if s > self.limits["max_source_length"]:
+            raise InputTextError(f"source of {s} tokens is longer than the engines' {self.limits['max_source_length']} "
+                                 "(their profile); rebuild with a larger --max-source-length")
+        self._check_rows(n)
+        mask = self._ids(Graph.ENCODER, "attention_mask", (src != PAD_ID).astype(np.int64))
+        out = {"last_hidden_state": self._empty(Graph.ENCODER, "last_hidden_state", n, s, cfg.d_model)}
+        for name, d in zip(self.cross_outputs, [cfg.d_k, cfg.d_v] * cfg.n_layers, strict=True):
+            out[name] = self._empty(Graph.ENCODER, name, n, cfg.n_head, s, d)
+        self._execute(Graph.ENCODER, {"input_ids": self._ids(Graph.ENCODER, "input_ids", src),
+                                      "attention_mask": mask}, out)
+        self._ensure_cache(n)
+        step_mask = mask.to(self.dtypes[Graph.DECODER_STEP]["encoder_attention_mask"])
+        return CacheState(step_mask, tuple(out[name] for name in self.cross_outputs), self._past(self._side, n, 0))
+
+    def _empty(self, graph: Graph, name: str, *shape: int):
+        return self.torch.empty(shape, dtype=self.dtypes[graph][name], device=self.device)
+
+    def _check_rows(self, rows: int) -> None:
+        if rows > self.limits["max_batch"]:
+            raise InputTextError(f"{rows} rows (batch x beam) exceed the engines' --max-batch "
+                                 f"{self.limits['max_batch']}; lower --batch-size or --beam-size, or rebuild with a "
+                                 "larger --max-batch")
+
+    def step(self, state: CacheState, tokens: np.ndarray) -> tuple[CacheState, np.ndarray]:
+        n, past = len(tokens), state.past_length
+        if past + 1 > self.limits["max_target_length"]:
+            raise InputTextError(f"decoding past the engines' {self.limits['max_target_length']} target positions; "
+                                 "lower --max-length or rebuild with a larger --max-target-length")
+        graph, other = Graph.DECODER_STEP, 1 - self._side
+        present = self._past(other, n, past + 1)
+        logits = self._empty(graph, "logits", n, 1, self.config.trg_vocab_size)
+        inputs = {"input_ids": self._ids(graph, "input_ids", tokens[:, None]), "encoder_attention_mask": state.mask,
+                  **dict(zip(self.self_inputs, state.past, strict=True)),
+                  **dict(zip(self.cross_inputs, state.cross, strict=True))}
+        self._execute(graph, inputs, {"logits": logits, **dict(zip(self.self_outputs, present, strict=True))})
+        self._side = other
+        self.step_calls += 1
+        return CacheState(state.mask, state.cross, present), logits[:, -1].float().cpu().numpy()
+
+    def reorder(self, state: CacheState, rows: np.ndarray, same_sources: bool = False) -> CacheState:
+        self._check_rows(len(rows))
+        index = self.torch.from_numpy(np.asarray(rows, dtype=np.int64)).to(self.device)
+        if state.past_length == 0:  # beam search widens the batch right after encoding: nothing cached yet
+            self._ensure_cache(len(rows))
+            past = self._past(self._side, len(rows), 0)
+        else:
+            other = 1 - self._side
+            past = self._past(other, len(rows), state.past_length)
+            for source, target in zip(state.past, past, strict=True):
+                self.torch.index_select(source, 0, index, out=target)
+            self._side = other
+        if same_sources:
+            return CacheState(state.mask, state.cross, past)
+        pick = lambda ts: tuple(t.index_select(0, index) for t in ts)  # noqa: E731
+        return CacheState(state.mask.index_select(0, index), pick(state.cross), past)
+
+
+def _names(engine) -> list[str]:
+    return [engine.get_tensor_name(i) for i in range(engine.num_io_tensors)]
+
+
+def _torch_dtype(trt, torch, dtype):
+    table = {trt.float32: torch.float32, trt.float16: torch.float16, trt.int32: torch.int32, trt.bool: torch.bool}
+    if hasattr(trt, "int64"):
+        table[trt.int64] = torch.int64
+    if dtype not in table:
+        raise TfmExportError(f"engine tensor type {dtype} is not one this runtime feeds; rebuild from tfm-export "
+                             "graphs")
+    return table[dtype]

@@ -1,0 +1,62 @@
+"""TensorRT optimisation profiles read from the graph specs: every dynamic axis gets (min, opt, max).
+
+One profile per graph covers every shape the runtime can feed: batch x beam rows 1..max, source
+length 1..max, one new decoder token (the step), past length 0..max-1 (the first step has an
+empty cache). `opt` is where TensorRT tunes its kernels, so it is set to typical sizes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import TfmExportError
+from .graph_spec import BATCH, NEW_LEN, PAST_LEN, SRC_LEN, GraphSpec
+
+Range = tuple[int, int, int]  # min, opt, max
+
+
+@dataclass(frozen=True)
+class ShapeLimits:
+    """The sizes engines are built for; defaults come from the model's manifest (its positions)."""
+
+    max_batch: int = 64  # rows: sentences x beams
+    max_source_length: int = 200  # with <s> and </s>
+    max_target_length: int = 200  # past + new decoder tokens, <s> included
+    opt_batch: int = 8
+    opt_source_length: int = 32
+    opt_past_length: int = 32
+
+    def check(self, positions: int) -> None:
+        for name, value in (("--max-source-length", self.max_source_length),
+                            ("--max-target-length", self.max_target_length)):
+            if not 1 <= value <= positions:
+                raise TfmExportError(f"{name} {value} is outside 1..{positions} (the model's positions)")
+        if self.max_batch < 1:
+            raise TfmExportError(f"--max-batch {self.max_batch} must be at least 1")
+        if self.max_target_length < 2:
+            raise TfmExportError("--max-target-length must be at least 2 (<s> and one generated token)")
+
+    def ranges(self) -> dict[str, Range]:
+        """Axis symbol -> (min, opt, max)."""
+        def clamp(value: int, low: int, high: int) -> int:
+            return max(low, min(value, high))
+        past_max = self.max_target_length - 1
+        return {BATCH: (1, clamp(self.opt_batch, 1, self.max_batch), self.max_batch),
+                SRC_LEN: (1, clamp(self.opt_source_length, 1, self.max_source_length), self.max_source_length),
+                NEW_LEN: (1, 1, 1),
+                PAST_LEN: (0, clamp(self.opt_past_length, 0, past_max), past_max)}
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(vars(self))
+
+
+def profile_shapes(spec: GraphSpec, limits: ShapeLimits) -> dict[str, tuple[tuple[int, ...], ...]]:
+    """Input name -> (min shape, opt shape, max shape), for builder.create_optimization_profile()."""
+    ranges = limits.ranges()
+    shapes = {}
+    for tensor in spec.inputs:
+        dims = [ranges[d] if isinstance(d, str) else (d, d, d) for d in tensor.shape]
+        shapes[tensor.name] = tuple(tuple(d[i] for d in dims) for i in range(3))
+    return shapes
+

@@ -1,0 +1,97 @@
+"""Where TensorRT and a GPU are: the lazy import, the platform's facts, and whether engines fit here.
+
+TensorRT's native libraries come from NVIDIA's own package index, never with a plain install of this
+package, so every TensorRT command starts here and fails in one line when something is missing.
+Engines (plans) are tied to the TensorRT version that built them and to the GPU's compute
+capability; the engine manifest records both and `engine_mismatch` compares them before loading.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import ModuleType
+
+from .errors import TfmExportError
+
+INSTALL_HINT = ("on a machine with an NVIDIA GPU, `pip install tfm-export[gpu]` with NVIDIA's package index "
+                "added (TensorRT's installation guide names it), or JetPack 6 on Jetson")
+MIN_COMPUTE_CAPABILITY = {"fp32": (5, 0), "fp16": (5, 3), "int8": (6, 1)}  # TensorRT's fast fp16 / int8 kernels
+SUPPORTED_MAJORS = (10, 11)
+
+
+class TensorRTUnavailable(TfmExportError):
+    """TensorRT, CUDA or a GPU is missing, or the engines were built for another platform."""
+
+
+@dataclass(frozen=True)
+class Platform:
+    """What an engine is bound to: the exact TensorRT version and the GPU architecture."""
+
+    tensorrt: str  # e.g. "10.3.0.30"
+    gpu: str  # e.g. "NVIDIA H100 80GB HBM3"
+    compute_capability: str  # e.g. "9.0"
+
+    @property
+    def tensorrt_major(self) -> int:
+        return major_version(self.tensorrt)
+
+    def to_dict(self) -> dict[str, str]:
+        return {"tensorrt": self.tensorrt, "gpu": self.gpu, "compute_capability": self.compute_capability}
+
+
+def major_version(version: str) -> int:
+    try:
+        return int(version.split(".")[0])
+    except ValueError:
+        raise TensorRTUnavailable(f"cannot read TensorRT's version {version!r}") from None
+
+
+def import_tensorrt() -> ModuleType:
+    """The tensorrt module, or one line saying what to install. The PyPI `tensorrt` placeholder installs
+    without the libraries, so a module without `Builder` counts as missing too."""
+    try:
+        import tensorrt as trt
+    except (ImportError, OSError) as exc:
+        raise TensorRTUnavailable(f"TensorRT is not installed ({type(exc).__name__}: {exc}); {INSTALL_HINT}") from None
+    if not hasattr(trt, "Builder"):
+        raise TensorRTUnavailable(f"the tensorrt package here has no native libraries (a placeholder); {INSTALL_HINT}")
+    if major_version(trt.__version__) not in SUPPORTED_MAJORS:
+        raise TensorRTUnavailable(f"TensorRT {trt.__version__} is not supported; use TensorRT 10.x (JetPack 6 ships "
+                                  "10.3) or 11.x")
+    return trt
+
+
+def gpu_facts() -> tuple[str, str]:
+    """(name, compute capability) of GPU 0, read through PyTorch's CUDA runtime."""
+    import torch
+    if not torch.cuda.is_available():
+        raise TensorRTUnavailable("no CUDA GPU is visible (PyTorch: torch.cuda.is_available() is False); TensorRT "
+                                  f"engines are built and run on an NVIDIA GPU: {INSTALL_HINT}")
+    major, minor = torch.cuda.get_device_capability(0)
+    return torch.cuda.get_device_name(0), f"{major}.{minor}"
+
+
+def current_platform() -> Platform:
+    trt = import_tensorrt()
+    return Platform(trt.__version__, *gpu_facts())
+
+
+def check_precision_supported(precision: str, compute_capability: str, gpu: str) -> None:
+    """A requested precision the GPU has no kernels for is an error, never a silent fp32 engine."""
+    need = MIN_COMPUTE_CAPABILITY[precision]
+    have = tuple(int(x) for x in compute_capability.split("."))
+    if have < need:
+        raise TensorRTUnavailable(f"{gpu} (compute capability {compute_capability}) has no fast {precision} kernels "
+                                  f"(needs {need[0]}.{need[1]} or newer); build another precision")
+
+
+def engine_mismatch(recorded: dict[str, str], here: Platform) -> str | None:
+    """Why engines built on `recorded` cannot run `here`, or None. A different GPU model of the same
+    architecture runs them (possibly slower); that is not a mismatch."""
+    if recorded.get("tensorrt") != here.tensorrt:
+        return (f"built with TensorRT {recorded.get('tensorrt')}, this machine has TensorRT {here.tensorrt} "
+                "(plans only load in the exact version that built them)")
+    if recorded.get("compute_capability") != here.compute_capability:
+        return (f"built for compute capability {recorded.get('compute_capability')} ({recorded.get('gpu')}), this "
+                f"GPU is {here.compute_capability} ({here.gpu})")
+    return None
