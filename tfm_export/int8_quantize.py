@@ -3,9 +3,10 @@
 Static graphs are what TensorRT's explicit quantization and ONNX Runtime's int8 kernels both take:
 symmetric int8, zero point 0, per-output-channel weights, and only MatMul/Gemm quantized, so
 LayerNormalization, Softmax, the residual Adds and the logits tensor stay in float. Embedding
-tables are stored int8 too (per vocabulary row, the same scales the tied output projection uses) and
-dequantized after the Gather, so only the gathered rows are ever converted: the tables are ~40% of
-a base model's bytes, and an int8 artifact that kept them float would be under 2x smaller.
+tables are stored int8 too (per vocabulary row, the same scales the tied output projection uses): the
+tables are ~40% of a base model's bytes, and an int8 artifact that kept them float would be under 2x
+smaller. Dynamic graphs (ONNX Runtime only) gather int8 rows and dequantize just those; static graphs
+gather from DequantizeLinear(table), since TensorRT lets only Q/DQ touch int8 tensors.
 """
 
 from __future__ import annotations
@@ -97,7 +98,7 @@ def quantize_static_graph(proto: onnx.ModelProto, feeds: Iterable[dict[str, np.n
                                        "OpTypesToExcludeOutputQuantization": list(QUANTIZED_OPS),
                                        # Q/DQ only on the path into each MatMul; other readers keep the float
                                        "DedicatedQDQPair": True})
-    return quantize_embeddings(_float_inputs_for_float_ops(_roundtrip(proto, run)))
+    return quantize_embeddings(_float_inputs_for_float_ops(_roundtrip(proto, run)), gather_int8=False)
 
 
 def _float_inputs_for_float_ops(proto: onnx.ModelProto) -> onnx.ModelProto:
@@ -138,6 +139,8 @@ def float_ops(proto: onnx.ModelProto) -> dict[str, int]:
             counts[f"{node.op_type} ({kind})"] += 1
         elif node.op_type == "Gather" and node.name.endswith("_int8"):
             counts["Gather (int8 table, float rows)"] += 1
+        elif node.op_type == "Gather" and dequantized[0]:
+            counts["Gather (dequantized int8 table)"] += 1
     return dict(sorted(counts.items()))
 
 
@@ -156,19 +159,22 @@ def fold_weight_transposes(proto: onnx.ModelProto) -> onnx.ModelProto:
     return proto
 
 
-def quantize_embeddings(proto: onnx.ModelProto) -> onnx.ModelProto:
+def quantize_embeddings(proto: onnx.ModelProto, gather_int8: bool = True) -> onnx.ModelProto:
     """Store each large float Gather table as int8 with one scale per gathered row; see the module doc.
-    A table the quantizer already made int8 (a tied projection's weight) is reused, not stored twice."""
+    A table the quantizer already made int8 (a tied projection's weight) is reused, not stored twice.
+    gather_int8: gather the int8 rows and dequantize only those (ONNX Runtime's CPU kernels); else the
+    Gather reads DequantizeLinear(table), because TensorRT's int8 is a quantized type only Q/DQ touch."""
     graph = proto.graph
     inits = {i.name: i for i in graph.initializer}
     producers = {out: node for node in graph.node for out in node.output}
     for node in [n for n in graph.node if n.op_type == "Gather"]:
         table, axis, dq = node.input[0], _gather_axis(node), producers.get(node.input[0])
         if dq is not None and dq.op_type == "DequantizeLinear":
-            names = _dequantized_rows(dq, inits, axis)
+            names = _dequantized_rows(dq, inits, axis) if gather_int8 else None
         elif table in inits and inits[table].data_type == onnx.TensorProto.FLOAT and len(inits[table].dims) == 2 \
                 and np.prod(inits[table].dims) >= EMBEDDING_MIN_ELEMENTS:
-            names = _quantize_table(graph, inits.pop(table), axis)
+            names = _quantize_table(graph, inits.pop(table), axis, dequantize_for_gathers=not gather_int8)
+            names = names if gather_int8 else None
         else:
             continue
         if names:
@@ -187,12 +193,15 @@ def _dequantized_rows(dq: onnx.NodeProto, inits: dict[str, onnx.TensorProto], ax
     return table.name, scale.name
 
 
-def _quantize_table(graph: onnx.GraphProto, init: onnx.TensorProto, axis: int) -> tuple[str, str]:
+def _quantize_table(graph: onnx.GraphProto, init: onnx.TensorProto, axis: int,
+                    dequantize_for_gathers: bool = False) -> tuple[str, str]:
     """int8 storage for a float table: ONNX Runtime's copy if it made one, else our own; users other
-    than Gathers (a tied projection left in float) read it through a DequantizeLinear."""
+    than Gathers (a tied projection left in float), and Gathers too if asked, read it through a
+    DequantizeLinear."""
     names = _existing_quantization(graph, init.name, init.dims[axis]) or _quantize_rows(graph, init, axis)
     graph.initializer.remove(init)
-    if any(init.name in n.input and not (n.op_type == "Gather" and n.input[0] == init.name) for n in graph.node):
+    if any(init.name in n.input and (dequantize_for_gathers or not (n.op_type == "Gather" and
+                                                                    n.input[0] == init.name)) for n in graph.node):
         graph.node.insert(0, helper.make_node("DequantizeLinear", list(names), [init.name], axis=axis,
                                               name=f"{init.name}_dequantize"))
     return names

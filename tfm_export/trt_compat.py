@@ -26,6 +26,10 @@ LOGIC_OPS = {"Not", "And", "Or", "Xor"}
 REDUCE_OPS = {"ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2",
               "ReduceLogSum", "ReduceLogSumExp", "ReduceSumSquare"}
 INTEGER_TYPES = {onnx.TensorProto.INT32, onnx.TensorProto.INT64, onnx.TensorProto.INT8, onnx.TensorProto.UINT8}
+FLOAT_TYPES = {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16}
+FLOAT_ONLY_OPS = {"MatMul", "Gemm", "Softmax", "LayerNormalization"}
+# int8 is a quantized type in TensorRT: made by QuantizeLinear or stored as weights, read only by DequantizeLinear.
+QUANTIZED_TYPES = {onnx.TensorProto.INT8}
 
 
 @dataclass(frozen=True)
@@ -133,6 +137,13 @@ def _release_problems(g: _Graph, release: ParserRelease) -> Iterator[tuple[str, 
 
 def _node_restrictions(g: _Graph, node: onnx.NodeProto, release: ParserRelease) -> Iterator[str]:
     op = node.op_type
+    data = node.input[:2] if op == "QuantizeLinear" else node.input  # its zero point is int8 by design
+    if op != "DequantizeLinear" and any(g.types.get(i) in QUANTIZED_TYPES for i in data):
+        yield f"{op} reads an int8 tensor; TensorRT's int8 is a quantized type that only DequantizeLinear reads"
+    if op == "Cast" and any(a.name == "to" and a.i in QUANTIZED_TYPES for a in node.attribute):
+        yield "Cast to int8; TensorRT makes int8 tensors only with QuantizeLinear"
+    if op in FLOAT_ONLY_OPS and any(i and g.types.get(i) not in FLOAT_TYPES for i in node.input):
+        yield f"{op} on non-float inputs; the parser's {op} takes float32/float16/bfloat16 only"
     if op in ("QuantizeLinear", "DequantizeLinear"):
         zero = g.initializers.get(node.input[2]) if len(node.input) > 2 and node.input[2] else None
         if op == "QuantizeLinear" and zero is None:
