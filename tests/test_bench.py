@@ -131,3 +131,17 @@ def test_tiny_bench_run_writes_table_json_and_plot(tmp_path):
 def test_unknown_backend_is_a_usage_error():
     result = CliRunner().invoke(run_main, ["bench", "--model", str(DEMO_CKPT), "--backends", "ort-fp32,magic"])
     assert result.exit_code == 2 and "unknown backend 'magic'" in result.output
+
+
+def test_a_backend_that_decodes_differently_is_not_timed(tmp_path):
+    """torch-cache must first reproduce the reference's greedy output; against a wrong reference it is refused."""
+    from tfm_export.bench_runners import Artifacts
+    from tfm_export.benchmark import BenchSettings, measure
+    ckpt = random_checkpoint(tiny_config(), tmp_path / "tiny")
+    sources = [list(row[row != 1]) for row in random_sources(13, 4, 8, seed=1)]
+    settings = BenchSettings(backends=("torch-cache",), batch_sizes=(2,), beam_sizes=(1,), repeats=2, min_time=0)
+    ran = measure("torch-cache", Artifacts(ckpt, {}, None), sources, 6, 32, settings)
+    assert ran.skipped is None and ran.rows
+    wrong = [tuple((t + 1) % 13 for t in out) or (5,) for out in ran.outputs]
+    refused = measure("torch-cache", Artifacts(ckpt, {}, None), sources, 6, 32, settings, reference=wrong)
+    assert refused.skipped.startswith("not timed: its greedy output equals ort-fp32's on only 0%") and not refused.rows

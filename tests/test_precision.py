@@ -325,3 +325,13 @@ def test_base_config_int8_is_at_least_3_5x_smaller(base_variants):
         for graph in Graph:
             ratio = (fp32 / graph.filename).stat().st_size / (base_variants[mode] / graph.filename).stat().st_size
             assert ratio >= 3.5, (mode, graph, ratio)
+
+
+def test_static_graphs_run_with_folded_qdq_on_cpu(variants):
+    """ONNX Runtime's x86 kernels would dequantize every weight per call; folded, the same Q/DQ model runs."""
+    from tfm_export.ort_backend import OrtBackend
+    entry = "session.disable_quant_qdq"
+    static, dynamic = OrtBackend.open(variants["int8-static"]), OrtBackend.open(variants["int8-dynamic"])
+    assert static.decoder.get_session_options().get_session_config_entry(entry) == "1"
+    with pytest.raises(RuntimeError, match="does not have configuration with key"):  # never set
+        dynamic.decoder.get_session_options().get_session_config_entry(entry)

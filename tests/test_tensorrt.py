@@ -25,13 +25,13 @@ from tfm_export.graph_check import check_onnxruntime
 from tfm_export.graph_spec import Graph, graph_specs
 from tfm_export.model_dir import read_manifest, write_manifest
 from tfm_export.translator import DecodeOptions, Translator
-from tfm_export.trt_build import plan_build
+from tfm_export.trt_build import layer_precisions, plan_build
 from tfm_export.trt_compat import check_graph, check_model_dir
 from tfm_export.trt_profiles import ShapeLimits, profile_shapes
 from tfm_export.trt_support import (
     Platform,
     TensorRTUnavailable,
-    check_precision_supported,
+    check_gpu_supported,
     current_platform,
     engine_mismatch,
 )
@@ -214,9 +214,19 @@ def test_engines_from_another_platform_are_refused_with_a_rebuild_hint():
         built, Platform("11.4.0", "Orin", "8.7"))
     assert "compute capability 8.7 (Orin), this GPU is 9.0" in engine_mismatch(built, Platform("10.3.0.30", "H100",
                                                                                               "9.0"))
-    check_precision_supported("int8", "8.7", "Orin")
-    with pytest.raises(TensorRTUnavailable, match="no fast int8 kernels"):
-        check_precision_supported("int8", "6.0", "Tesla P100")
+    check_gpu_supported(Platform("10.3.0.30", "Orin", "8.7"))
+    with pytest.raises(TensorRTUnavailable, match="older than TensorRT 10.3.0.30 supports"):
+        check_gpu_supported(Platform("10.3.0.30", "Tesla P100", "6.0"))
+
+
+def test_weak_typing_precision_is_read_from_the_inspector_json():
+    """The layer-information JSON as TensorRT 10 ("Format/Datatype") and 11 ("Datatype") write it."""
+    trt10 = {"Layers": [{"Name": "a", "Outputs": [{"Name": "x", "Format/Datatype": "Row major linear FP32"}]},
+                        {"Name": "b", "Outputs": [{"Name": "y", "Format/Datatype": "Row major linear FP16 format"}]}]}
+    trt11 = {"Layers": [{"Name": "q", "Outputs": [{"Name": "z", "Datatype": "Int8", "Format": "Row major linear"}]},
+                        "a layer name only (ProfilingVerbosity.LAYER_NAMES_ONLY)"]}
+    assert layer_precisions(trt10) == {"fp16"} and layer_precisions(trt11) == {"int8"}
+    assert layer_precisions({"Layers": [{"Outputs": [{"Format/Datatype": "Row major linear FP32"}]}]}) == set()
 
 
 # --- without TensorRT: one line, nothing written ---------------------------------------------------------------

@@ -12,6 +12,7 @@ from conftest import DEMO_CKPT, listing, unwritable_dir
 
 from tfm_export import DecodeOptions, Translator, demo_numbers
 from tfm_export.cli.run_cli import main as run_main
+from tfm_export.errors import TfmExportError
 from tfm_export.ort_backend import OrtBackend
 
 TEXTS = [en for en, _ in demo_numbers.held_out_pairs()[:210]] + ["forty-two", "", "eighty", "seven thousand and one"]
@@ -142,7 +143,6 @@ def _broken_dirs(demo_onnx, tmp_path):
     (["--model", str(DEMO_CKPT), "--device", "cuda", "x"], "--device cuda: PyTorch sees no CUDA GPU"),
     (["--model", "{demo}", "--backend", "torch", "x"], "is a model directory; the torch backend takes a checkpoint"),
     (["--model", str(DEMO_CKPT), "--backend", "onnxruntime", "x"], "is a checkpoint; the onnxruntime backend"),
-    (["--model", "{demo}", "--backend", "tensorrt", "x"], "the tensorrt backend needs engines"),
     (["--model", "{demo}", "--max-length", "500", "x"], "--max-length 500 is outside 1..200"),
     (["--model", "{demo}", " ".join(["one"] * 250)], "line 1: 252 tokens with <s> and </s>, but the model takes at"),
 ])
@@ -310,3 +310,18 @@ def test_top_candidates_equal_a_stable_descending_sort(vocab, ties):
     cand[0, : 4 * vocab // 2] = -np.inf  # half the row barred, as with dead beams
     want = np.argsort(-cand, axis=1, kind="stable")[:, :8]
     np.testing.assert_array_equal(_top_candidates(cand, 8), want)
+
+
+def test_engine_limits_bound_rows_and_lengths(demo_onnx, ort_translator):
+    """What engines were built for (rows, target length) bounds every call, with the same results."""
+    translator, backend = recording_translator(demo_onnx)
+    limited = Translator(backend, translator.vocab, translator.config,
+                         {"max_batch": 8, "max_source_length": 200, "max_target_length": 12})
+    texts = TEXTS[:20]
+    results = limited.translate(texts, DecodeOptions(beam_size=4, batch_size=32))
+    assert max(rows for rows, _, _ in backend.calls) <= 8  # 2 sentences x 4 beams per batch
+    assert texts_of(results) == texts_of(ort_translator.translate(texts, DecodeOptions(beam_size=4, max_length=12)))
+    with pytest.raises(TfmExportError, match="outside 1..12 .the engines' --max-target-length"):
+        limited.translate(texts, DecodeOptions(max_length=20))
+    with pytest.raises(TfmExportError, match="--beam-size 9 exceeds the engines' --max-batch 8"):
+        limited.translate(texts, DecodeOptions(beam_size=9))

@@ -12,6 +12,7 @@ from pathlib import Path
 from .bench_runners import Artifacts
 from .checkpoint import load_checkpoint
 from .ctranslate2_convert import convert_to_ctranslate2
+from .errors import TfmExportError
 from .export_pipeline import export_model_dir
 from .model_dir import read_manifest
 from .quantize_pipeline import Calibration, quantize_model_dir
@@ -77,8 +78,11 @@ def build_variants(built: Built, work: Path, calibration: Calibration, want_fp16
         from .trt_profiles import ShapeLimits
         say("build TensorRT fp16 engines")
         limits = ShapeLimits(max_batch=max_rows, max_source_length=positions, max_target_length=positions)
-        engines = _timed(built, "tensorrt fp16", lambda: build_engines(
-            fp32, work / "tensorrt-fp16", "fp16", limits, force=True, progress=False) and work / "tensorrt-fp16")
+        try:
+            engines = _timed(built, "tensorrt fp16", lambda: build_engines(
+                fp32, work / "tensorrt-fp16", "fp16", limits, force=True, progress=False) and work / "tensorrt-fp16")
+        except TfmExportError as exc:  # the other backends are still worth timing
+            say(f"TensorRT engines not built: {exc}")
     ct2 = None
     if built.artifacts.checkpoint and importlib.util.find_spec("ctranslate2"):
         say("convert CTranslate2")

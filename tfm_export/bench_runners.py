@@ -18,7 +18,7 @@ BACKENDS = {
     "torch-full": "PyTorch eager, full recompute every step (how the seed code decodes)",
     "torch-cache": "PyTorch eager with a KV cache",
     "ort-fp32": "ONNX Runtime fp32",
-    "ort-int8-static": "ONNX Runtime int8 Q/DQ (static, calibrated)",
+    "ort-int8-static": "ONNX Runtime, int8 Q/DQ graph (static, calibrated; on CPU its Q/DQ run as float ops)",
     "ort-int8-dynamic": "ONNX Runtime int8 dynamic",
     "ort-fp16": "ONNX Runtime fp16 on CUDA",
     "tensorrt": "TensorRT fp16 engines (built from the fp32 graphs' fp16 version)",
@@ -46,7 +46,7 @@ class Artifacts:
 def unavailable(name: str, artifacts: Artifacts) -> str | None:
     """Why a backend cannot run here, or None."""
     if name == "tensorrt" and artifacts.tensorrt is None:
-        return tensorrt_missing() or "the engines could not be built"
+        return tensorrt_missing() or "the engines could not be built (see the [bench] log)"
     if name == "ort-fp16":
         import onnxruntime as ort
         if "CUDAExecutionProvider" not in ort.get_available_providers():

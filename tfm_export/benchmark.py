@@ -25,6 +25,8 @@ import numpy as np
 from .bench_runners import BACKENDS, Artifacts, agreement, open_decoder, unavailable
 
 REFERENCE = "ort-fp32"
+SAME_MODEL = ("torch-full", "torch-cache", "ct2-fp32")  # must decode as the reference does before being timed
+SAME_MODEL_MIN = 0.95  # share of identical greedy outputs; fp32 reorderings may flip a rare near-tie
 
 
 @dataclass(frozen=True)
@@ -95,8 +97,9 @@ def _time_batches(decode, batches, beam: int, length: int, forced: bool, setting
 
 
 def measure(name: str, artifacts: Artifacts, sources: list[list[int]], length: int, positions: int,
-            settings: BenchSettings) -> BackendResult:
-    """One backend, start to end; runs in its own process."""
+            settings: BenchSettings, reference: list[tuple[int, ...]] | None = None) -> BackendResult:
+    """One backend, start to end; runs in its own process. A backend that should run the reference's
+    model (same weights, fp32) is timed only after its unforced greedy outputs are checked against it."""
     result = BackendResult(name, skipped=unavailable(name, artifacts))
     if result.skipped:
         return result
@@ -104,6 +107,10 @@ def measure(name: str, artifacts: Artifacts, sources: list[list[int]], length: i
     decode = open_decoder(name, artifacts, settings.threads)
     result.load_s = time.perf_counter() - start
     result.outputs = [o for batch in _batches(sources, 8) for o in decode(batch, 1, length, False)]
+    if reference is not None and name in SAME_MODEL and agreement(result.outputs, reference) < SAME_MODEL_MIN:
+        result.skipped = (f"not timed: its greedy output equals {REFERENCE}'s on only "
+                          f"{agreement(result.outputs, reference):.0%} of the inputs, so it is not the same model")
+        return result
     forced = settings.output_length > 0
     for beam in settings.beam_sizes:
         for size in settings.batch_sizes:
@@ -130,15 +137,17 @@ def peak_rss_mb() -> float:
 def run_backends(artifacts: Artifacts, sources: list[list[int]], length: int, positions: int,
                  settings: BenchSettings, progress=None) -> list[BackendResult]:
     context = multiprocessing.get_context("spawn")
-    results = []
-    for name in settings.backends:
+    done: dict[str, BackendResult] = {}
+    for name in sorted(settings.backends, key=lambda n: n != REFERENCE):  # the reference first
         if progress:
             progress(name)
+        reference = done[REFERENCE].outputs if REFERENCE in done and not done[REFERENCE].skipped else None
         with context.Pool(1) as pool:
-            results.append(pool.apply(measure, (name, artifacts, sources, length, positions, settings)))
-    reference = next((r for r in results if r.name == REFERENCE and not r.skipped), None)
+            done[name] = pool.apply(measure, (name, artifacts, sources, length, positions, settings, reference))
+    results = [done[name] for name in settings.backends]
+    reference = done.get(REFERENCE)
     for r in results:
-        if reference and not r.skipped:
+        if reference and not reference.skipped and r.outputs:
             r.agreement = agreement(r.outputs, reference.outputs)
     return results
 

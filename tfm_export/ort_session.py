@@ -26,6 +26,7 @@ class SessionOptions:
     memory_arena: bool = True
     device: str = "cpu"  # "cuda": CUDA execution provider, CPU for what it does not cover
     tensorrt_ep: bool = False  # with device "cuda": ONNX Runtime's TensorRT execution provider first
+    fold_qdq: bool = False  # run Q/DQ as plain float ops, weight DequantizeLinear constant-folded (see OrtBackend)
 
 
 DEFAULT_OPTIONS = SessionOptions()
@@ -58,6 +59,8 @@ def open_session(path: Path, options: SessionOptions = DEFAULT_OPTIONS) -> ort.I
     so.graph_optimization_level = OPT_LEVELS[options.optimization]
     so.enable_cpu_mem_arena = options.memory_arena
     so.log_severity_level = 3
+    if options.fold_qdq:
+        so.add_session_config_entry("session.disable_quant_qdq", "1")
     try:
         providers = ["CPUExecutionProvider"]
         if options.device == "cuda":

@@ -64,8 +64,15 @@ def source_ids(tok: TextTokenizer, text: str, n_position: int, line: int, trunca
 class Translator:
     """Translate sentences with any StepBackend."""
 
-    def __init__(self, backend: StepBackend, vocab: Vocabulary, config: ModelConfig) -> None:
+    def __init__(self, backend: StepBackend, vocab: Vocabulary, config: ModelConfig,
+                 limits: dict[str, int] | None = None) -> None:
+        """limits: what engines were built for (max_batch rows, max_source_length, max_target_length);
+        without them the model's positions bound both lengths and rows are unbounded."""
         self.backend, self.vocab, self.config = backend, vocab, config
+        limits = limits or {}
+        self.max_rows = limits.get("max_batch")
+        self.max_source = min(config.n_position, limits.get("max_source_length", config.n_position))
+        self.max_target = min(config.n_position, limits.get("max_target_length", config.n_position))
 
     @classmethod
     def load(cls, model: str | Path, vocab: Sequence[Path] = (), backend: str | None = None, device: str | None = None,
@@ -116,7 +123,7 @@ class Translator:
             raise TfmExportError(f"{model}: is not a TensorRT engine directory; build one with `tfm-export trt "
                                  f"--model {model} --output ENGINES`")
         backend = TrtBackend(model)
-        return cls(backend, _directory_vocab(model, backend.manifest, vocab), backend.config)
+        return cls(backend, _directory_vocab(model, backend.manifest, vocab), backend.config, backend.limits)
 
     @classmethod
     def _load_onnxruntime(cls, model: Path, vocab: Sequence[Path], device: str,
@@ -135,15 +142,14 @@ class Translator:
     def translate(self, texts: Sequence[str], options: DecodeOptions = DecodeOptions(),
                   progress: Callable[[int], None] | None = None) -> list[Translation]:
         """Translations in input order; empty lines give empty translations without touching the model."""
-        self._check(options)
-        n_position = self.config.n_position
-        sources = {i: source_ids(self.vocab.source, t, n_position, i + 1, options.truncate)
+        batch_size = self._check(options)
+        sources = {i: source_ids(self.vocab.source, t, self.max_source, i + 1, options.truncate)
                    for i, t in enumerate(texts) if t.strip()}
         results = {i: Translation("", (), (), 0.0, 0.0) for i in range(len(texts)) if i not in sources}
         if progress and results:
             progress(len(results))
         keys = list(sources)
-        for bucket in length_buckets([len(sources[k]) for k in keys], options.batch_size):
+        for bucket in length_buckets([len(sources[k]) for k in keys], batch_size):
             batch = [keys[i] for i in bucket]
             start = time.perf_counter()
             nbests = self._decode(pad_batch([sources[k] for k in batch]), options)
@@ -154,15 +160,24 @@ class Translator:
                 progress(len(batch))
         return [results[i] for i in range(len(texts))]
 
-    def _check(self, options: DecodeOptions) -> None:
-        limit = self.config.n_position
+    def _check(self, options: DecodeOptions) -> int:
+        """Options that cannot work, before any line is decoded; returns the sentences per batch (engines
+        take at most max_rows rows, sentences x beams)."""
+        limit = self.max_target
         if options.max_length is not None and not 1 <= options.max_length <= limit:
-            raise InputTextError(f"--max-length {options.max_length} is outside 1..{limit} (the model's positions)")
+            what = "the engines' --max-target-length" if limit < self.config.n_position else "the model's positions"
+            raise InputTextError(f"--max-length {options.max_length} is outside 1..{limit} ({what})")
         if not 1 <= options.n_best <= options.beam_size:
             raise InputTextError(f"--n-best {options.n_best} needs --beam-size >= {options.n_best}")
+        if self.max_rows is None:
+            return options.batch_size
+        if options.beam_size > self.max_rows:
+            raise InputTextError(f"--beam-size {options.beam_size} exceeds the engines' --max-batch {self.max_rows} "
+                                 "rows; lower it or rebuild the engines with a larger --max-batch")
+        return min(options.batch_size, self.max_rows // options.beam_size)
 
     def _decode(self, src: np.ndarray, options: DecodeOptions) -> list[list[Hypothesis]]:
-        max_length = options.max_length or self.config.n_position
+        max_length = options.max_length or self.max_target
         if options.beam_size == 1:
             return [[hyp] for hyp in decoding.greedy(self.backend, src, max_length)]
         return decoding.beam_search(self.backend, src, options.beam_size, max_length, options.length_penalty,

@@ -1,8 +1,8 @@
 """The TensorRT backend: the engines of `tfm-export trt` behind the same encode/step/reorder interface.
 
 Every tensor is a torch CUDA tensor whose address goes to `set_tensor_address`, and the engines run
-with `execute_async_v3` on PyTorch's current stream, so TensorRT and the cache gathers stay ordered
-without host synchronisation; only the logits come back to the host for the search. The decoder
+with `execute_async_v3` on the backend's own CUDA stream (current while it works), so TensorRT and the
+cache gathers stay ordered without host synchronisation; only the logits come back to the host. The decoder
 cache lives in two flat device buffers per tensor (ping-pong): a step reads the past from one and
 writes the present into the other, and a beam reorder gathers back the other way, so the cache is
 never allocated per step and never leaves the GPU.
@@ -10,6 +10,8 @@ never allocated per step and never leaves the GPU.
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,6 +25,16 @@ from .graph_spec import Graph, cache_name
 from .ort_backend import CacheState
 from .tokenizer import PAD_ID
 from .trt_support import current_platform, engine_mismatch, import_tensorrt
+
+
+def _on_stream(method: Callable) -> Callable:
+    """Run a backend method with the backend's own CUDA stream current, so TensorRT, the cache gathers and
+    the copies are ordered on it; the logits' copy to the host is the only synchronisation."""
+    @functools.wraps(method)
+    def run(self, *args, **kwargs):
+        with self.torch.cuda.stream(self.stream):
+            return method(self, *args, **kwargs)
+    return run
 
 
 @dataclass
@@ -62,6 +74,8 @@ class TrtBackend:
         self.self_inputs = [cache_name("past_key_values", i, "decoder", r) for i in layers for r in roles]
         self.cross_inputs = [cache_name("past_key_values", i, "encoder", r) for i in layers for r in roles]
         self.device = torch.device("cuda")
+        self.stream = torch.cuda.Stream()  # TensorRT on the legacy default stream synchronises every enqueue
+        self._check_cache_dtypes()
         self._cache: list[_PingPong] = []
         self._side = 0
         self.step_calls = 0
@@ -76,13 +90,19 @@ class TrtBackend:
 
     def _execute(self, graph: Graph, inputs: dict[str, Any], outputs: dict[str, Any]) -> None:
         context = self.contexts[graph]
-        for name, tensor in inputs.items():
-            context.set_input_shape(name, tuple(tensor.shape))
-            context.set_tensor_address(name, tensor.data_ptr())
-        for name, tensor in outputs.items():
-            context.set_tensor_address(name, tensor.data_ptr())
-        if not context.execute_async_v3(self.torch.cuda.current_stream().cuda_stream):
+        ok = all([context.set_input_shape(name, tuple(t.shape)) for name, t in inputs.items()])
+        ok &= all([context.set_tensor_address(name, _address(t)) for name, t in {**inputs, **outputs}.items()])
+        if not ok or not context.execute_async_v3(self.stream.cuda_stream):
             raise TfmExportError(f"TensorRT failed to run {graph.value} (shapes outside the engine's profile?)")
+
+    def _check_cache_dtypes(self) -> None:
+        """Every cache tensor, both graphs, one dtype: the ping-pong buffers are typed once."""
+        step, enc = self.dtypes[Graph.DECODER_STEP], self.dtypes[Graph.ENCODER]
+        found = {*(step[n] for n in (*self.self_inputs, *self.self_outputs, *self.cross_inputs)),
+                 *(enc[n] for n in self.cross_outputs)}
+        if len(found) != 1:
+            raise TfmExportError(f"engine cache tensors mix dtypes {sorted(map(str, found))}; rebuild the engines "
+                                 "from one tfm-export model directory")
 
     def _ids(self, graph: Graph, name: str, ids: np.ndarray):
         """int64 ids as the engine takes them (int64 on TensorRT 10+, int32 where the parser narrowed them)."""
@@ -102,6 +122,7 @@ class TrtBackend:
     def _past(self, side: int, rows: int, length: int) -> tuple[Any, ...]:
         return tuple(p.view(side, rows, self.config.n_head, length) for p in self._cache)
 
+    @_on_stream
     def encode(self, src: np.ndarray) -> CacheState:
         cfg, (n, s) = self.config, src.shape
         if s > self.limits["max_source_length"]:
@@ -127,6 +148,7 @@ class TrtBackend:
                                  f"{self.limits['max_batch']}; lower --batch-size or --beam-size, or rebuild with a "
                                  "larger --max-batch")
 
+    @_on_stream
     def step(self, state: CacheState, tokens: np.ndarray) -> tuple[CacheState, np.ndarray]:
         n, past = len(tokens), state.past_length
         if past + 1 > self.limits["max_target_length"]:
@@ -143,6 +165,7 @@ class TrtBackend:
         self.step_calls += 1
         return CacheState(state.mask, state.cross, present), logits[:, -1].float().cpu().numpy()
 
+    @_on_stream
     def reorder(self, state: CacheState, rows: np.ndarray, same_sources: bool = False) -> CacheState:
         self._check_rows(len(rows))
         index = self.torch.from_numpy(np.asarray(rows, dtype=np.int64)).to(self.device)
@@ -159,6 +182,12 @@ class TrtBackend:
             return CacheState(state.mask, state.cross, past)
         pick = lambda ts: tuple(t.index_select(0, index) for t in ts)  # noqa: E731
         return CacheState(state.mask.index_select(0, index), pick(state.cross), past)
+
+
+def _address(tensor) -> int:
+    """A device address for TensorRT. An empty tensor (the past at the first step) has data_ptr() 0, which
+    TensorRT refuses even for zero bytes; its buffer's own address is non-null and distinct per buffer."""
+    return tensor.data_ptr() if tensor.numel() else tensor.untyped_storage().data_ptr()
 
 
 def _names(engine) -> list[str]:

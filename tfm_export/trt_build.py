@@ -10,6 +10,8 @@ so the build composes as NetworkFromOnnxPath -> CreateConfig -> EngineBytesFromN
 
 from __future__ import annotations
 
+import json
+import logging
 import os
 import shutil
 import tempfile
@@ -28,11 +30,12 @@ from .graph_spec import Graph, graph_specs
 from .model_dir import graph_path, read_manifest, staged_directory, write_manifest
 from .quantize_pipeline import quantize_model_dir, tokenizer_file
 from .trt_profiles import ShapeLimits, profile_shapes
-from .trt_support import Platform, check_precision_supported, current_platform, import_tensorrt
+from .trt_support import Platform, check_gpu_supported, current_platform, import_tensorrt
 
+log = logging.getLogger(__name__)
 PRECISIONS = ("fp32", "fp16", "int8")
 # What TensorRT's engine inspector calls the precisions (layer output formats).
-INSPECTOR_NAMES = {"fp16": ("Half",), "int8": ("Int8",)}
+INSPECTOR_NAMES = {"fp16": ("half", "fp16"), "int8": ("int8",)}
 
 
 @dataclass(frozen=True)
@@ -89,7 +92,7 @@ def build_engines(model_dir: Path, output: Path, precision: str | None = None, l
     platform = current_platform()
     plan = plan_build(manifest["precision"], manifest.get("int8", {}).get("mode"), precision,
                       platform.tensorrt_major, weak_typing)
-    check_precision_supported(precision, platform.compute_capability, platform.gpu)
+    check_gpu_supported(platform)
     specs = graph_specs(config)
     keep = (model_dir, *([timing_cache] if timing_cache else []))
     with staged_directory(output, force, keep=keep) as staging, tempfile.TemporaryDirectory() as tmp, \
@@ -131,7 +134,7 @@ def build_plan(onnx_path: Path, shapes: dict[str, tuple[tuple[int, ...], ...]], 
     trt = import_tensorrt()
     from polygraphy.backend.trt import CreateConfig, EngineBytesFromNetwork, NetworkFromOnnxPath, Profile
     from polygraphy.logger import G_LOGGER
-    G_LOGGER.module_severity = G_LOGGER.ERROR
+    G_LOGGER.module_severity = G_LOGGER.INFO if log.isEnabledFor(logging.INFO) else G_LOGGER.ERROR
     profile = Profile()
     for name, (low, opt, high) in shapes.items():
         profile.add(name, low, opt, high)
@@ -139,26 +142,46 @@ def build_plan(onnx_path: Path, shapes: dict[str, tuple[tuple[int, ...], ...]], 
     config = CreateConfig(fp16="fp16" in plan.flags, int8="int8" in plan.flags, tf32=False, profiles=[profile],
                           load_timing_cache=str(timing_cache) if timing_cache.is_file() else None,
                           memory_pool_limits=pools,
-                          profiling_verbosity=None if plan.strongly_typed else trt.ProfilingVerbosity.DETAILED)
+                          profiling_verbosity=trt.ProfilingVerbosity.DETAILED)  # layer info for the inspector
     network = NetworkFromOnnxPath(str(onnx_path), strongly_typed=plan.strongly_typed)
     try:
         engine = EngineBytesFromNetwork(network, config, save_timing_cache=str(timing_cache))()
     except Exception as exc:  # Polygraphy raises PolygraphyException after logging TensorRT's errors
-        raise TfmExportError(f"{onnx_path}: TensorRT could not build an engine ({first_line(exc)}); run with -v "
-                             "for TensorRT's log") from None
+        raise TfmExportError(f"{onnx_path}: TensorRT could not build an engine ({first_line(exc)}); `tfm-export -v "
+                             "trt ...` shows TensorRT's log") from None
     if not plan.strongly_typed:
-        _check_precision_applied(trt, bytes(engine), plan.precision, onnx_path)
+        _check_precision_applied(trt, bytes(engine), plan.precision, onnx_path, shapes)
     return bytes(engine)
 
 
-def _check_precision_applied(trt, plan_bytes: bytes, precision: str, onnx_path: Path) -> None:
-    """Builder flags only allow a precision; an engine where TensorRT chose fp32 everywhere is refused."""
-    runtime = trt.Runtime(trt.Logger(trt.Logger.ERROR))
-    engine = runtime.deserialize_cuda_engine(plan_bytes)
-    info = engine.create_engine_inspector().get_engine_information(trt.LayerInformationFormat.JSON)
-    if not any(name in info for name in INSPECTOR_NAMES[precision]):
+def _check_precision_applied(trt, plan_bytes: bytes, precision: str, onnx_path: Path,
+                             shapes: dict[str, tuple[tuple[int, ...], ...]]) -> None:
+    """Builder flags only allow a precision; an engine where TensorRT chose fp32 everywhere is refused.
+    The inspector shows tensor formats only with an execution context whose input shapes are set."""
+    engine = trt.Runtime(trt.Logger(trt.Logger.ERROR)).deserialize_cuda_engine(plan_bytes)
+    if engine is None:
+        raise TfmExportError(f"{onnx_path}: TensorRT cannot load the engine it just built; rebuild without "
+                             "--weak-typing")
+    context = engine.create_execution_context()
+    for name, (_, opt, _) in shapes.items():
+        context.set_input_shape(name, opt)
+    inspector = engine.create_engine_inspector()
+    inspector.execution_context = context
+    info = json.loads(inspector.get_engine_information(trt.LayerInformationFormat.JSON))
+    if precision not in layer_precisions(info):
         raise TfmExportError(f"{onnx_path}: TensorRT built no layer in {precision} with builder flags (it would be a "
                              "silent fp32 engine); build from the typed graphs instead (drop --weak-typing)")
+
+
+def layer_precisions(info: dict[str, Any]) -> set[str]:
+    """Precisions of the layer outputs in TensorRT's engine-inspector JSON ("Format/Datatype" in 10.x,
+    "Datatype" in 11.x; fp16 is "Half" or "FP16", int8 "Int8")."""
+    found = set()
+    for layer in info.get("Layers", []):
+        for output in layer.get("Outputs", []) if isinstance(layer, dict) else []:
+            text = f"{output.get('Format/Datatype', '')} {output.get('Datatype', '')}".lower()
+            found |= {name for name, words in INSPECTOR_NAMES.items() if any(w in text for w in words)}
+    return found
 
 
 def _save_timing_cache(built: Path, target: Path) -> None:

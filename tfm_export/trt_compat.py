@@ -4,7 +4,7 @@ Reads the graphs only (no TensorRT, no GPU): operators against the ONNX parser's
 each release in trt_parser_ops, the opset, tensor types, the parser's documented restrictions that
 these graphs could trip (symmetric Q/DQ, constant axes, boolean logic ops, integer Pow), and the
 graph contract's own rules for engines: no If/Loop/Scan, every dynamic axis named as the spec names
-it, the decoder's past length a dynamic axis (its profile starts at 0 for the first step).
+it (so the decoder's past length gets a profile range starting at 0, the first step).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import onnx
 from onnx import numpy_helper
 
 from .config import ModelConfig
-from .graph_spec import PAST_LEN, Graph, GraphSpec, graph_specs
+from .graph_spec import Graph, GraphSpec, graph_specs
 from .model_dir import graph_path, read_manifest
 from .trt_parser_ops import RELEASES, TENSOR_TYPES, ParserRelease
 
@@ -30,6 +30,7 @@ FLOAT_TYPES = {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProt
 FLOAT_ONLY_OPS = {"MatMul", "Gemm", "Softmax", "LayerNormalization"}
 # int8 is a quantized type in TensorRT: made by QuantizeLinear or stored as weights, read only by DequantizeLinear.
 QUANTIZED_TYPES = {onnx.TensorProto.INT8}
+FLOAT, BOOL = onnx.TensorProto.FLOAT, onnx.TensorProto.BOOL  # what an input of unknown type is assumed to be
 
 
 @dataclass(frozen=True)
@@ -116,8 +117,6 @@ def _contract_problems(g: _Graph, spec: GraphSpec) -> Iterator[str]:
                 [d if isinstance(d, int) else d.replace(" ", "") for d in tensor.shape]:
             yield f"input {tensor.name!r} has axes {dims}, the contract says {list(tensor.shape)} (an unnamed or " \
                   "fixed axis cannot get an optimisation profile range)"
-    if spec.graph is Graph.DECODER_STEP and not any(PAST_LEN in t.shape for t in spec.inputs):
-        yield "no input carries the past length as a dynamic axis"
 
 
 def _release_problems(g: _Graph, release: ParserRelease) -> Iterator[tuple[str, str, str]]:
@@ -142,7 +141,7 @@ def _node_restrictions(g: _Graph, node: onnx.NodeProto, release: ParserRelease) 
         yield f"{op} reads an int8 tensor; TensorRT's int8 is a quantized type that only DequantizeLinear reads"
     if op == "Cast" and any(a.name == "to" and a.i in QUANTIZED_TYPES for a in node.attribute):
         yield "Cast to int8; TensorRT makes int8 tensors only with QuantizeLinear"
-    if op in FLOAT_ONLY_OPS and any(i and g.types.get(i) not in FLOAT_TYPES for i in node.input):
+    if op in FLOAT_ONLY_OPS and any(g.types.get(i, FLOAT) not in FLOAT_TYPES for i in node.input if i):
         yield f"{op} on non-float inputs; the parser's {op} takes float32/float16/bfloat16 only"
     if op in ("QuantizeLinear", "DequantizeLinear"):
         zero = g.initializers.get(node.input[2]) if len(node.input) > 2 and node.input[2] else None
@@ -152,7 +151,7 @@ def _node_restrictions(g: _Graph, node: onnx.NodeProto, release: ParserRelease) 
             yield f"{op}: zero point must be int8 zeros (TensorRT quantization is symmetric)"
     elif op == "Equal" and any(g.types.get(i) == onnx.TensorProto.BOOL for i in node.input):
         yield "Equal on booleans is not supported by the parser"
-    elif op in LOGIC_OPS and any(g.types.get(i) != onnx.TensorProto.BOOL for i in node.input):
+    elif op in LOGIC_OPS and any(g.types.get(i, BOOL) != BOOL for i in node.input):
         yield f"{op} on non-boolean inputs; the parser's {op} is boolean only"
     elif op == "Pow" and not release.integer_pow and any(g.types.get(i) in INTEGER_TYPES for i in node.input):
         yield "Pow on integers needs TensorRT 10.8 or later"

@@ -15,7 +15,7 @@ from .errors import TfmExportError
 
 INSTALL_HINT = ("on a machine with an NVIDIA GPU, `pip install tfm-export[gpu]` with NVIDIA's package index "
                 "added (TensorRT's installation guide names it), or JetPack 6 on Jetson")
-MIN_COMPUTE_CAPABILITY = {"fp32": (5, 0), "fp16": (5, 3), "int8": (6, 1)}  # TensorRT's fast fp16 / int8 kernels
+MIN_COMPUTE_CAPABILITY = (7, 5)  # TensorRT 10/11 build for Turing and newer (Jetson Orin is 8.7)
 SUPPORTED_MAJORS = (10, 11)
 
 
@@ -76,13 +76,14 @@ def current_platform() -> Platform:
     return Platform(trt.__version__, *gpu_facts())
 
 
-def check_precision_supported(precision: str, compute_capability: str, gpu: str) -> None:
-    """A requested precision the GPU has no kernels for is an error, never a silent fp32 engine."""
-    need = MIN_COMPUTE_CAPABILITY[precision]
-    have = tuple(int(x) for x in compute_capability.split("."))
-    if have < need:
-        raise TensorRTUnavailable(f"{gpu} (compute capability {compute_capability}) has no fast {precision} kernels "
-                                  f"(needs {need[0]}.{need[1]} or newer); build another precision")
+def check_gpu_supported(platform: Platform) -> None:
+    """Engines for a GPU TensorRT 10/11 has no kernels for would fail deep inside the build; say so first.
+    Every supported GPU has fast fp16 and int8, so a requested precision is never silently dropped here."""
+    have = tuple(int(x) for x in platform.compute_capability.split("."))
+    if have < MIN_COMPUTE_CAPABILITY:
+        need = ".".join(map(str, MIN_COMPUTE_CAPABILITY))
+        raise TensorRTUnavailable(f"{platform.gpu} (compute capability {platform.compute_capability}) is older than "
+                                  f"TensorRT {platform.tensorrt} supports (needs {need} or newer)")
 
 
 def engine_mismatch(recorded: dict[str, str], here: Platform) -> str | None:
