@@ -31,6 +31,7 @@ demo: setup
 	$(VENV)/bin/tfm-export quantize --model $(DEMO_ONNX) --precision int8 --calibration calibration/demo.en.txt \
 		--output build/demo-int8 --force
 	$(VENV)/bin/tfm-export verify --model build/demo-int8 --input models/demo/samples.en.txt
+	$(VENV)/bin/tfm-export check --model build/demo-int8
 
 test: setup
 	$(PY) -m pytest -q

@@ -86,7 +86,8 @@ def plot(path: Path, results: list[BackendResult], title: str) -> None:
     width = 0.8 / max(1, len(ran))
     for i, r in enumerate(ran):
         rates = {row.batch: row.summary["tokens_per_s"] for row in r.rows if row.beam == 1}
-        bars.bar([j + i * width for j in range(len(sizes))], [rates.get(b, 0) for b in sizes], width, label=r.name)
+        bars.bar([j + i * width for j in range(len(sizes))], [rates.get(b, 0) for b in sizes], width, label=r.name,
+                 color=_color(r.name))
     bars.set_xticks([j + 0.4 - width / 2 for j in range(len(sizes))], [f"batch {b}" for b in sizes])
     bars.set_ylabel("generated tokens/s (greedy)")
     bars.set_yscale("log")
@@ -94,7 +95,7 @@ def plot(path: Path, results: list[BackendResult], title: str) -> None:
     for r in ran:
         if r.sweep:
             lengths = sorted(r.sweep)
-            lines.plot(lengths, [r.sweep[n] for n in lengths], marker="o", label=r.name)
+            lines.plot(lengths, [r.sweep[n] for n in lengths], marker="o", label=r.name, color=_color(r.name))
     lines.set_xlabel("output length (tokens, forced)")
     lines.set_ylabel("latency per sentence, ms (batch 1, greedy)")
     lines.set_xscale("log", base=2)
@@ -104,6 +105,11 @@ def plot(path: Path, results: list[BackendResult], title: str) -> None:
     fig.tight_layout()
     _write(path, lambda p: fig.savefig(p, dpi=100))
     plt.close(fig)
+
+
+def _color(name: str) -> str:
+    """One colour per backend in both panels and every plot."""
+    return f"C{list(BACKENDS).index(name) % 10}"
 
 
 def write_text(path: Path, text: str) -> None:
