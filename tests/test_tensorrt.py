@@ -34,18 +34,10 @@ from tfm_export.trt_support import (
     check_gpu_supported,
     current_platform,
     engine_mismatch,
+    missing_reason,
 )
 
-
-def _tensorrt_missing() -> str | None:
-    try:
-        current_platform()
-    except TensorRTUnavailable as exc:
-        return str(exc).split(";")[0]
-    return None
-
-
-MISSING = _tensorrt_missing()
+MISSING = missing_reason()
 needs_tensorrt = pytest.mark.skipif(MISSING is not None, reason=f"needs TensorRT and an NVIDIA GPU: {MISSING}")
 without_tensorrt = pytest.mark.skipif(MISSING is None, reason="TensorRT is present: the real engine tests cover this")
 TRT_PRECISIONS = ("fp32", "fp16", "int8-static")

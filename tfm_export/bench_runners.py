@@ -46,7 +46,8 @@ class Artifacts:
 def unavailable(name: str, artifacts: Artifacts) -> str | None:
     """Why a backend cannot run here, or None."""
     if name == "tensorrt" and artifacts.tensorrt is None:
-        return tensorrt_missing() or "the engines could not be built (see the [bench] log)"
+        from .trt_support import missing_reason
+        return missing_reason() or "the engines could not be built (see the [bench] log)"
     if name == "ort-fp16":
         import onnxruntime as ort
         if "CUDAExecutionProvider" not in ort.get_available_providers():
@@ -81,16 +82,6 @@ def open_decoder(name: str, artifacts: Artifacts, threads: int) -> Decode:
     device = "cuda" if name == "ort-fp16" else "cpu"
     return _loop(OrtBackend.open(artifacts.onnx[ONNX_VARIANTS[name]], SessionOptions(intra_op_threads=threads,
                                                                                       device=device)))
-
-
-def tensorrt_missing() -> str | None:
-    """Why TensorRT engines cannot be built or run here, or None."""
-    from .trt_support import TensorRTUnavailable, current_platform
-    try:
-        current_platform()
-    except TensorRTUnavailable as exc:
-        return str(exc).split(";")[0]
-    return None
 
 
 def _loop(backend: decoding.StepBackend) -> Decode:

@@ -76,6 +76,15 @@ def current_platform() -> Platform:
     return Platform(trt.__version__, *gpu_facts())
 
 
+def missing_reason() -> str | None:
+    """Why TensorRT engines cannot be built or run here (the first clause of the error), or None."""
+    try:
+        current_platform()
+    except TensorRTUnavailable as exc:
+        return str(exc).split(";")[0]
+    return None
+
+
 def check_gpu_supported(platform: Platform) -> None:
     """Engines for a GPU TensorRT 10/11 has no kernels for would fail deep inside the build; say so first.
     Every supported GPU has fast fp16 and int8, so a requested precision is never silently dropped here."""

@@ -9,10 +9,11 @@ from pathlib import Path
 import click
 
 from ..bench_report import markdown, plot, summary, table, to_json, write_text
-from ..bench_runners import BACKENDS, tensorrt_missing
+from ..bench_runners import BACKENDS
 from ..benchmark import BenchSettings, machine_info, ratios, run_backends
 from ..errors import InputTextError, TfmExportError
 from ..tokenizer import BOS_ID, EOS_ID
+from ..trt_support import missing_reason
 from .common import read_text_lines
 
 
@@ -121,7 +122,7 @@ def bench(model_path: Path, backends: str, batch_sizes: str, beam_sizes: str, ou
         vocab = built.artifacts.source_tokens
         inputs = texts or [" ".join(vocab[i] for i in row[1:-1]) for row in sources]
         calib = calibration_for(inputs, calibration, calibration_texts, work / "calibration.txt", output_length or None)
-        want_trt = "tensorrt" in settings.backends and tensorrt_missing() is None
+        want_trt = "tensorrt" in settings.backends and missing_reason() is None
         build_variants(built, work, calib, want_fp16="ort-fp16" in settings.backends and _has_cuda(),
                        want_tensorrt=want_trt, max_rows=max(settings.batch_sizes) * max(settings.beam_sizes),
                        positions=positions, say=say)
