@@ -19,6 +19,7 @@ from tfm_export.cli.export_cli import main as export_main
 from tfm_export.graph_spec import Graph
 from tfm_export.int8_quantize import logits_nodes
 from tfm_export.precision_report import compare_decodes
+from tfm_export.quantize_pipeline import Calibration, quantize_model_dir
 from tfm_export.translator import DecodeOptions, Translator
 
 
@@ -335,3 +336,24 @@ def test_static_graphs_run_with_folded_qdq_on_cpu(variants):
     assert static.decoder.get_session_options().get_session_config_entry(entry) == "1"
     with pytest.raises(RuntimeError, match="does not have configuration with key"):  # never set
         dynamic.decoder.get_session_options().get_session_config_entry(entry)
+
+
+@pytest.mark.parametrize("mode", ["static", "dynamic"])
+def test_float_embeddings_keep_the_tables_float(demo_onnx, tmp_path, mode):
+    from tfm_export.trt_compat import check_model_dir
+    texts = CALIBRATION.read_text().splitlines()[:64]
+    calibration = Calibration(CALIBRATION, texts) if mode == "static" else None
+    manifest = quantize_model_dir(demo_onnx, tmp_path / mode, "int8", mode, calibration, progress=False,
+                                  float_embeddings=True)
+    assert manifest["int8"]["embeddings"] == "float (--float-embeddings)"
+    for graph in Graph:
+        proto = _graph(tmp_path / mode, graph)
+        inits = {i.name: i for i in proto.graph.initializer}
+        gathers = [n for n in proto.graph.node if n.op_type == "Gather" and n.input[0] in inits
+                   and len(inits[n.input[0]].dims) == 2 and inits[n.input[0]].dims[0] > 1]
+        assert gathers and all(inits[n.input[0]].data_type == onnx.TensorProto.FLOAT for n in gathers)
+    if mode == "static":
+        assert check_model_dir(tmp_path / mode).errors() == []
+    result = CliRunner().invoke(export_main, ["quantize", "--model", str(demo_onnx), "--precision", "fp16",
+                                              "--float-embeddings", "--output", str(tmp_path / "x")])
+    assert result.exit_code == 1 and "--float-embeddings is only for --precision int8" in result.output

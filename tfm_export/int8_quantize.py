@@ -81,9 +81,11 @@ def logits_nodes(proto: onnx.ModelProto) -> list[str]:
     return [node.name] if node is not None else []
 
 
-def quantize_static_graph(proto: onnx.ModelProto, feeds: Iterable[dict[str, np.ndarray]]) -> onnx.ModelProto:
+def quantize_static_graph(proto: onnx.ModelProto, feeds: Iterable[dict[str, np.ndarray]],
+                          int8_embeddings: bool = True) -> onnx.ModelProto:
     """Q/DQ graph with activation ranges from `feeds` (the graph's inputs recorded while decoding). The
-    logits projection reads the float hidden state (its weight is still stored int8, dequantized)."""
+    logits projection reads the float hidden state (its weight is stored int8 and dequantized, unless
+    int8_embeddings is off: then the tables it shares with the embeddings stay float)."""
     proto = fold_weight_transposes(proto)
     excluded = logits_nodes(proto)
 
@@ -98,7 +100,8 @@ def quantize_static_graph(proto: onnx.ModelProto, feeds: Iterable[dict[str, np.n
                                        "OpTypesToExcludeOutputQuantization": list(QUANTIZED_OPS),
                                        # Q/DQ only on the path into each MatMul; other readers keep the float
                                        "DedicatedQDQPair": True})
-    return quantize_embeddings(_float_inputs_for_float_ops(_roundtrip(proto, run)), gather_int8=False)
+    quantized = _float_inputs_for_float_ops(_roundtrip(proto, run))
+    return quantize_embeddings(quantized, gather_int8=False) if int8_embeddings else quantized
 
 
 def _float_inputs_for_float_ops(proto: onnx.ModelProto) -> onnx.ModelProto:
@@ -117,12 +120,13 @@ def _float_inputs_for_float_ops(proto: onnx.ModelProto) -> onnx.ModelProto:
     return proto
 
 
-def quantize_dynamic_graph(proto: onnx.ModelProto) -> onnx.ModelProto:
+def quantize_dynamic_graph(proto: onnx.ModelProto, int8_embeddings: bool = True) -> onnx.ModelProto:
     """Weights int8 per output channel; activations quantized per call by ONNX Runtime (CPU)."""
     def run(source: str, target: str) -> None:
         quantize_dynamic(source, target, op_types_to_quantize=["MatMul"], per_channel=True,
                          weight_type=QuantType.QInt8)
-    return quantize_embeddings(_roundtrip(fold_weight_transposes(proto), run))
+    quantized = _roundtrip(fold_weight_transposes(proto), run)
+    return quantize_embeddings(quantized) if int8_embeddings else quantized
 
 
 def float_ops(proto: onnx.ModelProto) -> dict[str, int]:

@@ -48,10 +48,12 @@ class Calibration:
 
 
 def check_request(manifest: dict[str, Any], directory: Path, precision: str, mode: str,
-                  calibration: Calibration | None, keep_io_types: bool = False) -> None:
+                  calibration: Calibration | None, keep_io_types: bool = False, float_embeddings: bool = False) -> None:
     """Every way the request can be wrong, before any slow work."""
     if precision not in PRECISIONS:
         raise TfmExportError(f"unknown precision {precision!r}; choose one of {', '.join(PRECISIONS)}")
+    if float_embeddings and precision != "int8":
+        raise TfmExportError("--float-embeddings is only for --precision int8 (fp16 graphs store every table fp16)")
     if keep_io_types and precision != "fp16":
         raise TfmExportError("--keep-io-types is only for --precision fp16 (int8 graphs keep fp32 inputs/outputs)")
     positions = manifest["limits"]["max_target_length"]
@@ -74,10 +76,11 @@ def check_request(manifest: dict[str, Any], directory: Path, precision: str, mod
 
 def quantize_model_dir(source: Path, output: Path, precision: str, mode: str = "static",
                        calibration: Calibration | None = None, keep_io_types: bool = False, force: bool = False,
-                       progress: bool = True) -> dict[str, Any]:
-    """Write the fp16/int8 sibling of an fp32 model directory; returns its manifest."""
+                       progress: bool = True, float_embeddings: bool = False) -> dict[str, Any]:
+    """Write the fp16/int8 sibling of an fp32 model directory; returns its manifest. float_embeddings: int8
+    keeps the embedding tables (and a projection tied to them) float: as the design notes ask, 2x the size."""
     manifest = read_manifest(source)
-    check_request(manifest, source, precision, mode, calibration, keep_io_types)
+    check_request(manifest, source, precision, mode, calibration, keep_io_types, float_embeddings)
     for name in set(manifest["tokenizer"].values()):
         tokenizer_file(source, name)
     graphs = {g: onnx.load_model(str(graph_path(source, manifest, g.value))) for g in Graph}
@@ -93,7 +96,8 @@ def quantize_model_dir(source: Path, output: Path, precision: str, mode: str = "
         entries, kept = {}, {}
         for graph, proto in graphs.items():
             bar.set_postfix_str(graph.value)
-            converted, kept[graph.value] = _convert(proto, precision, mode, keep_io_types, traces, graph)
+            converted, kept[graph.value] = _convert(proto, precision, mode, keep_io_types, traces, graph,
+                                                    not float_embeddings)
             _set_precision_metadata(converted, precision)
             checked = check_graph(converted, specs[graph])
             save_graph(converted, staging / graph.filename)
@@ -103,6 +107,8 @@ def quantize_model_dir(source: Path, output: Path, precision: str, mode: str = "
         for name in set(manifest["tokenizer"].values()):
             shutil.copyfile(tokenizer_file(source, name), staging / name)
         new = _manifest(manifest, source, precision, mode, keep_io_types, entries, kept, calibration, traces)
+        if precision == "int8" and float_embeddings:
+            new["int8"]["embeddings"] = "float (--float-embeddings)"
         write_manifest(staging, new)
         bar.set_postfix_str("smoke test")
         _smoke_test(staging, output, source)
@@ -127,13 +133,13 @@ def _traces(source: Path, manifest: dict[str, Any], calibration: Calibration) ->
 
 
 def _convert(proto: onnx.ModelProto, precision: str, mode: str, keep_io_types: bool, traces: Traces | None,
-             graph: Graph) -> tuple[onnx.ModelProto, dict[str, int]]:
+             graph: Graph, int8_embeddings: bool) -> tuple[onnx.ModelProto, dict[str, int]]:
     if precision == "fp16":
         return to_fp16(proto, keep_io_types)
     if mode == "static":
-        quantized = quantize_static_graph(proto, traces.feeds[graph])
+        quantized = quantize_static_graph(proto, traces.feeds[graph], int8_embeddings)
     else:
-        quantized = quantize_dynamic_graph(proto)
+        quantized = quantize_dynamic_graph(proto, int8_embeddings)
     return quantized, float_ops(quantized)
 
 

@@ -128,17 +128,21 @@ def onnx_cmd(checkpoint: Path, vocab: tuple[Path, ...], output: Path, opset: str
                    "(default: at </s> or the model's positions).")
 @click.option("--keep-io-types", is_flag=True,
               help="fp16: keep every float input/output fp32 (the KV cache too); default is fp16 cache tensors.")
+@click.option("--float-embeddings", is_flag=True,
+              help="int8: keep the embedding tables (and a projection tied to them) float instead of int8 per row; "
+                   "about 2x larger graphs.")
 @click.option("--output", type=click.Path(path_type=Path, file_okay=False), required=True,
               help="Model directory to create, same contract as the input.")
 @click.option("--force", is_flag=True, help="Replace a non-empty output directory.")
 def quantize_cmd(model_dir: Path, precision: str, mode: str, calibration: Path | None,
-                 calibration_max_length: int | None, keep_io_types: bool, output: Path, force: bool) -> None:
+                 calibration_max_length: int | None, keep_io_types: bool, float_embeddings: bool, output: Path,
+                 force: bool) -> None:
     """Make an fp16 or int8 model directory from an fp32 one (check it with `tfm-export verify`)."""
     if calibration_max_length and not calibration:
         raise TfmExportError("--calibration-max-length needs --calibration")
     calib = Calibration(calibration, read_text_lines(calibration), calibration_max_length) if calibration else None
     manifest = quantize_model_dir(model_dir, output, precision, mode, calib, keep_io_types, force,
-                                  progress=sys.stderr.isatty())
+                                  progress=sys.stderr.isatty(), float_embeddings=float_embeddings)
     sizes = {g: (output / e["file"]).stat().st_size / 1e6 for g, e in manifest["graphs"].items()}
     kind = f"int8 {mode}" if precision == "int8" else precision
     click.echo(f"wrote {output}: {kind}, " + ", ".join(f"{g} {mb:.1f} MB" for g, mb in sizes.items()))
