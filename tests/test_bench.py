@@ -145,3 +145,28 @@ def test_a_backend_that_decodes_differently_is_not_timed(tmp_path):
     wrong = [tuple((t + 1) % 13 for t in out) or (5,) for out in ran.outputs]
     refused = measure("torch-cache", Artifacts(ckpt, {}, None), sources, 6, 32, settings, reference=wrong)
     assert refused.skipped.startswith("not timed: its greedy output equals ort-fp32's on only 0%") and not refused.rows
+
+
+def test_bad_bench_requests_fail_before_any_work(tmp_path, demo_onnx):
+    (tmp_path / "long.txt").write_text("\n" + "forty\n\n" + " ".join(["one"] * 250) + "\n")
+    (tmp_path / "a-file").write_text("")
+    cases = [(["--output-length", "500"], "--output-length 500 is beyond the model's 200 positions"),
+             (["--input", str(tmp_path / "long.txt")], "--input: line 4 is longer than the model's 200 positions"),
+             (["--json", str(tmp_path / "a-file" / "b.json")],
+              "a-file: is a file, not a folder; choose another --json"),
+             (["--work-dir", str(demo_onnx)], "is a model directory, which the benchmark would write into"),
+             (["--beam-sizes", "1,1000"], "values must be 1..64"),
+             (["--backends", ""], "give at least one backend")]
+    for args, message in cases:
+        result = CliRunner().invoke(run_main, ["bench", "--model", str(DEMO_CKPT), *args])
+        assert result.exit_code in (1, 2) and message in result.output, (args, result.output)
+        assert "[bench]" not in result.output and "Traceback" not in result.output, args
+    assert not list(demo_onnx.glob("onnx-*"))
+
+
+def test_a_bench_where_nothing_can_run_is_an_error(tmp_path):
+    ckpt = random_checkpoint(tiny_config(n_position=16), tmp_path / "m")
+    result = CliRunner().invoke(run_main, ["bench", "--model", str(ckpt), "--backends", "ort-fp16,tensorrt",
+                                           "--batch-sizes", "1", "--beam-sizes", "1", "--output-length", "4"])
+    assert result.exit_code == 1 and "no backend could run here" in result.output.splitlines()[-1]
+    assert "ort-fp16          skipped:" in result.output

@@ -357,3 +357,43 @@ def test_float_embeddings_keep_the_tables_float(demo_onnx, tmp_path, mode):
     result = CliRunner().invoke(export_main, ["quantize", "--model", str(demo_onnx), "--precision", "fp16",
                                               "--float-embeddings", "--output", str(tmp_path / "x")])
     assert result.exit_code == 1 and "--float-embeddings is only for --precision int8" in result.output
+
+
+def test_sigterm_leaves_no_staging_directory(demo_onnx, tmp_path):
+    """kill/timeout/a cancelled CI job unwind like Ctrl-C: the hidden staging directory is removed."""
+    import signal
+    import time
+    texts = CALIBRATION.read_text().splitlines()
+    (tmp_path / "big.txt").write_text("\n".join(texts * 20) + "\n")
+    command = [str(Path(sys.executable).parent / "tfm-export"), "quantize", "--model", str(demo_onnx),
+               "--precision", "int8", "--calibration", str(tmp_path / "big.txt"), "--output", str(tmp_path / "out")]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not list(tmp_path.glob(".out.*.partial")) and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert process.poll() is None, "quantize ended before it could be interrupted"
+    process.send_signal(signal.SIGTERM)
+    _, err = process.communicate(timeout=60)
+    assert process.returncode == 130 and "interrupted" in err and "Traceback" not in err
+    assert listing(tmp_path) == ["big.txt"]
+
+
+def test_a_damaged_graph_with_a_matching_hash_is_one_line(demo_onnx, tmp_path):
+    import shutil
+
+    from tfm_export.files import file_sha256
+    from tfm_export.model_dir import read_manifest, write_manifest
+    damaged = tmp_path / "damaged"
+    shutil.copytree(demo_onnx, damaged)
+    graph = damaged / Graph.DECODER_STEP.filename
+    graph.write_bytes(graph.read_bytes()[:100_000])
+    manifest = read_manifest(damaged)
+    manifest["graphs"]["decoder_step"]["sha256"] = file_sha256(graph)
+    write_manifest(damaged, manifest)
+    for args in (["check", "--model", str(damaged)], ["inspect", "--model", str(damaged)],
+                 ["quantize", "--model", str(damaged), "--precision", "fp16", "--output", str(tmp_path / "q")]):
+        result = CliRunner().invoke(export_main, args)
+        assert result.exit_code == 1 and "Traceback" not in result.output, (args, result.output)
+        assert result.output.strip().splitlines()[-1].endswith("not a readable ONNX graph (DecodeError); export the "
+                                                              "model again"), (args, result.output)
+    assert not (tmp_path / "q").exists()

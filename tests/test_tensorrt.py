@@ -187,15 +187,18 @@ def test_build_requests_that_cannot_be_applied_are_errors(source, mode, precisio
 def test_profiles_cover_every_shape_the_runtime_feeds():
     cfg = ModelConfig(src_vocab_size=100, trg_vocab_size=100, d_model=64, n_head=4, d_k=16, d_v=8, n_layers=2,
                       n_position=50)
-    limits = ShapeLimits(max_batch=16, max_source_length=40, max_target_length=50, opt_batch=8, opt_source_length=64)
+    limits = ShapeLimits(max_batch=16, max_source_length=20, max_target_length=50)
+    limits.check(50)
     step = profile_shapes(graph_specs(cfg)[Graph.DECODER_STEP], limits)
     assert step["input_ids"] == ((1, 1), (8, 1), (16, 1))
-    assert step["encoder_attention_mask"] == ((1, 1), (8, 40), (16, 40))  # opt clamped to the max
+    assert step["encoder_attention_mask"] == ((1, 1), (8, 20), (16, 20))  # the default opt (32) within the max
     assert step["past_key_values.1.decoder.value"] == ((1, 4, 0, 8), (8, 4, 32, 8), (16, 4, 49, 8))
-    assert step["past_key_values.0.encoder.key"] == ((1, 4, 1, 16), (8, 4, 40, 16), (16, 4, 40, 16))
+    assert step["past_key_values.0.encoder.key"] == ((1, 4, 1, 16), (8, 4, 20, 16), (16, 4, 20, 16))
+    with pytest.raises(TfmExportError, match="--opt-source-length 64 is outside 1..20"):
+        ShapeLimits(max_source_length=20, max_target_length=50, opt_source_length=64).check(50)
     enc = profile_shapes(graph_specs(cfg)[Graph.ENCODER], limits)
     assert set(enc) == {"input_ids", "attention_mask"}
-    with pytest.raises(TfmExportError, match="--max-target-length 60 is outside 1..50"):
+    with pytest.raises(TfmExportError, match="--max-target-length 60 is outside 2..50"):
         ShapeLimits(max_source_length=50, max_target_length=60).check(50)
 
 
@@ -223,6 +226,23 @@ def test_weak_typing_precision_is_read_from_the_inspector_json():
 
 # --- without TensorRT: one line, nothing written ---------------------------------------------------------------
 
+def test_trt_build_requests_are_checked_before_tensorrt_is_needed(variants, tmp_path):
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "x").write_text("")
+    for args, message in ((["--model", str(variants["fp32"]), "--int8"], "--int8 needs an int8 static directory"),
+                          (["--model", str(variants["int8-dynamic"])], "this int8 directory is dynamic"),
+                          (["--model", str(variants["fp32"]), "--fp16", "--int8"], "--fp16 and --int8 exclude"),
+                          (["--model", str(variants["fp32"]), "--opt-past-length", "500"],
+                           "--opt-past-length 500 is outside 0..199"),
+                          (["--model", str(variants["fp32"]), "--max-target-length", "201"], "outside 2..200"),
+                          (["--model", str(variants["fp32"]), "--output", str(tmp_path / "full")],
+                           "directory is not empty; pass --force")):
+        output = [] if "--output" in args else ["--output", str(tmp_path / "engines")]
+        result = CliRunner().invoke(export_main, ["trt", *args, *output])
+        assert result.exit_code == 1 and message in result.output, (args, result.output)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["full"]
+
+
 @without_tensorrt
 def test_trt_build_without_tensorrt_is_one_line_and_writes_nothing(demo_onnx, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
@@ -249,14 +269,15 @@ def _fake_engine_dir(directory: Path, demo_onnx: Path) -> Path:
 @without_tensorrt
 def test_translate_on_engines_without_tensorrt_is_one_line(demo_onnx, tmp_path):
     engines = _fake_engine_dir(tmp_path / "engines", demo_onnx)
-    for args in (["--model", str(engines)], ["--model", str(demo_onnx), "--backend", "tensorrt"]):
+    for args, message in ((["--model", str(engines)], "TensorRT is not installed"),
+                          (["--model", str(demo_onnx), "--backend", "tensorrt"], "is not a TensorRT engine directory")):
         result = CliRunner().invoke(run_main, ["translate", *args, "forty-two"])
         assert result.exit_code == 1 and len(result.output.strip().splitlines()) == 1, result.output
-        assert "TensorRT is not installed" in result.output
+        assert message in result.output
     result = CliRunner().invoke(run_main, ["translate", "--model", str(engines), "--backend", "onnxruntime", "x"])
     assert result.exit_code == 1 and "holds TensorRT engines; run it with --backend tensorrt" in result.output
     result = CliRunner().invoke(run_main, ["translate", "--model", str(engines), "--device", "cpu", "x"])
-    assert result.exit_code == 1 and "runs on the GPU" in result.output
+    assert result.exit_code == 1 and "TensorRT engines run on the GPU; drop --device cpu" in result.output
 
 
 def test_engine_manifests_are_checked(demo_onnx, tmp_path):

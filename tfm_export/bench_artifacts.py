@@ -16,6 +16,7 @@ from .errors import TfmExportError
 from .export_pipeline import export_model_dir
 from .model_dir import read_manifest
 from .quantize_pipeline import Calibration, quantize_model_dir
+from .trt_support import missing_reason
 
 
 @dataclass
@@ -26,8 +27,8 @@ class Built:
 
 
 def _size_mb(path: Path) -> float:
-    files = [path] if path.is_file() else [p for p in path.rglob("*") if p.is_file() and p.suffix in
-                                           (".onnx", ".data", ".bin", ".pt")]
+    files = [path] if path.is_file() else [p for p in path.iterdir() if p.is_file() and p.suffix in
+                                           (".onnx", ".data", ".bin", ".pt", ".plan")]
     return sum(p.stat().st_size for p in files) / 1e6
 
 
@@ -59,36 +60,49 @@ def build_fp32(model: Path, work: Path, say: Callable[[str], None] = lambda _: N
     return built
 
 
-def build_variants(built: Built, work: Path, calibration: Calibration, want_fp16: bool, want_tensorrt: bool = False,
-                   max_rows: int = 128, positions: int = 200, say: Callable[[str], None] = lambda _: None) -> None:
-    """int8 static and dynamic, fp16 and TensorRT fp16 engines if asked, and the CTranslate2 conversion, each
-    timed. Engines take up to `max_rows` rows (batch x beam) and the model's positions."""
+def build_variants(built: Built, work: Path, calibration: Calibration, backends: Sequence[str], max_rows: int,
+                   positions: int, say: Callable[[str], None] = lambda _: None) -> None:
+    """What the requested backends need, each timed: int8 static/dynamic directories, fp16 (with a CUDA
+    provider), TensorRT fp16 engines for `max_rows` rows (with TensorRT and a GPU), the CTranslate2 model."""
     fp32, onnx = built.artifacts.onnx["fp32"], dict(built.artifacts.onnx)
     variants = {"int8-static": dict(precision="int8", calibration=calibration),
-                "int8-dynamic": dict(precision="int8", mode="dynamic")}
-    if want_fp16:
-        variants["fp16"] = dict(precision="fp16")
+                "int8-dynamic": dict(precision="int8", mode="dynamic"),
+                "fp16": dict(precision="fp16")}
     for variant, kwargs in variants.items():
+        if f"ort-{variant}" not in backends or (variant == "fp16" and not _has_cuda()):
+            continue
         say(f"quantize {variant}")
         onnx[variant] = _timed(built, f"onnx {variant}", lambda v=variant, k=kwargs: quantize_model_dir(
             fp32, work / f"onnx-{v}", force=True, progress=False, **k) and work / f"onnx-{v}")
     engines = None
-    if want_tensorrt:
-        from .trt_build import build_engines
-        from .trt_profiles import ShapeLimits
-        say("build TensorRT fp16 engines")
-        limits = ShapeLimits(max_batch=max_rows, max_source_length=positions, max_target_length=positions)
-        try:
-            engines = _timed(built, "tensorrt fp16", lambda: build_engines(
-                fp32, work / "tensorrt-fp16", "fp16", limits, force=True, progress=False) and work / "tensorrt-fp16")
-        except TfmExportError as exc:  # the other backends are still worth timing
-            say(f"TensorRT engines not built: {exc}")
+    if "tensorrt" in backends and missing_reason() is None:
+        engines = _tensorrt_engines(built, fp32, work / "tensorrt-fp16", max_rows, positions, say)
     ct2 = None
-    if built.artifacts.checkpoint and importlib.util.find_spec("ctranslate2"):
+    if any(b.startswith("ct2") for b in backends) and built.artifacts.checkpoint and \
+            importlib.util.find_spec("ctranslate2"):
         say("convert CTranslate2")
         ckpt = load_checkpoint(built.artifacts.checkpoint)
         ct2 = _timed(built, "ctranslate2", lambda: convert_to_ctranslate2(ckpt, work / "ctranslate2"))
     built.artifacts = replace(built.artifacts, onnx=onnx, ctranslate2=ct2, tensorrt=engines)
+
+
+def _tensorrt_engines(built: Built, fp32: Path, output: Path, max_rows: int, positions: int,
+                      say: Callable[[str], None]) -> Path | None:
+    from .trt_build import build_engines
+    from .trt_profiles import ShapeLimits
+    say("build TensorRT fp16 engines")
+    limits = ShapeLimits(max_batch=max_rows, max_source_length=positions, max_target_length=positions)
+    try:
+        return _timed(built, "tensorrt fp16", lambda: build_engines(fp32, output, "fp16", limits, force=True,
+                                                                    progress=False) and output)
+    except TfmExportError as exc:  # the other backends are still worth timing
+        say(f"TensorRT engines not built: {exc}")
+        return None
+
+
+def _has_cuda() -> bool:
+    import onnxruntime as ort
+    return "CUDAExecutionProvider" in ort.get_available_providers()
 
 
 def _token_lists(fp32: Path) -> tuple[tuple[str, ...], tuple[str, ...]]:

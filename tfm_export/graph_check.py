@@ -20,7 +20,7 @@ import onnx
 from .config import ModelConfig
 from .errors import TfmExportError, first_line
 from .graph_spec import BATCH, NEW_LEN, PAST_LEN, SRC_LEN, TOTAL_LEN, Graph, GraphSpec, graph_specs
-from .model_dir import graph_path, read_manifest
+from .model_dir import graph_path, load_graph, read_manifest
 
 # TensorRT against ONNX Runtime on the same graph (Polygraphy elementwise: an element fails only beyond both).
 TRT_TOLERANCES = {"fp32": (1e-3, 1e-3), "fp16": (2e-2, 2e-2), "int8": (1e-1, 1e-1)}  # (atol, rtol)
@@ -73,8 +73,8 @@ def feeds(spec: GraphSpec, case: Case, types: dict[str, np.dtype], vocab: int, s
     return out
 
 
-def _input_types(path: Path) -> dict[str, np.dtype]:
-    model = onnx.load_model(str(path), load_external_data=False)
+def _input_types(model_dir: Path, manifest: dict[str, Any], graph: Graph) -> dict[str, np.dtype]:
+    model = load_graph(model_dir, manifest, graph.value, external_data=False)
     return {v.name: np.dtype(onnx.helper.tensor_dtype_to_np_dtype(v.type.tensor_type.elem_type))
             for v in model.graph.input}
 
@@ -110,7 +110,7 @@ def check_onnxruntime(model_dir: Path, trt: bool = False) -> list[CheckResult]:
     specs, results = graph_specs(config), []
     for graph in Graph:
         path = graph_path(model_dir, manifest, graph.value)
-        spec, types = specs[graph], _input_types(path)
+        spec, types = specs[graph], _input_types(model_dir, manifest, graph)
         vocab = config.src_vocab_size if graph is Graph.ENCODER else config.trg_vocab_size
         case_list = cases(config)
         data = [feeds(spec, c, types, vocab, seed=i) for i, c in enumerate(case_list)]

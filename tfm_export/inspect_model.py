@@ -9,7 +9,7 @@ from pathlib import Path
 import onnx
 
 from .graph_spec import Graph
-from .model_dir import graph_path, read_manifest
+from .model_dir import graph_path, load_graph, read_manifest
 
 
 @dataclass(frozen=True)
@@ -36,7 +36,7 @@ def inspect_model(directory: Path) -> tuple[dict, list[GraphInfo]]:
     infos = []
     for name in [g.value for g in Graph if g.value in manifest["graphs"]]:
         path = graph_path(directory, manifest, name)
-        proto = onnx.load(str(path))
+        proto = load_graph(directory, manifest, name)
         opset = next(o.version for o in proto.opset_import if o.domain in ("", "ai.onnx"))
         inits = proto.graph.initializer
         infos.append(GraphInfo(

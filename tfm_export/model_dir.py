@@ -33,8 +33,12 @@ def check_output(output: Path, force: bool, keep: tuple[Path, ...] = ()) -> None
     (the inputs of the export, or the working directory)."""
     target = output.resolve()
     for path in (*keep, Path.cwd()):
-        if path.resolve() == target or target in path.resolve().parents:
+        if path.resolve() == target:
+            raise ModelDirError(f"{output}: is the input itself ({path}); choose another --output")
+        if target in path.resolve().parents:
             raise ModelDirError(f"{output}: holds {path}, which replacing it would delete; choose another --output")
+        if path.is_dir() and path != Path.cwd() and path.resolve() in target.parents:
+            raise ModelDirError(f"{output}: is inside the input {path}; choose an --output outside it")
     if output.exists() and not output.is_dir():
         raise ModelDirError(f"{output}: exists and is not a directory; choose another --output")
     if output.is_dir() and any(output.iterdir()) and not force:
@@ -70,10 +74,15 @@ def staged_directory(output: Path, force: bool, keep: tuple[Path, ...] = ()) -> 
 
 def _swap_into_place(staging: Path, output: Path) -> None:
     old = None
-    if output.exists():
-        old = output.with_name(f".{output.name}.old-{os.getpid()}")
-        os.replace(output, old)
-    os.replace(staging, output)
+    try:
+        if output.exists():
+            old = output.with_name(f".{output.name}.old-{os.getpid()}")
+            os.replace(output, old)
+        os.replace(staging, output)
+    except OSError as exc:
+        if old is not None and not output.exists():
+            os.replace(old, output)  # put the previous directory back
+        raise ModelDirError(f"{output}: cannot replace it ({exc.strerror}); choose another --output") from None
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
 
@@ -86,7 +95,8 @@ def read_manifest(directory: Path) -> dict[str, Any]:
     if not directory.exists():
         raise ModelDirError(f"{directory}: model directory not found; export one with `tfm-export onnx`")
     if not directory.is_dir():
-        raise ModelDirError(f"{directory}: is a file, not a model directory (the torch backend takes checkpoints)")
+        raise ModelDirError(f"{directory}: is a file, not a model directory; make one with `tfm-export onnx "
+                            "--checkpoint FILE --output DIR` (tfm-run translate also takes checkpoints)")
     path = directory / MANIFEST
     try:
         manifest = json.loads(path.read_text(encoding="utf-8"))
@@ -94,8 +104,11 @@ def read_manifest(directory: Path) -> dict[str, Any]:
         raise ModelDirError(f"{path}: missing; this is not a tfm-export model directory") from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ModelDirError(f"{path}: unreadable manifest ({exc}); export the model again") from None
+    if isinstance(manifest, dict) and manifest.get("format") == "tfm-export-engines":
+        raise ModelDirError(f"{directory}: holds TensorRT engines, not ONNX graphs; run it with `tfm-run translate "
+                            "--model DIR`, or give the model directory they were built from")
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT_NAME:
-        raise ModelDirError(f"{path}: not a {FORMAT_NAME} manifest")
+        raise ModelDirError(f"{path}: not a {FORMAT_NAME} manifest; export the model with `tfm-export onnx`")
     if manifest.get("format_version") != FORMAT_VERSION:
         raise ModelDirError(f"{path}: format version {manifest.get('format_version')} is not supported "
                             f"(this tool reads {FORMAT_VERSION}); upgrade tfm-export or export again")
@@ -138,6 +151,17 @@ def _has(manifest: dict[str, Any], dotted: str) -> bool:
             return False
         node = node[part]
     return True
+
+
+def load_graph(directory: Path, manifest: dict[str, Any], graph: str, external_data: bool = True):
+    """The graph's ModelProto (sha256 checked); a file that does not parse is one line, not a protobuf trace."""
+    import onnx
+    path = graph_path(directory, manifest, graph)
+    try:
+        return onnx.load_model(str(path), load_external_data=external_data)
+    except Exception as exc:  # protobuf DecodeError, onnx's own errors, OSError for external data
+        raise ModelDirError(f"{path}: not a readable ONNX graph ({type(exc).__name__}); export the model again") \
+            from None
 
 
 def graph_path(directory: Path, manifest: dict[str, Any], graph: str, check_hash: bool = True) -> Path:

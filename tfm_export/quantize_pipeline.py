@@ -27,7 +27,7 @@ from .files import file_sha256
 from .fp16_convert import to_fp16
 from .graph_spec import Graph, graph_specs
 from .int8_quantize import float_ops, quantize_dynamic_graph, quantize_static_graph
-from .model_dir import graph_path, read_manifest, staged_directory, write_manifest
+from .model_dir import load_graph, read_manifest, staged_directory, write_manifest
 from .onnx_export import check_graph, save_graph
 from .ort_backend import OrtBackend
 from .parity import random_sources
@@ -83,7 +83,7 @@ def quantize_model_dir(source: Path, output: Path, precision: str, mode: str = "
     check_request(manifest, source, precision, mode, calibration, keep_io_types, float_embeddings)
     for name in set(manifest["tokenizer"].values()):
         tokenizer_file(source, name)
-    graphs = {g: onnx.load_model(str(graph_path(source, manifest, g.value))) for g in Graph}
+    graphs = {g: load_graph(source, manifest, g.value) for g in Graph}
     keep = (source, *([calibration.path] if calibration else []))
     with staged_directory(output, force, keep=keep) as staging, \
             tqdm(total=len(Graph) + 2, desc=f"{precision}", disable=not progress) as bar:

@@ -117,11 +117,11 @@ class Translator:
         from .trt_backend import TrtBackend
         from .trt_support import current_platform
         if device != "cuda":
-            raise TfmExportError("--backend tensorrt runs on the GPU; pass --device cuda (or leave --device out)")
-        current_platform()  # what is missing, in one line, before anything else
+            raise TfmExportError("TensorRT engines run on the GPU; drop --device cpu (or use --backend onnxruntime)")
         if not is_engine_dir(model):
             raise TfmExportError(f"{model}: is not a TensorRT engine directory; build one with `tfm-export trt "
-                                 f"--model {model} --output ENGINES`")
+                                 "--model MODEL_DIR --output ENGINES`")
+        current_platform()  # what is missing, in one line, before any engine is read
         backend = TrtBackend(model)
         return cls(backend, _directory_vocab(model, backend.manifest, vocab), backend.config, backend.limits)
 

@@ -27,7 +27,7 @@ from .engine_dir import ENGINE_FORMAT, ENGINE_FORMAT_VERSION, plan_name, read_en
 from .errors import TfmExportError, first_line
 from .files import file_sha256
 from .graph_spec import Graph, graph_specs
-from .model_dir import graph_path, read_manifest, staged_directory, write_manifest
+from .model_dir import check_output, graph_path, read_manifest, staged_directory, write_manifest
 from .quantize_pipeline import quantize_model_dir, tokenizer_file
 from .trt_profiles import ShapeLimits, profile_shapes
 from .trt_support import Platform, check_gpu_supported, current_platform, import_tensorrt
@@ -89,12 +89,14 @@ def build_engines(model_dir: Path, output: Path, precision: str | None = None, l
     limits = limits or ShapeLimits(max_source_length=config.n_position, max_target_length=config.n_position)
     limits.check(config.n_position)
     precision = precision or manifest["precision"]
+    source_precision, mode = manifest["precision"], manifest.get("int8", {}).get("mode")
+    plan_build(source_precision, mode, precision, 10, weak_typing)  # the request's own mistakes first
+    keep = (model_dir, *([timing_cache] if timing_cache else []))
+    check_output(output, force, keep)
     platform = current_platform()
-    plan = plan_build(manifest["precision"], manifest.get("int8", {}).get("mode"), precision,
-                      platform.tensorrt_major, weak_typing)
+    plan = plan_build(source_precision, mode, precision, platform.tensorrt_major, weak_typing)
     check_gpu_supported(platform)
     specs = graph_specs(config)
-    keep = (model_dir, *([timing_cache] if timing_cache else []))
     with staged_directory(output, force, keep=keep) as staging, tempfile.TemporaryDirectory() as tmp, \
             tqdm(total=len(Graph) + 1, desc=f"TensorRT {precision}", disable=not progress) as bar:
         source = model_dir

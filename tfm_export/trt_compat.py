@@ -18,7 +18,7 @@ from onnx import numpy_helper
 
 from .config import ModelConfig
 from .graph_spec import Graph, GraphSpec, graph_specs
-from .model_dir import graph_path, read_manifest
+from .model_dir import load_graph, read_manifest
 from .trt_parser_ops import RELEASES, TENSOR_TYPES, ParserRelease
 
 CONTROL_FLOW = {"If", "Loop", "Scan"}
@@ -30,6 +30,8 @@ FLOAT_TYPES = {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProt
 FLOAT_ONLY_OPS = {"MatMul", "Gemm", "Softmax", "LayerNormalization"}
 # int8 is a quantized type in TensorRT: made by QuantizeLinear or stored as weights, read only by DequantizeLinear.
 QUANTIZED_TYPES = {onnx.TensorProto.INT8}
+RUNTIME_QUANTIZATION = dict.fromkeys(("DynamicQuantizeLinear", "MatMulInteger", "ConvInteger"),
+                                     " (int8 dynamic graphs are for ONNX Runtime; TensorRT needs --mode static)")
 FLOAT, BOOL = onnx.TensorProto.FLOAT, onnx.TensorProto.BOOL  # what an input of unknown type is assumed to be
 
 
@@ -82,7 +84,7 @@ def check_model_dir(model_dir: Path) -> CompatReport:
     specs = graph_specs(ModelConfig.from_dict(manifest["model"]))
     findings = []
     for graph in Graph:
-        proto = onnx.load_model(str(graph_path(model_dir, manifest, graph.value)))
+        proto = load_graph(model_dir, manifest, graph.value)
         findings += check_graph(proto, specs[graph])
     return CompatReport(model_dir, manifest["precision"], tuple(findings), tuple(r.name for r in RELEASES))
 
@@ -102,6 +104,13 @@ def check_graph(proto: onnx.ModelProto, spec: GraphSpec) -> list[Finding]:
 
 
 def _contract_problems(g: _Graph, spec: GraphSpec) -> Iterator[str]:
+    try:
+        onnx.checker.check_model(g.proto)
+    except onnx.checker.ValidationError as exc:
+        yield f"not a valid ONNX graph ({str(exc).splitlines()[0][:200]}); export it again"
+    missing = [t.name for t in spec.outputs if t.name not in {o.name for o in g.proto.graph.output}]
+    if missing:
+        yield f"outputs {', '.join(missing[:3])} are missing; export it again with tfm-export"
     for node in g.nodes:
         if node.op_type in CONTROL_FLOW:
             yield f"{node.op_type} node {node.name!r}: control flow breaks the contract (TensorRT profiles, merged " \
@@ -128,7 +137,8 @@ def _release_problems(g: _Graph, release: ParserRelease) -> Iterator[tuple[str, 
         if node.domain not in ("", "ai.onnx"):
             yield "error", f"{node.domain}.{node.op_type} is not a standard ONNX op", node.name
         elif node.op_type not in release.ops:
-            yield "error", f"{node.op_type} is not supported by the ONNX parser", node.name
+            hint = RUNTIME_QUANTIZATION.get(node.op_type, "")
+            yield "error", f"{node.op_type} is not supported by the ONNX parser{hint}", node.name
         else:
             yield from (("error", m, node.name) for m in _node_restrictions(g, node, release))
     yield from ((level, m, "") for level, m in _type_problems(g))

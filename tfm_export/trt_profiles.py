@@ -23,29 +23,33 @@ class ShapeLimits:
     max_batch: int = 64  # rows: sentences x beams
     max_source_length: int = 200  # with <s> and </s>
     max_target_length: int = 200  # past + new decoder tokens, <s> included
-    opt_batch: int = 8
-    opt_source_length: int = 32
-    opt_past_length: int = 32
+    opt_batch: int | None = None  # None: typical sizes (8 rows, 32 source tokens, 32 past tokens) within range
+    opt_source_length: int | None = None
+    opt_past_length: int | None = None
 
     def check(self, positions: int) -> None:
-        for name, value in (("--max-source-length", self.max_source_length),
-                            ("--max-target-length", self.max_target_length)):
-            if not 1 <= value <= positions:
-                raise TfmExportError(f"{name} {value} is outside 1..{positions} (the model's positions)")
-        if self.max_batch < 1:
-            raise TfmExportError(f"--max-batch {self.max_batch} must be at least 1")
-        if self.max_target_length < 2:
-            raise TfmExportError("--max-target-length must be at least 2 (<s> and one generated token)")
+        """Every limit in range, and every opt within its range (an opt beyond the max is an error, not clamped)."""
+        for name, value, low in (("--max-source-length", self.max_source_length, 1),
+                                 ("--max-target-length", self.max_target_length, 2)):
+            if not low <= value <= positions:
+                raise TfmExportError(f"{name} {value} is outside {low}..{positions} (the model's positions)")
+        for name, value, low, high in (("--max-batch", self.max_batch, 1, None),
+                                       ("--opt-batch", self.opt_batch, 1, self.max_batch),
+                                       ("--opt-source-length", self.opt_source_length, 1, self.max_source_length),
+                                       ("--opt-past-length", self.opt_past_length, 0, self.max_target_length - 1)):
+            if value is not None and (value < low or (high is not None and value > high)):
+                raise TfmExportError(f"{name} {value} is outside {low}..{high or 'any'}; give a value in that range")
 
     def ranges(self) -> dict[str, Range]:
-        """Axis symbol -> (min, opt, max)."""
+        """Axis symbol -> (min, opt, max); the default opts are clamped into small ranges."""
         def clamp(value: int, low: int, high: int) -> int:
             return max(low, min(value, high))
         past_max = self.max_target_length - 1
-        return {BATCH: (1, clamp(self.opt_batch, 1, self.max_batch), self.max_batch),
-                SRC_LEN: (1, clamp(self.opt_source_length, 1, self.max_source_length), self.max_source_length),
+        return {BATCH: (1, clamp(self.opt_batch or 8, 1, self.max_batch), self.max_batch),
+                SRC_LEN: (1, clamp(self.opt_source_length or 32, 1, self.max_source_length), self.max_source_length),
                 NEW_LEN: (1, 1, 1),
-                PAST_LEN: (0, clamp(self.opt_past_length, 0, past_max), past_max)}
+                PAST_LEN: (0, clamp(32 if self.opt_past_length is None else self.opt_past_length, 0, past_max),
+                           past_max)}
 
     def to_dict(self) -> dict[str, Any]:
         return dict(vars(self))

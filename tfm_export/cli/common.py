@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import os
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -16,6 +18,7 @@ class ErrorReportingGroup(click.Group):
     """Turns a TfmExportError (bad input) into `error: ...` on stderr and exit code 1."""
 
     def invoke(self, ctx: click.Context) -> Any:
+        signal.signal(signal.SIGTERM, _terminated)  # so staged outputs are removed, as on Ctrl-C
         try:
             return super().invoke(ctx)
         except TfmExportError as exc:
@@ -23,6 +26,11 @@ class ErrorReportingGroup(click.Group):
         except KeyboardInterrupt:
             click.echo("interrupted", err=True)
             sys.exit(130)
+
+
+def _terminated(signum: int, frame: Any) -> None:
+    """SIGTERM (kill, timeout, a cancelled CI job) unwinds like Ctrl-C: every staging directory is removed."""
+    raise KeyboardInterrupt
 
 
 def setup_logging(verbose: bool) -> None:
@@ -57,3 +65,22 @@ def read_text_lines(input_file: Path | None) -> list[str]:
     except UnicodeDecodeError as exc:
         line = data[:exc.start].count(b"\n") + 1
         raise InputTextError(f"{name}: line {line} is not valid UTF-8; convert the file to UTF-8") from None
+
+
+def writable_output(path: Path | None, option: str, directory: bool = False) -> None:
+    """Fail before any slow work when an output cannot be written: missing parent folders are made (as
+    for `verify --report`), the place must be writable and of the right kind."""
+    if path is None:
+        return
+    folder = path if directory else path.parent
+    if (path.is_dir() and not directory) or (path.exists() and directory and not path.is_dir()):
+        raise TfmExportError(f"{path}: is a {'directory' if path.is_dir() else 'file'}; choose another {option}")
+    blocking = next((p for p in (folder, *folder.parents) if p.exists() and not p.is_dir()), None)
+    if blocking is not None:
+        raise TfmExportError(f"{blocking}: is a file, not a folder; choose another {option}")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise TfmExportError(f"{folder}: cannot create it ({exc.strerror}); choose another {option}") from None
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise TfmExportError(f"{folder}: not writable; choose another {option}")

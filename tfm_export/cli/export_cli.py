@@ -23,7 +23,7 @@ from ..synthetic import random_checkpoint
 from ..train import TrainSettings, train_demo
 from ..translator import DecodeOptions, Translator
 from ..verify import checkpoint_for, verify
-from .common import ErrorReportingGroup, read_text_lines, setup_logging, vocab_option
+from .common import ErrorReportingGroup, read_text_lines, setup_logging, vocab_option, writable_output
 
 
 @click.group(cls=ErrorReportingGroup, epilog="Typical use: tfm-export onnx --checkpoint ckpt.pt --output model/ "
@@ -182,6 +182,7 @@ def verify_cmd(model_dir: Path, checkpoint: Path | None, reference: Path | None,
                                    "compared with its fp32 parent (--reference)")
         if input_file is None:
             raise TfmExportError("--input FILE is required for fp16/int8 directories (sentences to compare on)")
+        writable_output(report_dir, "--report", directory=True)
         texts = read_text_lines(input_file)
         refs = read_text_lines(references_file) if references_file else None
         report = compare_precision(model_dir, parent_directory(model_dir, reference), texts, refs, beam_size,
@@ -245,6 +246,7 @@ def check_cmd(model_dir: Path, with_trt: bool) -> None:
     from ..trt_compat import check_model_dir
     if with_trt:
         from ..trt_support import current_platform
+        read_manifest(model_dir)  # a wrong directory first: TensorRT would not help with that
         platform = current_platform()
         click.echo(f"TensorRT {platform.tensorrt} on {platform.gpu} (compute capability {platform.compute_capability})")
     report = check_model_dir(model_dir)
@@ -264,8 +266,9 @@ def check_cmd(model_dir: Path, with_trt: bool) -> None:
 @main.command("trt")
 @click.option("--model", "model_dir", type=click.Path(path_type=Path), required=True,
               help="A model directory: fp32 (with --fp16, the fp16 graphs are made from it), fp16, or int8 static.")
-@click.option("--fp16", "precision", flag_value="fp16", help="fp16 engines (from the fp16 graphs; made if needed).")
-@click.option("--int8", "precision", flag_value="int8", help="int8 engines from an int8 static (Q/DQ) directory.")
+@click.option("--fp16", is_flag=True,
+              help="fp16 engines (from the fp16 graphs; made from an fp32 directory if needed).")
+@click.option("--int8", is_flag=True, help="int8 engines from an int8 static (Q/DQ) directory.")
 @click.option("--output", type=click.Path(path_type=Path, file_okay=False), required=True,
               help="Engine directory to create: encoder.plan, decoder_step.plan, manifest.json, tokenizer.")
 @click.option("--max-batch", type=click.IntRange(min=1), default=64, show_default=True,
@@ -274,10 +277,12 @@ def check_cmd(model_dir: Path, with_trt: bool) -> None:
               help="Longest source, with <s> and </s> (default: the model's positions).")
 @click.option("--max-target-length", type=click.IntRange(min=2), default=None,
               help="Longest target, <s> included (default: the model's positions).")
-@click.option("--opt-batch", type=click.IntRange(min=1), default=8, show_default=True,
-              help="Rows TensorRT tunes its kernels for.")
-@click.option("--opt-source-length", type=click.IntRange(min=1), default=32, show_default=True)
-@click.option("--opt-past-length", type=click.IntRange(min=0), default=32, show_default=True)
+@click.option("--opt-batch", type=click.IntRange(min=1), default=None,
+              help="Rows TensorRT tunes its kernels for (default: 8, or --max-batch if smaller).")
+@click.option("--opt-source-length", type=click.IntRange(min=1), default=None,
+              help="Source length TensorRT tunes for (default: 32, or the maximum if smaller).")
+@click.option("--opt-past-length", type=click.IntRange(min=0), default=None,
+              help="Cached target tokens TensorRT tunes the decoder step for (default: 32, or the maximum).")
 @click.option("--timing-cache", type=click.Path(path_type=Path, dir_okay=False), default=None,
               help="Read and update this timing cache, so later builds skip kernel timing.")
 @click.option("--workspace", "workspace_mib", type=click.IntRange(min=1), default=None,
@@ -285,9 +290,10 @@ def check_cmd(model_dir: Path, with_trt: bool) -> None:
 @click.option("--weak-typing", is_flag=True,
               help="TensorRT 10 only: build with builder precision flags instead of from the typed graphs.")
 @click.option("--force", is_flag=True, help="Replace a non-empty output directory.")
-def trt_cmd(model_dir: Path, precision: str | None, output: Path, max_batch: int, max_source_length: int | None,
-            max_target_length: int | None, opt_batch: int, opt_source_length: int, opt_past_length: int,
-            timing_cache: Path | None, workspace_mib: int | None, weak_typing: bool, force: bool) -> None:
+def trt_cmd(model_dir: Path, fp16: bool, int8: bool, output: Path, max_batch: int, max_source_length: int | None,
+            max_target_length: int | None, opt_batch: int | None, opt_source_length: int | None,
+            opt_past_length: int | None, timing_cache: Path | None, workspace_mib: int | None, weak_typing: bool,
+            force: bool) -> None:
     """Build TensorRT engines (one optimisation profile per graph) from a model directory.
 
     Precision comes from the graphs: fp32 by default, --fp16 (the fp16 graphs, made from an fp32 directory
@@ -295,6 +301,9 @@ def trt_cmd(model_dir: Path, precision: str | None, output: Path, max_batch: int
     """
     from ..trt_build import build_engines
     from ..trt_profiles import ShapeLimits
+    if fp16 and int8:
+        raise TfmExportError("--fp16 and --int8 exclude each other: an engine has one precision")
+    precision = "fp16" if fp16 else "int8" if int8 else None
     positions = ModelConfig.from_dict(read_manifest(model_dir)["model"]).n_position
     limits = ShapeLimits(max_batch, max_source_length or positions, max_target_length or positions, opt_batch,
                          opt_source_length, opt_past_length)
