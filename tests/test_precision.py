@@ -241,7 +241,11 @@ def test_calibration_in_another_language_warns_loudly(demo_onnx, tmp_path):
     (["--precision", "int8", "--mode", "dynamic", "--keep-io-types"], "--keep-io-types is only for --precision fp16"),
     (["--precision", "int8", "--calibration", str(CALIBRATION), "--calibration-max-length", "500"],
      "--calibration-max-length 500 is beyond the model's 200 target positions"),
-    (["--precision", "int8", "--calibration-max-length", "5"], "--calibration-max-length needs --calibration"),
+    (["--precision", "int8", "--calibration-max-length", "5"],
+     "--calibration-max-length is only for --precision int8"),
+    (["--precision", "int8", "--mode", "dynamic", "--calibration-max-length", "5"],
+     "--mode static, with --calibration"),
+    (["--precision", "fp16", "--mode", "dynamic"], "--mode is only for --precision int8"),
 ])
 def test_options_that_do_not_fit_are_refused(demo_onnx, tmp_path, args, message):
     result = _quantize(["--model", str(demo_onnx), "--output", str(tmp_path / "o"), *args])
@@ -397,3 +401,10 @@ def test_a_damaged_graph_with_a_matching_hash_is_one_line(demo_onnx, tmp_path):
         assert result.output.strip().splitlines()[-1].endswith("not a readable ONNX graph (DecodeError); export the "
                                                               "model again"), (args, result.output)
     assert not (tmp_path / "q").exists()
+
+
+def test_verify_refuses_fp32_only_options_on_quantized_directories(variants):
+    samples = str(REPO / "models" / "demo" / "samples.en.txt")
+    result = CliRunner().invoke(export_main, ["verify", "--model", str(variants["int8-static"]), "--input", samples,
+                                              "--samples", "5", "--atol", "0.1"])
+    assert result.exit_code == 1 and "--samples, --atol: for fp32 directories only" in result.output

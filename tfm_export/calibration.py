@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import onnxruntime as ort
+from tqdm import tqdm
 
 from . import decoding
 from .batching import length_buckets, pad_batch
@@ -99,7 +100,8 @@ def language_warning(texts: Sequence[str], source: TextTokenizer, target: TextTo
 
 def record_traces(backend: OrtBackend, texts: Sequence[str], tokenizer: TextTokenizer, name: str,
                   batch_size: int = 8, max_length: int | None = None, max_feeds: int = MAX_FEEDS,
-                  target: TextTokenizer | None = None, consequence: str = "the int8 ranges will be wrong") -> Traces:
+                  target: TextTokenizer | None = None, consequence: str = "the int8 ranges will be wrong",
+                  progress: bool = False) -> Traces:
     """Greedy-decode `texts` on the fp32 graphs and record every encoder and decoder_step input."""
     cfg = backend.config
     rows, unknown = calibration_sources(texts, tokenizer, cfg.n_position, name)
@@ -109,6 +111,8 @@ def record_traces(backend: OrtBackend, texts: Sequence[str], tokenizer: TextToke
                     "like the training data (calibration/README.md).", name, problem, consequence)
     traces = Traces(max_feeds, sentences=len(rows), unknown_rate=unknown)
     recorder = RecordingBackend(backend, traces)
-    for bucket in length_buckets([len(r) for r in rows], batch_size):
-        decoding.greedy(recorder, pad_batch([rows[i] for i in bucket]), max_length or cfg.n_position)
+    with tqdm(total=len(rows), desc="calibration", unit="sentence", disable=not progress, leave=False) as bar:
+        for bucket in length_buckets([len(r) for r in rows], batch_size):
+            decoding.greedy(recorder, pad_batch([rows[i] for i in bucket]), max_length or cfg.n_position)
+            bar.update(len(bucket))
     return traces

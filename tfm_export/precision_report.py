@@ -144,7 +144,7 @@ def compare_precision(directory: Path, parent: Path, texts: Sequence[str], refer
                       beam_size: int = 4, min_agreement: float | None = None) -> PrecisionReport:
     rows = [i for i, t in enumerate(texts) if t.strip()]
     if not rows:
-        raise TfmExportError("--input has no non-empty lines to compare on")
+        raise TfmExportError("--input: has no non-empty lines to compare on; give sentences in the source language")
     if references is not None and len(references) != len(texts):
         raise TfmExportError(f"--references has {len(references)} lines but --input has {len(texts)}; "
                              "they must match line by line")

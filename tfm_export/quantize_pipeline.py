@@ -90,7 +90,7 @@ def quantize_model_dir(source: Path, output: Path, precision: str, mode: str = "
         traces = None
         if calibration is not None:
             bar.set_postfix_str("calibration traces")
-            traces = _traces(source, manifest, calibration)
+            traces = _traces(source, manifest, calibration, progress)
         bar.update()
         specs = graph_specs(ModelConfig.from_dict(manifest["model"]))
         entries, kept = {}, {}
@@ -125,11 +125,11 @@ def tokenizer_file(directory: Path, name: str) -> Path:
     return path
 
 
-def _traces(source: Path, manifest: dict[str, Any], calibration: Calibration) -> Traces:
+def _traces(source: Path, manifest: dict[str, Any], calibration: Calibration, progress: bool) -> Traces:
     files = manifest["tokenizer"]
     tokenizer, target = (load_tokenizer(tokenizer_file(source, files[side])) for side in ("source", "target"))
     return record_traces(OrtBackend.open(source), calibration.texts, tokenizer, str(calibration.path),
-                         max_length=calibration.max_length, target=target)
+                         max_length=calibration.max_length, target=target, progress=progress)
 
 
 def _convert(proto: onnx.ModelProto, precision: str, mode: str, keep_io_types: bool, traces: Traces | None,

@@ -118,9 +118,10 @@ def onnx_cmd(checkpoint: Path, vocab: tuple[Path, ...], output: Path, opset: str
               help="An fp32 model directory from `tfm-export onnx`.")
 @click.option("--precision", type=click.Choice(PRECISIONS), required=True,
               help="fp16: for GPUs (TensorRT, CUDA). int8: Q/DQ graphs (static) or CPU int8 (dynamic).")
-@click.option("--mode", type=click.Choice(INT8_MODES), default="static", show_default=True,
-              help="int8 only. static: explicit Q/DQ with calibrated ranges, for TensorRT and int8 accelerators. "
-                   "dynamic: activations quantized per call, the fast choice for ONNX Runtime on x86 CPUs.")
+@click.option("--mode", type=click.Choice(INT8_MODES), default=None,
+              help="int8 only (default static). static: explicit Q/DQ with calibrated ranges, for TensorRT and "
+                   "int8 accelerators. dynamic: activations quantized per call, the fast choice for ONNX Runtime "
+                   "on x86 CPUs.")
 @click.option("--calibration", type=click.Path(path_type=Path, dir_okay=False), default=None,
               help="int8 static: sentences in the source language, one per line (e.g. calibration/demo.en.txt).")
 @click.option("--calibration-max-length", type=click.IntRange(min=1), default=None,
@@ -134,12 +135,15 @@ def onnx_cmd(checkpoint: Path, vocab: tuple[Path, ...], output: Path, opset: str
 @click.option("--output", type=click.Path(path_type=Path, file_okay=False), required=True,
               help="Model directory to create, same contract as the input.")
 @click.option("--force", is_flag=True, help="Replace a non-empty output directory.")
-def quantize_cmd(model_dir: Path, precision: str, mode: str, calibration: Path | None,
+def quantize_cmd(model_dir: Path, precision: str, mode: str | None, calibration: Path | None,
                  calibration_max_length: int | None, keep_io_types: bool, float_embeddings: bool, output: Path,
                  force: bool) -> None:
     """Make an fp16 or int8 model directory from an fp32 one (check it with `tfm-export verify`)."""
-    if calibration_max_length and not calibration:
-        raise TfmExportError("--calibration-max-length needs --calibration")
+    if mode is not None and precision != "int8":
+        raise TfmExportError("--mode is only for --precision int8 (fp16 has one mode); drop it")
+    mode = mode or "static"
+    if calibration_max_length and (mode != "static" or not calibration):
+        raise TfmExportError("--calibration-max-length is only for --precision int8 --mode static, with --calibration")
     calib = Calibration(calibration, read_text_lines(calibration), calibration_max_length) if calibration else None
     manifest = quantize_model_dir(model_dir, output, precision, mode, calib, keep_io_types, force,
                                   progress=sys.stderr.isatty(), float_embeddings=float_embeddings)
@@ -165,8 +169,10 @@ def quantize_cmd(model_dir: Path, precision: str, mode: str, calibration: Path |
               help="fp32: random sources decoded by both sides.")
 @click.option("--steps", type=click.IntRange(min=1), default=30, show_default=True,
               help="fp32: decoder steps compared with the cache fed back.")
-@click.option("--beam-size", type=click.IntRange(min=1), default=4, show_default=True)
-@click.option("--atol", type=float, default=Tolerance.atol, show_default=True)
+@click.option("--beam-size", type=click.IntRange(min=1), default=4, show_default=True,
+              help="Beam size of the beam-search agreement check (greedy is always checked).")
+@click.option("--atol", type=float, default=Tolerance.atol, show_default=True,
+              help="fp32: absolute tolerance of every tensor comparison.")
 @click.option("--rtol", type=float, default=Tolerance.rtol, show_default=True,
               help="Relative to the largest reference value of each tensor.")
 @click.option("--min-agreement", type=click.FloatRange(0, 1), default=None,
@@ -177,9 +183,10 @@ def verify_cmd(model_dir: Path, checkpoint: Path | None, reference: Path | None,
     """fp32: compare ONNX Runtime with PyTorch (tensor errors step by step, greedy/beam agreement).
     fp16/int8: compare with the fp32 parent (per-graph errors, agreement, BLEU, exact match)."""
     if read_manifest(model_dir)["precision"] != "fp32":
-        if checkpoint or vocab:
-            raise TfmExportError("--checkpoint/--vocab are for fp32 directories; a quantized directory is "
-                                   "compared with its fp32 parent (--reference)")
+        given = [f"--{name}" for name in ("samples", "steps", "atol", "rtol") if _given(name)]
+        if checkpoint or vocab or given:
+            raise TfmExportError(f"{', '.join(given) or '--checkpoint/--vocab'}: for fp32 directories only; a "
+                                 "quantized directory is compared with its fp32 parent (--reference)")
         if input_file is None:
             raise TfmExportError("--input FILE is required for fp16/int8 directories (sentences to compare on)")
         writable_output(report_dir, "--report", directory=True)
@@ -213,6 +220,11 @@ def verify_cmd(model_dir: Path, checkpoint: Path | None, reference: Path | None,
     if report.failures:
         raise click.ClickException("parity check failed: " + "; ".join(report.failures))
     click.echo(f"parity OK (atol {atol}, rtol {rtol}, agreement >= {threshold:.0%})")
+
+
+def _given(name: str) -> bool:
+    """Whether the user gave an option, rather than its default taking effect."""
+    return click.get_current_context().get_parameter_source(name) is not click.core.ParameterSource.DEFAULT
 
 
 @main.command("inspect")
