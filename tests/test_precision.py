@@ -408,3 +408,11 @@ def test_verify_refuses_fp32_only_options_on_quantized_directories(variants):
     result = CliRunner().invoke(export_main, ["verify", "--model", str(variants["int8-static"]), "--input", samples,
                                               "--samples", "5", "--atol", "0.1"])
     assert result.exit_code == 1 and "--samples, --atol: for fp32 directories only" in result.output
+
+
+def test_output_inside_or_equal_to_the_model_directory_is_refused(demo_onnx):
+    before = listing(demo_onnx)
+    for output, message in ((demo_onnx / "sub", "is inside the input"), (demo_onnx, "is the input itself")):
+        result = _quantize(["--model", str(demo_onnx), "--precision", "fp16", "--output", str(output), "--force"])
+        assert result.exit_code == 1 and message in result.output, result.output
+    assert listing(demo_onnx) == before

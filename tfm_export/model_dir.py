@@ -32,13 +32,17 @@ def check_output(output: Path, force: bool, keep: tuple[Path, ...] = ()) -> None
     """Fail before any slow work if the output cannot be written, or replacing it would delete `keep`
     (the inputs of the export, or the working directory)."""
     target = output.resolve()
-    for path in (*keep, Path.cwd()):
+    for path in keep:
         if path.resolve() == target:
             raise ModelDirError(f"{output}: is the input itself ({path}); choose another --output")
         if target in path.resolve().parents:
             raise ModelDirError(f"{output}: holds {path}, which replacing it would delete; choose another --output")
-        if path.is_dir() and path != Path.cwd() and path.resolve() in target.parents:
+        if path.is_dir() and path.resolve() in target.parents:
             raise ModelDirError(f"{output}: is inside the input {path}; choose an --output outside it")
+    cwd = Path.cwd().resolve()
+    if cwd == target or target in cwd.parents:
+        raise ModelDirError(f"{output}: holds the working directory {cwd}, which replacing it would delete; choose "
+                            "another --output")
     if output.exists() and not output.is_dir():
         raise ModelDirError(f"{output}: exists and is not a directory; choose another --output")
     if output.is_dir() and any(output.iterdir()) and not force:
