@@ -103,8 +103,9 @@ def bench(model_path: Path, backends: str, batch_sizes: str, beam_sizes: str, ou
           plot_path: Path | None, markdown_path: Path | None) -> None:
     """Time every backend side by side on the same weights and inputs: latency, tokens/s, memory, size.
 
-    Each backend runs in its own process after a warm-up; CTranslate2 (the external anchor) and every
-    other backend must first produce ONNX Runtime fp32's greedy output (the agreement column).
+    Each backend runs in its own process after a warm-up. PyTorch and CTranslate2 fp32 (the external
+    anchor) are timed only if their greedy output matches ONNX Runtime fp32's; the agreement column shows
+    every backend's. Results: a table here, and --json, --plot, --markdown files.
     """
     # Imported here: the spawned measuring processes re-import this module, and must not load PyTorch for
     # backends that do not use it (their peak RSS would include it).
