@@ -112,14 +112,8 @@ def build_engines(model_dir: Path, output: Path, precision: str | None = None, l
         engines = {}
         for graph in Graph:
             bar.set_postfix_str(graph.value)
-            onnx_path = graph_path(source, source_manifest, graph.value)
-            shapes = profile_shapes(specs[graph], limits)
-            plan_bytes = build_plan(onnx_path, shapes, plan, workspace_mib, cache)
-            (staging / plan_name(graph)).write_bytes(plan_bytes)
-            engines[graph.value] = {"file": plan_name(graph), "sha256": file_sha256(staging / plan_name(graph)),
-                                    "source_graph": source_manifest["graphs"][graph.value]["file"],
-                                    "source_graph_sha256": source_manifest["graphs"][graph.value]["sha256"],
-                                    "profile": {name: [list(s) for s in mm] for name, mm in shapes.items()}}
+            engines[graph.value] = _write_plan(graph, source, source_manifest, profile_shapes(specs[graph], limits),
+                                               plan, workspace_mib, cache, staging)
             bar.update()
         for name in set(manifest["tokenizer"].values()):
             shutil.copyfile(tokenizer_file(model_dir, name), staging / name)
@@ -128,6 +122,18 @@ def build_engines(model_dir: Path, output: Path, precision: str | None = None, l
         if timing_cache:
             _save_timing_cache(cache, timing_cache)
     return read_engine_manifest(output)
+
+
+def _write_plan(graph: Graph, source: Path, source_manifest: dict[str, Any],
+                shapes: dict[str, tuple[tuple[int, ...], ...]], plan: BuildPlan, workspace_mib: int | None,
+                timing_cache: Path, staging: Path) -> dict[str, Any]:
+    """Build one graph's plan into the staging directory; returns its manifest entry."""
+    plan_bytes = build_plan(graph_path(source, source_manifest, graph.value), shapes, plan, workspace_mib, timing_cache)
+    (staging / plan_name(graph)).write_bytes(plan_bytes)
+    return {"file": plan_name(graph), "sha256": file_sha256(staging / plan_name(graph)),
+            "source_graph": source_manifest["graphs"][graph.value]["file"],
+            "source_graph_sha256": source_manifest["graphs"][graph.value]["sha256"],
+            "profile": {name: [list(s) for s in min_opt_max] for name, min_opt_max in shapes.items()}}
 
 
 def build_plan(onnx_path: Path, shapes: dict[str, tuple[tuple[int, ...], ...]], plan: BuildPlan,

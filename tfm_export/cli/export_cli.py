@@ -316,6 +316,7 @@ def trt_cmd(model_dir: Path, fp16: bool, int8: bool, output: Path, max_batch: in
     if fp16 and int8:
         raise TfmExportError("--fp16 and --int8 exclude each other: an engine has one precision")
     precision = "fp16" if fp16 else "int8" if int8 else None
+    writable_output(timing_cache, "--timing-cache")
     positions = ModelConfig.from_dict(read_manifest(model_dir)["model"]).n_position
     limits = ShapeLimits(max_batch, max_source_length or positions, max_target_length or positions, opt_batch,
                          opt_source_length, opt_past_length)
