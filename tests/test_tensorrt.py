@@ -224,6 +224,55 @@ def test_weak_typing_precision_is_read_from_the_inspector_json():
     assert layer_precisions({"Layers": [{"Outputs": [{"Format/Datatype": "Row major linear FP32"}]}]}) == set()
 
 
+# --- the TensorRT backend's own cache handling, on the CPU ------------------------------------------------------
+
+TORCH_TYPES = {"tensor(float)": "float32", "tensor(float16)": "float16", "tensor(int64)": "int64"}
+
+
+def _cache_handling_backend(model_dir: Path, max_batch: int = 64):
+    """TrtBackend's ping-pong buffers, views, gathers and limits on CPU tensors, with ONNX Runtime running each
+    graph call where TensorRT's execute_async_v3 would (TensorRT cannot run here). What is under test is the
+    backend's own cache handling; the engines are covered by the GPU tests below."""
+    import torch
+
+    from tfm_export.ort_backend import OrtBackend
+    from tfm_export.ort_session import run
+    from tfm_export.trt_backend import TrtBackend
+    ort = OrtBackend.open(model_dir)
+    sessions = {Graph.ENCODER: ort.encoder, Graph.DECODER_STEP: ort.decoder}
+    dtypes = {g: {t.name: getattr(torch, TORCH_TYPES[t.type]) for t in [*s.get_inputs(), *s.get_outputs()]}
+              for g, s in sessions.items()}
+    manifest = {**read_manifest(model_dir), "limits": {"max_batch": max_batch, "max_source_length": 200,
+                                                       "max_target_length": 200}}
+    backend = TrtBackend.__new__(TrtBackend)
+    backend._setup(manifest, dtypes, torch.device("cpu"), None)
+
+    def execute(graph: Graph, inputs: dict, outputs: dict) -> None:
+        read = {t.untyped_storage().data_ptr() for t in inputs.values()}
+        assert not any(t.untyped_storage().data_ptr() in read for t in outputs.values()), "an output aliases an input"
+        result = run(sessions[graph], {name: tensor.numpy() for name, tensor in inputs.items()})
+        for name, tensor in outputs.items():
+            tensor.copy_(torch.from_numpy(result[name]))  # into the ping-pong views, as TensorRT writes them
+
+    backend._execute = execute
+    return backend, Translator.load(model_dir)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_trt_backend_cache_handling_decodes_like_onnxruntime(variants, precision):
+    backend, reference = _cache_handling_backend(variants[precision])
+    translator = Translator(backend, reference.vocab, reference.config, backend.limits)
+    texts = [en for en, _ in demo_numbers.held_out_pairs()[:120]] + ["forty-two", "", "one"]
+    for options in (DecodeOptions(batch_size=16), DecodeOptions(beam_size=4, batch_size=32)):
+        got = translator.translate(texts, options)
+        want = reference.translate(texts, options)
+        assert [g.ids for g in got] == [w.ids for w in want]
+        assert np.allclose([g.score for g in got], [w.score for w in want], atol=1e-4)
+    buffers = [b.data_ptr() for p in backend._cache for b in p.buffers]
+    translator.translate(texts[:8], DecodeOptions(beam_size=2))
+    assert [b.data_ptr() for p in backend._cache for b in p.buffers] == buffers  # never reallocated per step
+
+
 # --- without TensorRT: one line, nothing written ---------------------------------------------------------------
 
 def test_trt_build_requests_are_checked_before_tensorrt_is_needed(variants, tmp_path):

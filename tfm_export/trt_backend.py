@@ -54,27 +54,30 @@ class TrtBackend:
 
     def __init__(self, directory: Path) -> None:
         import torch
-        self.torch = torch
-        self.manifest = read_engine_manifest(directory)
-        here = current_platform()
-        problem = engine_mismatch(self.manifest["tensorrt"], here)
+        manifest = read_engine_manifest(directory)
+        problem = engine_mismatch(manifest["tensorrt"], current_platform())
         if problem:
             raise TfmExportError(f"{directory}: engines {problem}; rebuild them here with `tfm-export trt`")
         trt = import_tensorrt()
-        self.config = ModelConfig.from_dict(self.manifest["model"])
-        self.limits = self.manifest["limits"]
         runtime = trt.Runtime(trt.Logger(trt.Logger.ERROR))
-        self.engines = {g: self._load(trt, runtime, plan_path(directory, self.manifest, g)) for g in Graph}
+        self.engines = {g: self._load(trt, runtime, plan_path(directory, manifest, g)) for g in Graph}
         self.contexts = {g: e.create_execution_context() for g, e in self.engines.items()}
-        self.dtypes = {g: {name: _torch_dtype(trt, torch, e.get_tensor_dtype(name)) for name in _names(e)}
-                       for g, e in self.engines.items()}
+        dtypes = {g: {name: _torch_dtype(trt, torch, e.get_tensor_dtype(name)) for name in _names(e)}
+                  for g, e in self.engines.items()}
+        # TensorRT on the legacy default stream synchronises every enqueue: the backend has a stream of its own
+        self._setup(manifest, dtypes, torch.device("cuda"), torch.cuda.Stream())
+
+    def _setup(self, manifest: dict[str, Any], dtypes: dict[Graph, dict[str, Any]], device: Any, stream: Any) -> None:
+        """Everything but the engines: tensor names and dtypes, limits, the (empty) ping-pong cache."""
+        import torch
+        self.torch, self.manifest, self.dtypes, self.device, self.stream = torch, manifest, dtypes, device, stream
+        self.config = ModelConfig.from_dict(manifest["model"])
+        self.limits = manifest["limits"]
         layers, roles = range(self.config.n_layers), ("key", "value")
         self.cross_outputs = [cache_name("present", i, "encoder", r) for i in layers for r in roles]
         self.self_outputs = [cache_name("present", i, "decoder", r) for i in layers for r in roles]
         self.self_inputs = [cache_name("past_key_values", i, "decoder", r) for i in layers for r in roles]
         self.cross_inputs = [cache_name("past_key_values", i, "encoder", r) for i in layers for r in roles]
-        self.device = torch.device("cuda")
-        self.stream = torch.cuda.Stream()  # TensorRT on the legacy default stream synchronises every enqueue
         self._check_cache_dtypes()
         self._cache: list[_PingPong] = []
         self._side = 0
