@@ -21,7 +21,7 @@ from . import decoding
 from .batching import length_buckets, pad_batch
 from .errors import TfmExportError
 from .graph_spec import Graph
-from .ort_backend import OrtBackend
+from .ort_backend import CacheState, OrtBackend
 from .tokenizer import BOS_ID, EOS_ID, UNK_ID, TextTokenizer
 
 MAX_FEEDS = 128  # per graph; a base model's decoder feeds (the whole cache) are ~10 MB each
@@ -67,6 +67,10 @@ class RecordingBackend(OrtBackend):
     def _run(self, session: ort.InferenceSession, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         self.traces.add(self._graphs[id(session)], feeds)
         return super()._run(session, feeds)
+
+    def reorder(self, state: CacheState, rows: np.ndarray, same_sources: bool = False) -> CacheState:
+        """Always into new arrays: recorded feeds hold the cache arrays, which an in-place reorder would change."""
+        return super().reorder(state, rows, same_sources=False)
 
 
 def calibration_sources(texts: Sequence[str], tokenizer: TextTokenizer, max_positions: int,

