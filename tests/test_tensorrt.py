@@ -398,3 +398,11 @@ def test_tensorrt_refuses_swapped_or_foreign_engines(engines, tmp_path):
 def test_polygraphy_tensorrt_matches_onnxruntime(variants):
     for precision in TRT_PRECISIONS:
         assert [r for r in check_onnxruntime(variants[precision], trt=True) if r.problem] == [], precision
+
+
+def test_check_refuses_a_directory_without_its_tokenizer(demo_onnx, tmp_path):
+    copy = tmp_path / "copy"
+    shutil.copytree(demo_onnx, copy)
+    (copy / "tokenizer.json").unlink()
+    result = CliRunner().invoke(export_main, ["check", "--model", str(copy)])
+    assert result.exit_code == 1 and "tokenizer file 'tokenizer.json' is not a file" in result.output

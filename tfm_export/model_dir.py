@@ -178,3 +178,12 @@ def graph_path(directory: Path, manifest: dict[str, Any], graph: str, check_hash
         raise ModelDirError(f"{path}: sha256 differs from manifest.json (file changed or damaged); "
                             "export the model again")
     return path
+
+
+def tokenizer_file(directory: Path, name: str) -> Path:
+    """A tokenizer file the manifest names: a plain file name inside the directory, present."""
+    path = directory / name
+    if Path(name).name != name or not path.is_file():
+        raise ModelDirError(f"{directory / 'manifest.json'}: tokenizer file {name!r} is not a file in the model "
+                            "directory; export the model again")
+    return path

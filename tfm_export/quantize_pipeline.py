@@ -27,7 +27,7 @@ from .files import file_sha256
 from .fp16_convert import to_fp16
 from .graph_spec import Graph, graph_specs
 from .int8_quantize import float_ops, quantize_dynamic_graph, quantize_static_graph
-from .model_dir import load_graph, read_manifest, staged_directory, write_manifest
+from .model_dir import load_graph, read_manifest, staged_directory, tokenizer_file, write_manifest
 from .onnx_export import check_graph, save_graph
 from .ort_backend import OrtBackend
 from .parity import random_sources
@@ -114,15 +114,6 @@ def quantize_model_dir(source: Path, output: Path, precision: str, mode: str = "
         _smoke_test(staging, output, source)
         bar.update()
     return new
-
-
-def tokenizer_file(directory: Path, name: str) -> Path:
-    """A tokenizer file the manifest names: a plain file name inside the directory, present."""
-    path = directory / name
-    if Path(name).name != name or not path.is_file():
-        raise TfmExportError(f"{directory / 'manifest.json'}: tokenizer file {name!r} is not a file in the model "
-                             "directory; export the model again")
-    return path
 
 
 def _traces(source: Path, manifest: dict[str, Any], calibration: Calibration, progress: bool) -> Traces:

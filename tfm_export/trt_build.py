@@ -27,8 +27,8 @@ from .engine_dir import ENGINE_FORMAT, ENGINE_FORMAT_VERSION, plan_name, read_en
 from .errors import TfmExportError, first_line
 from .files import file_sha256
 from .graph_spec import Graph, graph_specs
-from .model_dir import check_output, graph_path, read_manifest, staged_directory, write_manifest
-from .quantize_pipeline import quantize_model_dir, tokenizer_file
+from .model_dir import check_output, graph_path, read_manifest, staged_directory, tokenizer_file, write_manifest
+from .quantize_pipeline import quantize_model_dir
 from .trt_profiles import ShapeLimits, profile_shapes
 from .trt_support import Platform, check_gpu_supported, current_platform, import_tensorrt
 

@@ -18,7 +18,7 @@ from onnx import numpy_helper
 
 from .config import ModelConfig
 from .graph_spec import Graph, GraphSpec, graph_specs
-from .model_dir import load_graph, read_manifest
+from .model_dir import load_graph, read_manifest, tokenizer_file
 from .trt_parser_ops import RELEASES, TENSOR_TYPES, ParserRelease
 
 CONTROL_FLOW = {"If", "Loop", "Scan"}
@@ -81,6 +81,8 @@ class _Graph:
 
 def check_model_dir(model_dir: Path) -> CompatReport:
     manifest = read_manifest(model_dir)
+    for name in set(manifest["tokenizer"].values()):
+        tokenizer_file(model_dir, name)  # a directory that cannot translate is not ready for engines either
     specs = graph_specs(ModelConfig.from_dict(manifest["model"]))
     findings = []
     for graph in Graph:

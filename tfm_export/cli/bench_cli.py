@@ -144,7 +144,8 @@ def bench(model_path: Path, backends: str, batch_sizes: str, beam_sizes: str, ou
         click.echo(line)
     found = ratios(results)
     for name, value in found.items():
-        click.echo(f"ratio {name}: " + ("-" if value is None else f"{value:.2f}x"))
+        if value is not None:  # configurations this run did not measure are left out (the JSON keeps them)
+            click.echo(f"ratio {name}: {value:.2f}x")
     info = {"machine": machine_info(), "model": str(model_path), "input": str(input_file) if input_file else "random",
             "sentences": sentences, "output_length": length, "forced": output_length > 0,
             "sizes_mb": built.size_mb, "build_s": built.build_s,
@@ -171,8 +172,7 @@ def _positions(model_path: Path) -> int:
 
 
 def _source_tokenizer(model_path: Path):
-    from ..model_dir import read_manifest
-    from ..quantize_pipeline import tokenizer_file
+    from ..model_dir import read_manifest, tokenizer_file
     from ..tokenizer import load_tokenizer
     if model_path.is_dir():
         return load_tokenizer(tokenizer_file(model_path, read_manifest(model_path)["tokenizer"]["source"]))
