@@ -52,7 +52,7 @@ for precision, floor in floors.items():
         failed.append(precision)
 sys.exit(1 if failed else 0)
 EOF
-for precision in fp16 int8; do
+for precision in fp32 fp16 int8; do
     "$BIN/tfm-export" eval-demo --model "$OUT/engines-$precision"
 done
 

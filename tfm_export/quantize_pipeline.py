@@ -159,7 +159,8 @@ def _manifest(parent: dict[str, Any], source: Path, precision: str, mode: str, k
         new["int8"] = {"mode": mode, "kept_float": kept, "weights": "int8 symmetric per output channel",
                        "activations": "int8 symmetric per tensor, zero point 0, calibrated ranges (MinMax)"
                        if mode == "static" else "quantized per call at run time (ONNX Runtime CPU)",
-                       "embeddings": "int8 per row, dequantized after the Gather"}
+                       "embeddings": "int8 per row, gathered from DequantizeLinear(table)" if mode == "static"
+                       else "int8 per row, dequantized after the Gather"}
     if calibration is not None and traces is not None:
         new["int8"]["calibration"] = {
             "file": str(calibration.path.resolve()), "sha256": file_sha256(calibration.path),
