@@ -7,8 +7,8 @@ step, and a cProfile of the Python search loop around the sessions.
 from __future__ import annotations
 
 import argparse
-import cProfile
 import collections
+import cProfile
 import json
 import pstats
 import random
@@ -18,9 +18,9 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from tfm_export import decoding
-from tfm_export.batching import pad_batch
-from tfm_export.ort_backend import OrtBackend
+from tfm_export.core.batching import pad_batch
+from tfm_export.runtime import decoding
+from tfm_export.runtime.ort_backend import OrtBackend
 
 
 def sources(count: int, vocab: int, seed: int = 0) -> np.ndarray:

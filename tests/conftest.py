@@ -10,8 +10,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))  # test helpers such as seed_oracle
 
-from tfm_export.config import ModelConfig  # noqa: E402
-from tfm_export.model import Transformer  # noqa: E402
+from tfm_export.core.config import ModelConfig  # noqa: E402
+from tfm_export.model.transformer import Transformer  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 DEMO_CKPT = REPO / "models" / "demo" / "ckpt.pt"
@@ -39,8 +39,8 @@ def tiny_model() -> Transformer:
 @pytest.fixture(scope="session")
 def demo_onnx(tmp_path_factory) -> Path:
     """The demo checkpoint exported once per test session."""
-    from tfm_export.checkpoint import load_checkpoint
-    from tfm_export.export_pipeline import export_model_dir
+    from tfm_export.graphs.pipeline import export_model_dir
+    from tfm_export.model.checkpoint import load_checkpoint
     out = tmp_path_factory.mktemp("demo-onnx") / "model"
     export_model_dir(load_checkpoint(DEMO_CKPT), out, progress=False)
     return out
@@ -49,9 +49,9 @@ def demo_onnx(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def base_onnx(tmp_path_factory):
     """The base config (d_model 512, 8 heads, 6+6 layers, vocab 32,000, random weights): (checkpoint, export)."""
-    from tfm_export.checkpoint import load_checkpoint
-    from tfm_export.export_pipeline import export_model_dir
-    from tfm_export.synthetic import random_checkpoint
+    from tfm_export.graphs.pipeline import export_model_dir
+    from tfm_export.model.checkpoint import load_checkpoint
+    from tfm_export.model.synthetic import random_checkpoint
     root = tmp_path_factory.mktemp("base")
     ckpt = load_checkpoint(random_checkpoint(ModelConfig(src_vocab_size=32000, trg_vocab_size=32000), root / "ckpt"))
     export_model_dir(ckpt, root / "model", progress=False)
@@ -61,7 +61,7 @@ def base_onnx(tmp_path_factory):
 @pytest.fixture(scope="session")
 def variants(demo_onnx, tmp_path_factory) -> dict[str, Path]:
     """The demo model in every precision, made once: int8 static/dynamic, fp16, fp16 with fp32 I/O."""
-    from tfm_export.quantize_pipeline import Calibration, quantize_model_dir
+    from tfm_export.precision.pipeline import Calibration, quantize_model_dir
     root = tmp_path_factory.mktemp("precision")
     texts = CALIBRATION.read_text().splitlines()
     made = {"fp32": demo_onnx}
@@ -77,8 +77,8 @@ def variants(demo_onnx, tmp_path_factory) -> dict[str, Path]:
 @pytest.fixture(scope="session")
 def base_variants(base_onnx, tmp_path_factory) -> dict[str, Path]:
     """The base config in fp32, fp16, int8 static (calibrated on 16 random-word sentences) and int8 dynamic."""
-    from tfm_export.quantize_pipeline import Calibration, quantize_model_dir
-    from tfm_export.synthetic import random_texts
+    from tfm_export.model.synthetic import random_texts
+    from tfm_export.precision.pipeline import Calibration, quantize_model_dir
     ckpt, fp32 = base_onnx
     root = tmp_path_factory.mktemp("base-precision")
     texts = random_texts(ckpt.config, 16)

@@ -11,16 +11,18 @@ import torch
 from click.testing import CliRunner
 from conftest import DEMO_CKPT, tiny_config
 
-from tfm_export import decoding, demo_numbers
-from tfm_export.batching import pad_batch
-from tfm_export.benchmark import _batches
-from tfm_export.checkpoint import load_checkpoint
+from tfm_export.bench.protocol import _batches
+from tfm_export.bench.torch_full import TorchFullBackend
 from tfm_export.cli.run_cli import main as run_main
-from tfm_export.parity import random_sources
-from tfm_export.synthetic import random_checkpoint
-from tfm_export.tokenizer import EOS_ID
-from tfm_export.torch_backend import TorchBackend, TorchFullBackend
-from tfm_export.translator import Translator
+from tfm_export.core.batching import pad_batch
+from tfm_export.core.tokenizer import EOS_ID
+from tfm_export.demo import numbers as demo_numbers
+from tfm_export.graphs.inputs import random_sources
+from tfm_export.model.checkpoint import load_checkpoint
+from tfm_export.model.synthetic import random_checkpoint
+from tfm_export.runtime import decoding
+from tfm_export.runtime.torch_backend import TorchBackend
+from tfm_export.runtime.translator import Translator
 
 ctranslate2 = pytest.importorskip("ctranslate2", reason="CTranslate2 is in the dev/bench extras")
 
@@ -49,7 +51,7 @@ def test_full_recompute_baseline_decodes_like_the_cached_backend():
 
 
 def test_ctranslate2_translates_the_demo_exactly_like_us(tmp_path):
-    from tfm_export.ctranslate2_convert import convert_to_ctranslate2
+    from tfm_export.bench.ctranslate2 import convert_to_ctranslate2
     ckpt = load_checkpoint(DEMO_CKPT)
     model = ctranslate2.Translator(str(convert_to_ctranslate2(ckpt, tmp_path / "ct2")), intra_threads=1)
     pairs = demo_numbers.held_out_pairs()[:200]
@@ -63,7 +65,7 @@ def test_ctranslate2_translates_the_demo_exactly_like_us(tmp_path):
                                        dict(proj_share_weight=False, embs_share_weight=False)])
 def test_ctranslate2_scores_equal_ours_on_random_models(tmp_path, overrides):
     """Summed log-probs of forced greedy decodes: the same numbers, so the same model (scaling options too)."""
-    from tfm_export.ctranslate2_convert import convert_to_ctranslate2
+    from tfm_export.bench.ctranslate2 import convert_to_ctranslate2
     cfg = tiny_config(src_vocab_size=40, trg_vocab_size=40, d_model=32, n_head=4, d_k=8, d_v=8, **overrides)
     ckpt = load_checkpoint(random_checkpoint(cfg, tmp_path / "m", seed=1))
     model = ctranslate2.Translator(str(convert_to_ctranslate2(ckpt, tmp_path / "ct2")), intra_threads=1)
@@ -135,8 +137,8 @@ def test_unknown_backend_is_a_usage_error():
 
 def test_a_backend_that_decodes_differently_is_not_timed(tmp_path):
     """torch-cache must first reproduce the reference's greedy output; against a wrong reference it is refused."""
-    from tfm_export.bench_runners import Artifacts
-    from tfm_export.benchmark import BenchSettings, measure
+    from tfm_export.bench.protocol import BenchSettings, measure
+    from tfm_export.bench.runners import Artifacts
     ckpt = random_checkpoint(tiny_config(), tmp_path / "tiny")
     sources = [list(row[row != 1]) for row in random_sources(13, 4, 8, seed=1)]
     settings = BenchSettings(backends=("torch-cache",), batch_sizes=(2,), beam_sizes=(1,), repeats=2, min_time=0)
@@ -151,7 +153,8 @@ def test_bad_bench_requests_fail_before_any_work(tmp_path, demo_onnx):
     (tmp_path / "long.txt").write_text("\n" + "forty\n\n" + " ".join(["one"] * 250) + "\n")
     (tmp_path / "a-file").write_text("")
     cases = [(["--output-length", "500"], "--output-length 500 is beyond the model's 200 positions"),
-             (["--input", str(tmp_path / "long.txt")], "--input: line 4 is longer than the model's 200 positions"),
+             (["--input", str(tmp_path / "long.txt")], "--input line 4: 252 tokens with <s> and </s>, but the model "
+                                          "takes at most 200"),
              (["--json", str(tmp_path / "a-file" / "b.json")],
               "a-file: is a file, not a folder; choose another --json"),
              (["--work-dir", str(demo_onnx)], "is a model directory, which the benchmark would write into"),

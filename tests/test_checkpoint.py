@@ -14,11 +14,11 @@ from click.testing import CliRunner
 from conftest import listing, tiny_config, unwritable_dir
 from seed_oracle import save_seed_checkpoint, seed_forward, seed_settings, seed_state_dict, seed_vocab
 
-from tfm_export.checkpoint import load_checkpoint, save_checkpoint
 from tfm_export.cli.run_cli import main as run_main
-from tfm_export.errors import CheckpointError, VocabularyError
-from tfm_export.model import Transformer
-from tfm_export.tokenizer import Vocabulary, plain_word_tokenizer
+from tfm_export.core.errors import CheckpointError, VocabularyError
+from tfm_export.core.tokenizer import Vocabulary, plain_word_tokenizer
+from tfm_export.model.checkpoint import load_checkpoint, save_checkpoint
+from tfm_export.model.transformer import Transformer
 
 
 @pytest.fixture

@@ -7,11 +7,11 @@ import torch
 from click.testing import CliRunner
 from conftest import listing, tiny_config
 
-from tfm_export.checkpoint import save_checkpoint
 from tfm_export.cli.export_cli import main as export_main
 from tfm_export.cli.run_cli import main as run_main
-from tfm_export.model import Transformer
-from tfm_export.tokenizer import Vocabulary, plain_word_tokenizer
+from tfm_export.core.tokenizer import Vocabulary, plain_word_tokenizer
+from tfm_export.model.checkpoint import save_checkpoint
+from tfm_export.model.transformer import Transformer
 
 WORDS = ["<unk>", "<blank>", "<s>", "</s>", *[f"t{i}" for i in range(9)]]
 

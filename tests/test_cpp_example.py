@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 from conftest import DEMO_CKPT, REPO
 
-from tfm_export import Translator, demo_numbers
-from tfm_export.tokenizer import load_tokenizer, plain_word_tokenizer
+from tfm_export import Translator
+from tfm_export.core.tokenizer import load_tokenizer, plain_word_tokenizer
+from tfm_export.demo import numbers as demo_numbers
 
 CPP_DIR = REPO / "examples" / "cpp"
 

@@ -11,9 +11,10 @@ import pytest
 from click.testing import CliRunner
 from conftest import DEMO_CKPT
 
-from tfm_export import DecodeOptions, Translator, demo_numbers
-from tfm_export.checkpoint import load_checkpoint
+from tfm_export import DecodeOptions, Translator
 from tfm_export.cli.export_cli import main as export_main
+from tfm_export.demo import numbers as demo_numbers
+from tfm_export.model.checkpoint import load_checkpoint
 
 
 @pytest.fixture(scope="module")

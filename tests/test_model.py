@@ -10,9 +10,15 @@ import torch
 from conftest import tiny_config
 from seed_oracle import seed_forward, seed_settings, seed_state_dict
 
-from tfm_export.config import ModelConfig
-from tfm_export.errors import CheckpointError
-from tfm_export.model import MultiHeadAttention, Transformer, get_pad_mask, get_subsequent_mask, sinusoid_table
+from tfm_export.core.config import ModelConfig
+from tfm_export.core.errors import CheckpointError
+from tfm_export.model.transformer import (
+    MultiHeadAttention,
+    Transformer,
+    get_pad_mask,
+    get_subsequent_mask,
+    sinusoid_table,
+)
 
 
 def test_position_table_matches_hand_computed_values():

@@ -10,8 +10,8 @@ import pytest
 from click.testing import CliRunner
 from conftest import REPO
 
-from tfm_export import demo_numbers
 from tfm_export.cli.run_cli import main as run_main
+from tfm_export.demo import numbers as demo_numbers
 
 NODE_DIR = REPO / "examples" / "node"
 
@@ -52,8 +52,8 @@ def test_node_refuses_a_directory_that_is_not_a_model(node_example, tmp_path):
 
 def test_contract_doc_names_every_graph_tensor():
     """docs/graph-contract.md stays in step with the graph specs the exporter uses."""
-    from tfm_export.config import ModelConfig
-    from tfm_export.graph_spec import graph_specs
+    from tfm_export.core.config import ModelConfig
+    from tfm_export.core.graph_spec import graph_specs
     doc = (REPO / "docs" / "graph-contract.md").read_text()
     specs = graph_specs(ModelConfig(src_vocab_size=10, trg_vocab_size=10, n_layers=1))
     for spec in specs.values():

@@ -15,20 +15,24 @@ from onnx import numpy_helper
 from onnxruntime.capi import onnxruntime_pybind11_state as ort_errors
 from seed_oracle import save_seed_checkpoint, seed_settings, seed_state_dict, seed_vocab
 
-from tfm_export import decoding, demo_numbers, reference_decoding
-from tfm_export.batching import pad_batch
-from tfm_export.checkpoint import file_sha256, load_checkpoint
+from tfm_export.artifacts.model_dir import ModelDirError
+from tfm_export.artifacts.staging import staged_directory
 from tfm_export.cli.export_cli import main as export_main
-from tfm_export.config import ModelConfig
-from tfm_export.errors import InputTextError
-from tfm_export.export_pipeline import export_model_dir
-from tfm_export.graph_spec import Graph, graph_specs
-from tfm_export.model_dir import ModelDirError, staged_directory
-from tfm_export.onnx_export import save_graph
-from tfm_export.ort_backend import OrtBackend
-from tfm_export.parity import compare_stepwise, random_sources, random_targets
-from tfm_export.synthetic import random_checkpoint
-from tfm_export.tokenizer import BOS_ID, EOS_ID
+from tfm_export.core.batching import pad_batch
+from tfm_export.core.config import ModelConfig
+from tfm_export.core.errors import InputTextError
+from tfm_export.core.graph_spec import DEFAULT_OPSET, Graph, graph_specs
+from tfm_export.core.tokenizer import BOS_ID, EOS_ID
+from tfm_export.demo import numbers as demo_numbers
+from tfm_export.graphs.inputs import random_sources, random_targets
+from tfm_export.graphs.onnx_io import save_graph
+from tfm_export.graphs.parity import compare_stepwise
+from tfm_export.graphs.pipeline import export_model_dir
+from tfm_export.model import reference_decoding
+from tfm_export.model.checkpoint import file_sha256, load_checkpoint
+from tfm_export.model.synthetic import random_checkpoint
+from tfm_export.runtime import decoding
+from tfm_export.runtime.ort_backend import OrtBackend
 
 
 def make_ckpt(directory, cfg: ModelConfig, seed: int = 0):
@@ -87,7 +91,7 @@ def test_graphs_follow_the_contract(tiny):
         ids = [v for v in proto.graph.input if v.name == "input_ids"][0]
         assert ids.type.tensor_type.elem_type == onnx.TensorProto.INT64
         assert not {"If", "Loop", "Scan"} & {n.op_type for n in proto.graph.node}
-        assert next(o.version for o in proto.opset_import if o.domain == "") == 18
+        assert next(o.version for o in proto.opset_import if o.domain == "") == DEFAULT_OPSET
         meta = {p.key: p.value for p in proto.metadata_props}
         assert meta["tfm_export.source_checkpoint_sha256"] == ckpt.sha256
         assert ModelConfig.from_json(meta["tfm_export.config"]) == ckpt.config
@@ -128,7 +132,7 @@ def test_manifest_records_what_consumers_need(tiny):
     ckpt, directory = tiny
     m = json.loads((directory / "manifest.json").read_text())
     assert m["special_tokens"] == {"unk": 0, "pad": 1, "bos": 2, "eos": 3}
-    assert m["limits"]["max_source_length"] == 40 and m["precision"] == "fp32" and m["opset"] == 18
+    assert m["limits"]["max_source_length"] == 40 and m["precision"] == "fp32" and m["opset"] == DEFAULT_OPSET
     assert m["source_checkpoint"]["sha256"] == ckpt.sha256
     for graph in Graph:
         assert m["graphs"][graph.value]["sha256"] == file_sha256(directory / graph.filename)
@@ -137,17 +141,20 @@ def test_manifest_records_what_consumers_need(tiny):
     assert m["optimizations"]
 
 
-def test_export_is_deterministic_and_opset_17_works(tmp_path):
+def test_export_is_deterministic_and_opset_18_works(tmp_path):
     ckpt = make_ckpt(tmp_path / "ckpt", tiny_config(n_position=32))
     hashes = []
     for name in ("a", "b"):
-        manifest = export_model_dir(ckpt, tmp_path / name, opset=17, progress=False)
+        manifest = export_model_dir(ckpt, tmp_path / name, opset=18, progress=False)
         hashes.append({g: manifest["graphs"][g]["sha256"] for g in manifest["graphs"]})
     assert hashes[0] == hashes[1]
     proto = onnx.load(str(tmp_path / "a" / "decoder_step.onnx"))
-    assert next(o.version for o in proto.opset_import if o.domain == "") == 17
+    assert next(o.version for o in proto.opset_import if o.domain == "") == 18
     assert "LayerNormalization" in {n.op_type for n in proto.graph.node}
     assert_stepwise_parity(ckpt, tmp_path / "a", 2)
+    from tfm_export.trt.compat import check_model_dir
+    errors = [f"{f.release}: {f.message}" for f in check_model_dir(tmp_path / "a").errors()]
+    assert errors and all(e.startswith("TensorRT 8.6: opset 18 is outside the parser's 9..17") for e in errors)
 
 
 def test_demo_decodes_are_token_identical_to_reference(demo):
@@ -197,7 +204,7 @@ def test_too_long_sequences_are_clear_errors(tiny):
     backend = OrtBackend.open(directory)
     limit = ckpt.config.n_position
     backend.encode(random_sources(13, 1, limit, seed=0))  # exactly the limit works
-    with pytest.raises(InputTextError, match="source of 41 tokens .* longer than the model's 40 positions"):
+    with pytest.raises(InputTextError, match=r"source of 41 tokens .* longer than the model's positions \(40\)"):
         backend.encode(random_sources(13, 1, limit + 1, seed=0))
     state = backend.encode(random_sources(13, 1, 5, seed=0))
     state, _ = backend.run_step(state, np.full((1, limit), 5))
@@ -254,7 +261,8 @@ def test_verify_names_an_input_line_longer_than_the_model(tiny, tmp_path):
     lines = tmp_path / "in.txt"
     lines.write_text("w1 w2\n" + " ".join(["w3"] * 45) + "\n")
     result = CliRunner().invoke(export_main, ["verify", "--model", str(directory), "--input", str(lines)])
-    assert result.exit_code == 1 and "input line 2: longer than the model's 40 positions" in result.output
+    assert result.exit_code == 1
+    assert "--input line 2: 47 tokens with <s> and </s>, but the model takes at most 40" in result.output
 
 
 def test_failed_export_leaves_nothing(tmp_path):
@@ -317,7 +325,7 @@ def test_verify_counts_input_lines_with_blanks_and_refuses_all_blank(tiny, tmp_p
     lines = tmp_path / "in.txt"
     lines.write_text("\n\nw1\n" + " ".join(["w3"] * 45) + "\n")
     result = CliRunner().invoke(export_main, ["verify", "--model", str(tiny[1]), "--input", str(lines)])
-    assert result.exit_code == 1 and "input line 4: longer than" in result.output
+    assert result.exit_code == 1 and "--input line 4: 47 tokens" in result.output
     lines.write_text("\n  \n")
     result = CliRunner().invoke(export_main, ["verify", "--model", str(tiny[1]), "--input", str(lines)])
     assert result.exit_code == 1 and "--input has no non-empty lines" in result.output

@@ -14,13 +14,14 @@ from click.testing import CliRunner
 from conftest import CALIBRATION, REPO, listing, unwritable_dir
 from onnx import numpy_helper
 
-from tfm_export import decoding, demo_numbers
 from tfm_export.cli.export_cli import main as export_main
-from tfm_export.graph_spec import Graph
-from tfm_export.int8_quantize import logits_nodes
-from tfm_export.precision_report import compare_decodes
-from tfm_export.quantize_pipeline import Calibration, quantize_model_dir
-from tfm_export.translator import DecodeOptions, Translator
+from tfm_export.core.graph_spec import Graph
+from tfm_export.demo import numbers as demo_numbers
+from tfm_export.precision.int8 import logits_nodes
+from tfm_export.precision.pipeline import Calibration, quantize_model_dir
+from tfm_export.runtime import decoding
+from tfm_export.runtime.translator import DecodeOptions, Translator
+from tfm_export.verify.precision import compare_decodes
 
 
 def _graph(directory, graph: Graph) -> onnx.ModelProto:
@@ -186,7 +187,7 @@ def test_verify_references_give_exact_match_and_bleu(variants, tmp_path):
 
 def test_runtime_runs_fp16_cache_tensors(variants):
     """The runtime feeds an fp16 graph fp16 cache tensors (an empty past of the right dtype included)."""
-    from tfm_export.ort_backend import OrtBackend
+    from tfm_export.runtime.ort_backend import OrtBackend
     assert OrtBackend.open(variants["fp16"]).cache_dtype == np.float16
     assert OrtBackend.open(variants["fp16-io"]).cache_dtype == np.float32
     texts = ["forty-two", "one thousand and one"]
@@ -285,7 +286,7 @@ def test_verify_refuses_a_manifest_without_parent(variants, tmp_path):
 
 def test_fp16_logits_are_not_rounded_to_fp16(variants):
     """The logits projection is fp32 and nothing rounds its output through fp16 on the way out."""
-    from tfm_export.ort_backend import OrtBackend
+    from tfm_export.runtime.ort_backend import OrtBackend
     backend = OrtBackend.open(variants["fp16"])
     state = backend.encode(np.array([[2, 10, 11, 12, 3]]))
     _, logits = backend.run_step(state, np.array([[2]]))
@@ -297,9 +298,9 @@ def test_fp16_logits_are_not_rounded_to_fp16(variants):
 
 
 def test_io_bound_backend_runs_fp16_caches_on_cpu_tensors(variants):
-    from tfm_export.ort_backend import OrtBackend
-    from tfm_export.ort_bound_backend import OrtBoundBackend
-    from tfm_export.parity import random_sources
+    from tfm_export.graphs.inputs import random_sources
+    from tfm_export.runtime.iobinding_backend import OrtBoundBackend
+    from tfm_export.runtime.ort_backend import OrtBackend
     src = random_sources(88, 3, 8, seed=1)
     plain = OrtBackend.open(variants["fp16"])
     bound = OrtBoundBackend(plain, "cpu")
@@ -334,7 +335,7 @@ def test_base_config_int8_is_at_least_3_5x_smaller(base_variants):
 
 def test_static_graphs_run_with_folded_qdq_on_cpu(variants):
     """ONNX Runtime's x86 kernels would dequantize every weight per call; folded, the same Q/DQ model runs."""
-    from tfm_export.ort_backend import OrtBackend
+    from tfm_export.runtime.ort_backend import OrtBackend
     entry = "session.disable_quant_qdq"
     static, dynamic = OrtBackend.open(variants["int8-static"]), OrtBackend.open(variants["int8-dynamic"])
     assert static.decoder.get_session_options().get_session_config_entry(entry) == "1"
@@ -344,7 +345,7 @@ def test_static_graphs_run_with_folded_qdq_on_cpu(variants):
 
 @pytest.mark.parametrize("mode", ["static", "dynamic"])
 def test_float_embeddings_keep_the_tables_float(demo_onnx, tmp_path, mode):
-    from tfm_export.trt_compat import check_model_dir
+    from tfm_export.trt.compat import check_model_dir
     texts = CALIBRATION.read_text().splitlines()[:64]
     calibration = Calibration(CALIBRATION, texts) if mode == "static" else None
     manifest = quantize_model_dir(demo_onnx, tmp_path / mode, "int8", mode, calibration, progress=False,
@@ -385,8 +386,9 @@ def test_sigterm_leaves_no_staging_directory(demo_onnx, tmp_path):
 def test_a_damaged_graph_with_a_matching_hash_is_one_line(demo_onnx, tmp_path):
     import shutil
 
-    from tfm_export.files import file_sha256
-    from tfm_export.model_dir import read_manifest, write_manifest
+    from tfm_export.artifacts.manifest import write_manifest
+    from tfm_export.artifacts.model_dir import read_manifest
+    from tfm_export.core.files import file_sha256
     damaged = tmp_path / "damaged"
     shutil.copytree(demo_onnx, damaged)
     graph = damaged / Graph.DECODER_STEP.filename

@@ -14,21 +14,17 @@ from click.testing import CliRunner
 from conftest import DEMO_CKPT, listing
 from onnx import helper, numpy_helper
 
-from tfm_export import demo_numbers
+from tfm_export.artifacts.engine_dir import read_engine_manifest
+from tfm_export.artifacts.manifest import ENGINE_FORMAT, write_manifest
+from tfm_export.artifacts.model_dir import read_manifest
 from tfm_export.cli.export_cli import main as export_main
 from tfm_export.cli.run_cli import main as run_main
-from tfm_export.config import ModelConfig
-from tfm_export.engine_dir import ENGINE_FORMAT, read_engine_manifest
-from tfm_export.errors import TfmExportError
-from tfm_export.files import file_sha256
-from tfm_export.graph_check import check_onnxruntime
-from tfm_export.graph_spec import Graph, graph_specs
-from tfm_export.model_dir import read_manifest, write_manifest
-from tfm_export.translator import DecodeOptions, Translator
-from tfm_export.trt_build import layer_precisions, plan_build
-from tfm_export.trt_compat import check_graph, check_model_dir
-from tfm_export.trt_profiles import ShapeLimits, profile_shapes
-from tfm_export.trt_support import (
+from tfm_export.core.config import ModelConfig
+from tfm_export.core.errors import TfmExportError
+from tfm_export.core.files import file_sha256
+from tfm_export.core.graph_spec import Graph, graph_specs
+from tfm_export.demo import numbers as demo_numbers
+from tfm_export.runtime.tensorrt_platform import (
     Platform,
     TensorRTUnavailable,
     check_gpu_supported,
@@ -36,6 +32,11 @@ from tfm_export.trt_support import (
     engine_mismatch,
     missing_reason,
 )
+from tfm_export.runtime.translator import DecodeOptions, Translator
+from tfm_export.trt.build import layer_precisions, plan_build
+from tfm_export.trt.compat import check_model_dir, graph_findings
+from tfm_export.trt.polygraphy_check import check_onnxruntime
+from tfm_export.trt.profiles import ShapeLimits, profile_shapes
 
 MISSING = missing_reason()
 needs_tensorrt = pytest.mark.skipif(MISSING is not None, reason=f"needs TensorRT and an NVIDIA GPU: {MISSING}")
@@ -46,9 +47,9 @@ TRT_PRECISIONS = ("fp32", "fp16", "int8-static")
 # --- static compatibility report -------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("precision", TRT_PRECISIONS)
-def test_demo_graphs_are_compatible_with_tensorrt_10_3_and_11(variants, precision):
+def test_demo_graphs_are_compatible_with_tensorrt_8_6_10_3_and_11(variants, precision):
     report = check_model_dir(variants[precision])
-    assert report.releases == ("TensorRT 10.3", "TensorRT 11")
+    assert report.releases == ("TensorRT 8.6", "TensorRT 10.3", "TensorRT 11")
     assert report.errors() == [], report.lines()
 
 
@@ -78,7 +79,7 @@ def test_onnxruntime_contrib_fusions_are_reported(demo_onnx):
     cfg = ModelConfig.from_dict(read_manifest(demo_onnx)["model"])
     fused = optimize_model(str(demo_onnx / "encoder.onnx"), model_type="bert", num_heads=cfg.n_head,
                            hidden_size=cfg.d_model, opt_level=1).model
-    messages = [f.message for f in check_graph(fused, _spec(demo_onnx, Graph.ENCODER)) if f.level == "error"]
+    messages = [f.message for f in graph_findings(fused, _spec(demo_onnx, Graph.ENCODER)) if f.level == "error"]
     assert any("com.microsoft.SkipLayerNormalization is not a standard ONNX op" in m for m in messages), messages
 
 
@@ -87,7 +88,7 @@ def test_nonzero_zero_points_are_reported(variants):
     zero = next(i for i in proto.graph.initializer if i.data_type == onnx.TensorProto.INT8 and
                 i.name.endswith("zero_point"))
     zero.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(zero) + 3, zero.name))
-    errors = [f.message for f in check_graph(proto, _spec(variants["int8-static"], Graph.DECODER_STEP))
+    errors = [f.message for f in graph_findings(proto, _spec(variants["int8-static"], Graph.DECODER_STEP))
               if f.level == "error"]
     assert errors and all("zero point must be int8 zeros" in m for m in errors)
 
@@ -103,11 +104,12 @@ def test_control_flow_fixed_axes_and_opset_are_reported(demo_onnx):
     past = next(i for i in proto.graph.input if i.name.startswith("past_key_values.0.decoder.key"))
     past.type.tensor_type.shape.dim[2].dim_value = 16  # a fixed past length: no profile range, no first step
     next(o for o in proto.opset_import if o.domain == "").version = 22
-    found = check_graph(proto, _spec(demo_onnx, Graph.DECODER_STEP))
+    found = graph_findings(proto, _spec(demo_onnx, Graph.DECODER_STEP))
     text = [f"{f.release}: {f.message}" for f in found if f.level == "error"]
     assert any("contract: If node 'merged_decoder'" in t for t in text), text
     assert any("contract: input 'past_key_values.0.decoder.key' has axes" in t for t in text), text
     assert any(t.startswith("TensorRT 10.3: opset 22 is outside") for t in text), text
+    assert any(t.startswith("TensorRT 8.6: opset 22 is outside the parser's 9..17") for t in text), text
     assert not any(t.startswith("TensorRT 11: opset") for t in text), text
 
 
@@ -235,9 +237,9 @@ def _cache_handling_backend(model_dir: Path, max_batch: int = 64):
     backend's own cache handling; the engines are covered by the GPU tests below."""
     import torch
 
-    from tfm_export.ort_backend import OrtBackend
-    from tfm_export.ort_session import run
-    from tfm_export.trt_backend import TrtBackend
+    from tfm_export.runtime.ort_backend import OrtBackend
+    from tfm_export.runtime.session import run
+    from tfm_export.runtime.tensorrt_backend import TrtBackend
     ort = OrtBackend.open(model_dir)
     sessions = {Graph.ENCODER: ort.encoder, Graph.DECODER_STEP: ort.decoder}
     dtypes = {g: {t.name: getattr(torch, TORCH_TYPES[t.type]) for t in [*s.get_inputs(), *s.get_outputs()]}
@@ -345,7 +347,7 @@ def test_engine_manifests_are_checked(demo_onnx, tmp_path):
 
 @pytest.fixture(scope="module")
 def engines(variants, tmp_path_factory) -> dict[str, Path]:
-    from tfm_export.trt_build import build_engines
+    from tfm_export.trt.build import build_engines
     root = tmp_path_factory.mktemp("engines")
     cache = root / "timing.cache"
     made = {}

@@ -8,11 +8,11 @@ import pytest
 import torch
 from conftest import tiny_config
 
-from tfm_export.checkpoint import load_checkpoint
-from tfm_export.model import Transformer
-from tfm_export.reference_decoding import greedy_decode
-from tfm_export.tokenizer import Vocabulary, plain_word_tokenizer
-from tfm_export.train import TrainSettings, make_batch, train, warmup_schedule
+from tfm_export.core.tokenizer import Vocabulary, plain_word_tokenizer
+from tfm_export.model.checkpoint import load_checkpoint
+from tfm_export.model.reference_decoding import greedy_decode
+from tfm_export.model.train import TrainSettings, make_batch, train, warmup_schedule
+from tfm_export.model.transformer import Transformer
 
 WORDS = ["<unk>", "<blank>", "<s>", "</s>", "a", "b", "c", "d", "e", "f"]
 
@@ -52,7 +52,7 @@ def test_training_learns_a_letter_shift():
 
 
 def test_train_demo_writes_a_loadable_checkpoint(tmp_path):
-    from tfm_export.train import train_demo
+    from tfm_export.demo.train import train_demo
     path, minutes = train_demo(tmp_path / "demo", TrainSettings(steps=2, batch_size=4), progress=False)
     assert sorted(p.name for p in (tmp_path / "demo").iterdir()) == ["ckpt.pt", "tokenizer.json"]
     ckpt = load_checkpoint(path)

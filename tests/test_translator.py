@@ -10,10 +10,11 @@ import pytest
 from click.testing import CliRunner
 from conftest import DEMO_CKPT, listing, unwritable_dir
 
-from tfm_export import DecodeOptions, Translator, demo_numbers
+from tfm_export import DecodeOptions, Translator
 from tfm_export.cli.run_cli import main as run_main
-from tfm_export.errors import TfmExportError
-from tfm_export.ort_backend import OrtBackend
+from tfm_export.core.errors import TfmExportError
+from tfm_export.demo import numbers as demo_numbers
+from tfm_export.runtime.ort_backend import OrtBackend
 
 TEXTS = [en for en, _ in demo_numbers.held_out_pairs()[:210]] + ["forty-two", "", "eighty", "seven thousand and one"]
 
@@ -177,7 +178,7 @@ def test_truncate_cuts_and_translates(ort_translator, caplog):
 
 
 def test_session_options_reach_onnxruntime(demo_onnx):
-    from tfm_export.ort_session import SessionOptions
+    from tfm_export.runtime.session import SessionOptions
     translator = Translator.load(demo_onnx, session_options=SessionOptions(intra_op_threads=1, optimization="basic",
                                                                             memory_arena=False))
     options = translator.backend.decoder.get_session_options()
@@ -187,10 +188,10 @@ def test_session_options_reach_onnxruntime(demo_onnx):
 
 def test_io_binding_backend_matches_plain_arrays(demo_onnx):
     """The IO-binding path used for CUDA, run here on CPU tensors: same tokens and scores."""
-    from tfm_export.batching import pad_batch
-    from tfm_export.decoding import beam_search, greedy
-    from tfm_export.ort_bound_backend import OrtBoundBackend
-    from tfm_export.tokenizer import BOS_ID, EOS_ID
+    from tfm_export.core.batching import pad_batch
+    from tfm_export.core.tokenizer import BOS_ID, EOS_ID
+    from tfm_export.runtime.decoding import beam_search, greedy
+    from tfm_export.runtime.iobinding_backend import OrtBoundBackend
     plain = OrtBackend.open(demo_onnx)
     bound = OrtBoundBackend(OrtBackend.open(demo_onnx), "cpu")
     tok = Translator.load(demo_onnx).vocab.source
@@ -234,10 +235,10 @@ def test_exact_ties_break_like_the_reference(vocab_size):
     import torch
     from conftest import tiny_config
 
-    from tfm_export import reference_decoding
-    from tfm_export.decoding import beam_search, greedy
-    from tfm_export.model import Transformer
-    from tfm_export.torch_backend import TorchBackend
+    from tfm_export.model import reference_decoding
+    from tfm_export.model.transformer import Transformer
+    from tfm_export.runtime.decoding import beam_search, greedy
+    from tfm_export.runtime.torch_backend import TorchBackend
     torch.manual_seed(0)
     model = Transformer(tiny_config(src_vocab_size=vocab_size, trg_vocab_size=vocab_size, proj_share_weight=False,
                                     embs_share_weight=False)).eval()
@@ -291,8 +292,8 @@ def test_tokenizer_that_does_not_fit_the_graphs(demo_onnx, tmp_path):
 
 
 def test_bad_environment_values_are_one_line(demo_onnx, monkeypatch):
-    from tfm_export.errors import TfmExportError
-    from tfm_export.ort_session import SessionOptions
+    from tfm_export.core.errors import TfmExportError
+    from tfm_export.runtime.session import SessionOptions
     with pytest.raises(TfmExportError, match="thread count 'four' .TFM_THREADS.. is not a whole number"):
         Translator.load(demo_onnx, session_options=SessionOptions(intra_op_threads="four"))
     with pytest.raises(TfmExportError, match="optimisation level 'Basic'"):
@@ -302,7 +303,7 @@ def test_bad_environment_values_are_one_line(demo_onnx, monkeypatch):
 @pytest.mark.parametrize("vocab, ties", [(32000, False), (32000, True), (97, True), (5, False)])
 def test_top_candidates_equal_a_stable_descending_sort(vocab, ties):
     """The sampled-floor selection is exact: the same indices as a full stable sort, ties by lower index."""
-    from tfm_export.decoding import _top_candidates
+    from tfm_export.runtime.decoding import _top_candidates
     rng = np.random.default_rng(vocab)
     cand = rng.standard_normal((6, 4 * vocab)).astype(np.float32)
     if ties:

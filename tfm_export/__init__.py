@@ -1,16 +1,15 @@
 """tfm-export: encoder-decoder Transformers from PyTorch to ONNX Runtime and TensorRT, with proof of parity.
 
-Data flows one way through the modules: checkpoint -> model -> graphs -> precision -> engines -> runtime.
+The subpackages are the pipeline, in dependency order (a package imports only from those before it):
+core -> artifacts -> model -> runtime -> graphs -> precision -> trt -> verify / bench / demo -> cli.
+Each stage proves what it wrote by running it through ONNX Runtime, which is why the runtime comes before
+the stages that make graphs.
 """
+
+from .core.lazy import lazy_exports
 
 __version__ = "0.1.0"
 
-_API = {"Translator", "DecodeOptions", "Translation"}
-
-
-def __getattr__(name: str):
-    """`from tfm_export import Translator` without importing ONNX Runtime for every submodule user."""
-    if name in _API:
-        from . import translator
-        return getattr(translator, name)
-    raise AttributeError(f"module 'tfm_export' has no attribute {name!r}")
+__all__, __getattr__ = lazy_exports(__name__, {
+    "runtime.translator": ("Translator", "DecodeOptions", "Translation"),
+})

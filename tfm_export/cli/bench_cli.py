@@ -2,18 +2,15 @@
 
 from __future__ import annotations
 
-import random
-import tempfile
 from pathlib import Path
 
 import click
 
-from ..bench_report import markdown, plot, summary, table, to_json, write_text
-from ..bench_runners import BACKENDS
-from ..benchmark import BenchSettings, machine_info, ratios, run_backends
-from ..errors import InputTextError, TfmExportError
-from ..tokenizer import BOS_ID, EOS_ID
-from .common import read_text_lines, writable_output
+from ..bench.protocol import BenchSettings
+from ..bench.runners import TIMED_BACKENDS
+from ..core.errors import TfmExportError
+from ..core.extras import require_extra
+from .common import writable_output
 
 
 def _ints(text: str, name: str, maximum: int | None = None) -> tuple[int, ...]:
@@ -28,48 +25,20 @@ def _ints(text: str, name: str, maximum: int | None = None) -> tuple[int, ...]:
 
 def _backends(text: str) -> tuple[str, ...]:
     names = tuple(n.strip() for n in text.split(",") if n.strip())
-    unknown = [n for n in names if n not in BACKENDS]
+    unknown = [n for n in names if n not in TIMED_BACKENDS]
     if not names:
         raise click.BadParameter("give at least one backend", param_hint="--backends")
     if unknown:
-        raise click.BadParameter(f"unknown backend {unknown[0]!r}; choose from {', '.join(BACKENDS)}",
+        raise click.BadParameter(f"unknown backend {unknown[0]!r}; choose from {', '.join(TIMED_BACKENDS)}",
                                  param_hint="--backends")
     return names
-
-
-def _input_rows(texts: list[str], model_path: Path, positions: int) -> list[list[int]]:
-    """--input lines as ids with <s>/</s>, checked against the model's positions before any slow work."""
-    rows, numbers = [], []
-    tok = _source_tokenizer(model_path)
-    for number, text in enumerate(texts, 1):
-        if text.strip():
-            rows.append([BOS_ID, *tok.encode(text), EOS_ID])
-            numbers.append(number)
-    if not rows:
-        raise InputTextError("--input has no non-empty lines")
-    too_long = next((n for n, row in zip(numbers, rows, strict=True) if len(row) > positions), None)
-    if too_long is not None:
-        raise InputTextError(f"--input: line {too_long} is longer than the model's {positions} positions; shorten it")
-    return rows
-
-
-def _sources(rows: list[list[int]] | None, vocab_size: int, count: int, positions: int,
-             seed: int = 0) -> list[list[int]]:
-    """The given rows cycled to `count`, else random tokens (12 to 24 per sentence, fewer for models with
-    fewer positions)."""
-    if rows is not None:
-        return (rows * (count // len(rows) + 1))[:count]
-    rng = random.Random(seed)
-    longest = min(24, positions - 2)
-    return [[BOS_ID, *(rng.randrange(4, vocab_size) for _ in range(rng.randint(longest // 2, longest))), EOS_ID]
-            for _ in range(count)]
 
 
 @click.command("bench")
 @click.option("--model", "model_path", required=True, type=click.Path(exists=True, path_type=Path),
               help="A checkpoint (exported, quantized and converted here, timed) or an fp32 model directory.")
-@click.option("--backends", default=",".join(BACKENDS), show_default=True,
-              help="Comma-separated: " + "; ".join(f"{name}: {what}" for name, what in BACKENDS.items()) + ".")
+@click.option("--backends", default=",".join(TIMED_BACKENDS), show_default=True,
+              help="Comma-separated: " + "; ".join(f"{name}: {what}" for name, what in TIMED_BACKENDS.items()) + ".")
 @click.option("--batch-sizes", default="1,8,32", show_default=True,
               help="Comma-separated sentences per batch call; each is timed for every beam size.")
 @click.option("--beam-sizes", default="1,4", show_default=True, help="Comma-separated; 1 = greedy (at most 64).")
@@ -107,84 +76,17 @@ def bench(model_path: Path, backends: str, batch_sizes: str, beam_sizes: str, ou
     anchor) are timed only if their greedy output matches ONNX Runtime fp32's; the agreement column shows
     every backend's. Results: a table here, and --json, --plot, --markdown files.
     """
-    # Imported here: the spawned measuring processes re-import this module, and must not load PyTorch for
-    # backends that do not use it (their peak RSS would include it).
-    from ..bench_artifacts import build_fp32, build_variants, calibration_for
+    require_extra("export", "tfm-run bench")
+    from ..bench.run import BenchRequest, run_benchmark
     settings = BenchSettings(_backends(backends), _ints(batch_sizes, "--batch-sizes"),
                              _ints(beam_sizes, "--beam-sizes", maximum=64), output_length, repeats, min_time, threads,
                              full_recompute_max_rows=full_recompute_max_rows)
     for path, option in ((json_path, "--json"), (plot_path, "--plot"), (markdown_path, "--markdown")):
         writable_output(path, option)
-    _check_work_dir(work_dir)
-    positions = _positions(model_path)
-    length = output_length or positions
-    if length > positions:
-        raise InputTextError(f"--output-length {length} is beyond the model's {positions} positions")
-    texts = read_text_lines(input_file) if input_file else None
-    rows = _input_rows(texts, model_path, positions) if texts is not None else None
-    calibration_texts = read_text_lines(calibration) if calibration else []
-    say = lambda step: click.echo(f"[bench] {step}", err=True)  # noqa: E731
-    with tempfile.TemporaryDirectory(prefix="tfm-bench-") as tmp:
-        work = work_dir or Path(tmp)
-        try:
-            work.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise TfmExportError(f"{work}: cannot create the work directory ({exc.strerror}); choose another "
-                                 "--work-dir") from None
-        built = build_fp32(model_path, work, say)
-        vocab = built.artifacts.source_tokens
-        sources = _sources(rows, len(vocab), sentences, positions)
-        inputs = texts or [" ".join(vocab[i] for i in row[1:-1]) for row in sources]
-        calib = calibration_for(inputs, calibration, calibration_texts, work / "calibration.txt", output_length or None)
-        build_variants(built, work, calib, settings.backends, max(settings.batch_sizes) * max(settings.beam_sizes),
-                       positions, say=say)
-        results = run_backends(built.artifacts, sources, length, positions, settings,
-                               progress=lambda n: say(f"measure {n}"))
-    for line in [*table(results), "", *summary(results, built.size_mb, built.build_s), ""]:
+    request = BenchRequest(model_path, settings, input_file, sentences, calibration, work_dir)
+    run = run_benchmark(request, say=lambda step: click.echo(f"[bench] {step}", err=True))
+    for line in run.lines():
         click.echo(line)
-    found = ratios(results)
-    for name, value in found.items():
-        if value is not None:  # configurations this run did not measure are left out (the JSON keeps them)
-            click.echo(f"ratio {name}: {value:.2f}x")
-    info = {"machine": machine_info(), "model": str(model_path), "input": str(input_file) if input_file else "random",
-            "sentences": sentences, "output_length": length, "forced": output_length > 0,
-            "sizes_mb": built.size_mb, "build_s": built.build_s,
-            "ratios": found}
-    if json_path:
-        to_json(json_path, results, settings, info)
-    if plot_path:
-        plot(plot_path, results, f"{model_path} on {info['machine']['cpu']}")
-    if markdown_path:
-        text = markdown(results, built.size_mb, built.build_s, found, info)
-        write_text(markdown_path, text)
-    if all(r.skipped for r in results):
-        raise TfmExportError("no backend could run here; the table above says why for each")
-
-
-def _positions(model_path: Path) -> int:
-    """The model's positions, read before anything is exported."""
-    from ..model_dir import read_manifest
-    if model_path.is_dir():
-        from ..config import ModelConfig
-        return ModelConfig.from_dict(read_manifest(model_path)["model"]).n_position
-    from ..checkpoint import load_checkpoint
-    return load_checkpoint(model_path).config.n_position
-
-
-def _source_tokenizer(model_path: Path):
-    from ..model_dir import read_manifest, tokenizer_file
-    from ..tokenizer import load_tokenizer
-    if model_path.is_dir():
-        return load_tokenizer(tokenizer_file(model_path, read_manifest(model_path)["tokenizer"]["source"]))
-    from ..checkpoint import load_checkpoint
-    return load_checkpoint(model_path).vocab.source
-
-
-def _check_work_dir(work_dir: Path | None) -> None:
-    if work_dir is None:
-        return
-    if work_dir.exists() and not work_dir.is_dir():
-        raise TfmExportError(f"{work_dir}: is a file; choose another --work-dir")
-    if (work_dir / "manifest.json").exists():
-        raise TfmExportError(f"{work_dir}: is a model directory, which the benchmark would write into; choose another "
-                             "--work-dir")
+    run.write(json_path, plot_path, markdown_path)
+    if run.failure:
+        raise TfmExportError(run.failure)

@@ -11,7 +11,7 @@ from typing import Any
 
 import click
 
-from ..errors import InputTextError, TfmExportError
+from ..core.errors import TfmExportError
 
 
 class ErrorReportingGroup(click.Group):
@@ -42,29 +42,6 @@ vocab_option = click.option(
     "--vocab", "vocab", multiple=True, type=click.Path(path_type=Path, dir_okay=False),
     help="Vocabulary: a tokenizers JSON, a JSON list/dict or one token per line. Needed for seed-format "
          "checkpoints; give it twice (source, then target) for split vocabularies.")
-
-
-def split_lines(text: str) -> list[str]:
-    """Lines split on \n only (str.splitlines also splits on form feeds, U+2028, ..., which would make the output
-    longer than the input); a final newline ends the last line, \r\n counts as one break."""
-    lines = text.split("\n")
-    if lines and lines[-1] == "":
-        lines.pop()
-    return [line[:-1] if line.endswith("\r") else line for line in lines]
-
-
-def read_text_lines(input_file: Path | None) -> list[str]:
-    """Lines of a UTF-8 file, or of stdin when no file is given; bad bytes are a one-line error."""
-    name = str(input_file) if input_file else "<stdin>"
-    try:
-        data = input_file.read_bytes() if input_file else sys.stdin.buffer.read()
-    except OSError as exc:
-        raise InputTextError(f"{name}: cannot read input ({exc.strerror})") from None
-    try:
-        return split_lines(data.decode("utf-8"))
-    except UnicodeDecodeError as exc:
-        line = data[:exc.start].count(b"\n") + 1
-        raise InputTextError(f"{name}: line {line} is not valid UTF-8; convert the file to UTF-8") from None
 
 
 def writable_output(path: Path | None, option: str, directory: bool = False) -> None:

@@ -6,24 +6,17 @@ import sys
 from pathlib import Path
 
 import click
-import torch
 
-from .. import demo_numbers
-from ..checkpoint import load_checkpoint
-from ..config import ModelConfig
-from ..errors import TfmExportError
-from ..export_pipeline import export_model_dir
-from ..inspect_model import inspect_model
-from ..model_dir import read_manifest
-from ..onnx_export import SUPPORTED_OPSETS
-from ..parity import Tolerance
-from ..precision_report import compare_precision, parent_directory, summary_lines, write_report
-from ..quantize_pipeline import INT8_MODES, PRECISIONS, Calibration, quantize_model_dir
-from ..synthetic import random_checkpoint
-from ..train import TrainSettings, train_demo
-from ..translator import DecodeOptions, Translator
-from ..verify import checkpoint_for, verify
-from .common import ErrorReportingGroup, read_text_lines, setup_logging, vocab_option, writable_output
+from ..artifacts.model_dir import INT8_MODES, PRECISIONS
+from ..core.config import TrainSettings
+from ..core.errors import TfmExportError
+from ..core.extras import require_extra
+from ..core.graph_spec import DEFAULT_OPSET, SUPPORTED_OPSETS
+from ..graphs.parity import AGREEMENT_BEAM, DEFAULT_TOLERANCE, MIN_AGREEMENT, SAMPLES, STEPS
+from ..runtime.translator import RUNTIME_BACKENDS
+from .common import ErrorReportingGroup, setup_logging, vocab_option, writable_output
+
+QUANTIZED = [p for p in PRECISIONS if p != "fp32"]
 
 
 @click.group(cls=ErrorReportingGroup, epilog="Typical use: tfm-export onnx --checkpoint ckpt.pt --output model/ "
@@ -43,6 +36,10 @@ def main(verbose: bool) -> None:
 @click.option("--threads", type=click.IntRange(min=1), default=None, help="Torch CPU threads (default: all cores).")
 def train_demo_cmd(output: Path, steps: int, batch_size: int, seed: int, threads: int | None) -> None:
     """Train the demo model: English number words -> French number words (0..999,999)."""
+    require_extra("export", "tfm-export train-demo")
+    import torch
+
+    from ..demo.train import train_demo
     if threads:
         torch.set_num_threads(threads)
     path, minutes = train_demo(output, TrainSettings(steps=steps, batch_size=batch_size, seed=seed))
@@ -54,22 +51,18 @@ def train_demo_cmd(output: Path, steps: int, batch_size: int, seed: int, threads
               default=Path("models/demo/ckpt.pt"), show_default=True,
               help="The demo checkpoint, or a model directory exported from it.")
 @vocab_option
-@click.option("--backend", type=click.Choice(["onnxruntime", "torch", "tensorrt"]), default=None,
+@click.option("--backend", type=click.Choice(RUNTIME_BACKENDS), default=None,
               help="Default: tensorrt for an engine directory, onnxruntime for a model directory, torch for a "
                    "checkpoint.")
 @click.option("--beam-size", type=click.IntRange(1, 64), default=1, show_default=True, help="1 = greedy.")
 @click.option("--show-misses", type=click.IntRange(min=0), default=5, show_default=True)
 def eval_demo(model_path: Path, vocab: tuple[Path, ...], backend: str | None, beam_size: int, show_misses: int) -> None:
     """Exact match on the 1,000 held-out numbers that training never saw."""
-    translator = Translator.load(model_path, vocab, backend)
-    pairs = demo_numbers.held_out_pairs()
-    results = translator.translate([en for en, _ in pairs], DecodeOptions(beam_size=beam_size, batch_size=100))
-    score, misses = demo_numbers.exact_match([r.text for r in results], [fr for _, fr in pairs])
-    decoding = "greedy" if beam_size == 1 else f"beam {beam_size}"
-    click.echo(f"exact match: {100 * score:.1f}% ({len(pairs) - len(misses)}/{len(pairs)}) "
-               f"held-out numbers, {decoding}")
-    for i in misses[:show_misses]:
-        click.echo(f"  {pairs[i][0]!r} -> {results[i].text!r} (expected {pairs[i][1]!r})")
+    require_extra("export", "tfm-export eval-demo")  # the held-out numbers come from num2words
+    from ..demo.evaluate import evaluate_demo
+    from ..runtime.translator import Translator
+    for line in evaluate_demo(Translator.load(model_path, vocab, backend), beam_size).lines(show_misses):
+        click.echo(line)
 
 
 @main.command("random-checkpoint")
@@ -84,6 +77,9 @@ def eval_demo(model_path: Path, vocab: tuple[Path, ...], backend: str | None, be
 def random_checkpoint_cmd(output: Path, d_model: int, heads: int, layers: int, ffn: int, vocab_size: int,
                           seed: int) -> None:
     """A random-weight model (default: the base config) for benchmarks: real shapes, meaningless outputs."""
+    require_extra("export", "tfm-export random-checkpoint")
+    from ..core.config import ModelConfig
+    from ..model.synthetic import random_checkpoint
     if d_model % heads:
         raise TfmExportError(f"--d-model {d_model} is not a multiple of --heads {heads}")
     config = ModelConfig(src_vocab_size=vocab_size, trg_vocab_size=vocab_size, d_model=d_model, d_inner=ffn,
@@ -99,13 +95,17 @@ def random_checkpoint_cmd(output: Path, d_model: int, heads: int, layers: int, f
 @vocab_option
 @click.option("--output", type=click.Path(path_type=Path, file_okay=False), required=True,
               help="Model directory to create (encoder.onnx, decoder_step.onnx, manifest.json, tokenizer).")
-@click.option("--opset", type=click.Choice([str(o) for o in SUPPORTED_OPSETS]), default="18", show_default=True,
-              help="ONNX opset; both keep LayerNormalization as one op (TensorRT 10.3+).")
+@click.option("--opset", type=click.Choice([str(o) for o in SUPPORTED_OPSETS]), default=str(DEFAULT_OPSET),
+              show_default=True, help="ONNX opset; both keep LayerNormalization as one op. 17 parses in TensorRT 8.6 "
+                                      "(JetPack 6.0) and later; 18 needs TensorRT 10.")
 @click.option("--no-optimize", is_flag=True, help="Skip the exporter's graph optimizer (constant folding etc.).")
 @click.option("--force", is_flag=True, help="Replace a non-empty output directory.")
 def onnx_cmd(checkpoint: Path, vocab: tuple[Path, ...], output: Path, opset: str, no_optimize: bool,
              force: bool) -> None:
     """Export encoder and decoder-step ONNX graphs with an explicit KV cache, checked against PyTorch."""
+    require_extra("export", "tfm-export onnx")
+    from ..graphs.pipeline import export_model_dir
+    from ..model.checkpoint import load_checkpoint
     ckpt = load_checkpoint(checkpoint, list(vocab))
     manifest = export_model_dir(ckpt, output, int(opset), optimize=not no_optimize, force=force)
     click.echo(f"wrote {output}: {', '.join(g['file'] for g in manifest['graphs'].values())}, manifest.json "
@@ -116,7 +116,7 @@ def onnx_cmd(checkpoint: Path, vocab: tuple[Path, ...], output: Path, opset: str
 @main.command("quantize")
 @click.option("--model", "model_dir", type=click.Path(path_type=Path), required=True,
               help="An fp32 model directory from `tfm-export onnx`.")
-@click.option("--precision", type=click.Choice(PRECISIONS), required=True,
+@click.option("--precision", type=click.Choice(QUANTIZED), required=True,
               help="fp16: for GPUs (TensorRT, CUDA). int8: Q/DQ graphs (static) or CPU int8 (dynamic).")
 @click.option("--mode", type=click.Choice(INT8_MODES), default=None,
               help="int8 only (default static). static: explicit Q/DQ with calibrated ranges, for TensorRT and "
@@ -139,16 +139,13 @@ def quantize_cmd(model_dir: Path, precision: str, mode: str | None, calibration:
                  calibration_max_length: int | None, keep_io_types: bool, float_embeddings: bool, output: Path,
                  force: bool) -> None:
     """Make an fp16 or int8 model directory from an fp32 one (check it with `tfm-export verify`)."""
-    if mode is not None and precision != "int8":
-        raise TfmExportError("--mode is only for --precision int8 (fp16 has one mode); drop it")
-    mode = mode or "static"
-    if calibration_max_length and (mode != "static" or not calibration):
-        raise TfmExportError("--calibration-max-length is only for --precision int8 --mode static, with --calibration")
-    calib = Calibration(calibration, read_text_lines(calibration), calibration_max_length) if calibration else None
+    require_extra("export", "tfm-export quantize")
+    from ..precision.pipeline import Calibration, quantize_model_dir
+    calib = Calibration.from_options(calibration, calibration_max_length)
     manifest = quantize_model_dir(model_dir, output, precision, mode, calib, keep_io_types, force,
                                   progress=sys.stderr.isatty(), float_embeddings=float_embeddings)
     sizes = {g: (output / e["file"]).stat().st_size / 1e6 for g, e in manifest["graphs"].items()}
-    kind = f"int8 {mode}" if precision == "int8" else precision
+    kind = f"int8 {manifest['int8']['mode']}" if precision == "int8" else precision
     click.echo(f"wrote {output}: {kind}, " + ", ".join(f"{g} {mb:.1f} MB" for g, mb in sizes.items()))
 
 
@@ -165,85 +162,45 @@ def quantize_cmd(model_dir: Path, precision: str, mode: str | None, calibration:
               help="fp16/int8: true translations of --input, line by line, for exact match and BLEU.")
 @click.option("--report", "report_dir", type=click.Path(path_type=Path, file_okay=False), default=None,
               help="fp16/int8: write precision-report.md and error histograms (PNG) into this directory.")
-@click.option("--samples", type=click.IntRange(min=1), default=16, show_default=True,
-              help="fp32: random sources decoded by both sides.")
-@click.option("--steps", type=click.IntRange(min=1), default=30, show_default=True,
-              help="fp32: decoder steps compared with the cache fed back.")
-@click.option("--beam-size", type=click.IntRange(min=1), default=4, show_default=True,
+@click.option("--samples", type=click.IntRange(min=1), default=None,
+              help=f"fp32: random sources decoded by both sides (default {SAMPLES}).")
+@click.option("--steps", type=click.IntRange(min=1), default=None,
+              help=f"fp32: decoder steps compared with the cache fed back (default {STEPS}).")
+@click.option("--beam-size", type=click.IntRange(min=1, max=64), default=AGREEMENT_BEAM, show_default=True,
               help="Beam size of the beam-search agreement check (greedy is always checked).")
-@click.option("--atol", type=float, default=Tolerance.atol, show_default=True,
-              help="fp32: absolute tolerance of every tensor comparison.")
-@click.option("--rtol", type=float, default=Tolerance.rtol, show_default=True,
-              help="Relative to the largest reference value of each tensor.")
+@click.option("--atol", type=float, default=None,
+              help=f"fp32: absolute tolerance of every tensor comparison (default {DEFAULT_TOLERANCE.atol}).")
+@click.option("--rtol", type=float, default=None,
+              help=f"fp32: relative to the largest reference value of each tensor (default {DEFAULT_TOLERANCE.rtol}).")
 @click.option("--min-agreement", type=click.FloatRange(0, 1), default=None,
-              help="Fraction of decodes that must be token-identical (default: fp32 0.99, fp16 0.995, int8 0.97).")
+              help="Fraction of decodes that must be token-identical (default: "
+                   + ", ".join(f"{p} {v}" for p, v in MIN_AGREEMENT.items()) + ").")
 def verify_cmd(model_dir: Path, checkpoint: Path | None, reference: Path | None, vocab: tuple[Path, ...],
-               input_file: Path | None, references_file: Path | None, report_dir: Path | None, samples: int,
-               steps: int, beam_size: int, atol: float, rtol: float, min_agreement: float | None) -> None:
+               input_file: Path | None, references_file: Path | None, report_dir: Path | None, samples: int | None,
+               steps: int | None, beam_size: int, atol: float | None, rtol: float | None,
+               min_agreement: float | None) -> None:
     """fp32: compare ONNX Runtime with PyTorch (tensor errors step by step, greedy/beam agreement).
     fp16/int8: compare with the fp32 parent (per-graph errors, agreement, BLEU, exact match)."""
-    if read_manifest(model_dir)["precision"] != "fp32":
-        given = [f"--{name}" for name in ("samples", "steps", "atol", "rtol") if _given(name)]
-        if checkpoint or vocab or given:
-            raise TfmExportError(f"{', '.join(given) or '--checkpoint/--vocab'}: for fp32 directories only; a "
-                                 "quantized directory is compared with its fp32 parent (--reference)")
-        if input_file is None:
-            raise TfmExportError("--input FILE is required for fp16/int8 directories (sentences to compare on)")
-        writable_output(report_dir, "--report", directory=True)
-        texts = read_text_lines(input_file)
-        refs = read_text_lines(references_file) if references_file else None
-        report = compare_precision(model_dir, parent_directory(model_dir, reference), texts, refs, beam_size,
-                                   min_agreement)
-        for row in summary_lines(report):
-            click.echo(row)
-        if report_dir:
-            click.echo("wrote " + ", ".join(str(p) for p in write_report(report, report_dir)))
-        if report.failures:
-            raise click.ClickException("precision check failed: " + "; ".join(report.failures))
-        click.echo(f"{report.precision} OK against fp32 (agreement >= {report.min_agreement:.1%})")
-        return
-    for flag, value in (("--reference", reference), ("--references", references_file), ("--report", report_dir)):
-        if value:
-            raise TfmExportError(f"{flag} is for fp16/int8 directories; fp32 ones are compared with PyTorch")
-    ckpt = checkpoint_for(model_dir, checkpoint, vocab)
-    texts = read_text_lines(input_file) if input_file else []
-    threshold = 0.99 if min_agreement is None else min_agreement
-    report = verify(model_dir, ckpt, texts, samples=samples, steps=steps, beam_size=beam_size,
-                    tolerance=Tolerance(atol, rtol), min_agreement=threshold)
-    width = max(len(row.name) for row in [*report.tensors, *report.agreements])
-    click.echo(f"{'tensor':{width}} {'max abs':>10} {'max rel':>10}  ok")
-    for d in report.tensors:
-        ok = "yes" if d.within(report.tolerance) else "NO"
-        click.echo(f"{d.name:{width}} {d.max_abs:10.2e} {d.max_rel:10.2e}  {ok}")
-    for a in report.agreements:
-        click.echo(f"{a.name:{width}} {a.identical:>5}/{a.total:<5} identical ({100 * a.rate:.1f}%)")
-    if report.failures:
-        raise click.ClickException("parity check failed: " + "; ".join(report.failures))
-    click.echo(f"parity OK (atol {atol}, rtol {rtol}, agreement >= {threshold:.0%})")
-
-
-def _given(name: str) -> bool:
-    """Whether the user gave an option, rather than its default taking effect."""
-    return click.get_current_context().get_parameter_source(name) is not click.core.ParameterSource.DEFAULT
+    require_extra("export", "tfm-export verify")
+    from ..verify.directory import VerifyRequest, verify_model_dir
+    request = VerifyRequest(model_dir, input_file, beam_size, min_agreement, checkpoint, vocab, samples, steps, atol,
+                            rtol, reference, references_file, report_dir)
+    outcome = verify_model_dir(request, lambda path: writable_output(path, "--report", directory=True))
+    for line in outcome.lines:
+        click.echo(line)
+    if outcome.failures:
+        raise click.ClickException(f"{outcome.kind} check failed: " + "; ".join(outcome.failures))
+    click.echo(outcome.summary)
 
 
 @main.command("inspect")
 @click.option("--model", "model_dir", type=click.Path(path_type=Path), required=True, help="Exported model directory.")
 def inspect_cmd(model_dir: Path) -> None:
     """Show graph inputs/outputs with shapes, op counts, sizes, precision and opset."""
-    manifest, infos = inspect_model(model_dir)
-    cfg = manifest["model"]
-    click.echo(f"{model_dir}: {manifest['precision']}, opset {manifest['opset']}, d_model {cfg['d_model']}, "
-               f"{cfg['n_layers']}+{cfg['n_layers']} layers, {cfg['n_head']} heads, vocab "
-               f"{cfg['src_vocab_size']}/{cfg['trg_vocab_size']}, max {manifest['limits']['max_source_length']} "
-               f"positions; optimizations: {', '.join(manifest['optimizations']) or 'none'}")
-    for g in infos:
-        click.echo(f"\n{g.file.name}: {g.size_bytes / 1e6:.2f} MB, {g.weight_count} weights "
-                   f"({g.weight_bytes / 1e6:.2f} MB), opset {g.opset}")
-        for kind, values in (("in ", g.inputs), ("out", g.outputs)):
-            for name, dtype, shape in values:
-                click.echo(f"  {kind} {name:36} {dtype:8} [{', '.join(map(str, shape))}]")
-        click.echo("  ops: " + ", ".join(f"{op} {n}" for op, n in g.op_counts.items()))
+    require_extra("export", "tfm-export inspect")
+    from ..graphs.inspection import inspect_model, summary_lines
+    for line in summary_lines(model_dir, *inspect_model(model_dir)):
+        click.echo(line)
 
 
 @main.command("check")
@@ -252,12 +209,15 @@ def inspect_cmd(model_dir: Path) -> None:
 @click.option("--trt", "with_trt", is_flag=True,
               help="Also build each graph in TensorRT (Polygraphy) and compare it with ONNX Runtime (needs a GPU).")
 def check_cmd(model_dir: Path, with_trt: bool) -> None:
-    """Will these graphs build in TensorRT? A static report for TensorRT 10.3 (JetPack 6) and 11, then a
-    Polygraphy run of every graph on generated inputs (past length 0 included). Exit 1 on any problem."""
-    from ..graph_check import check_onnxruntime
-    from ..trt_compat import check_model_dir
+    """Will these graphs build in TensorRT? A static report for TensorRT 8.6 (JetPack 6.0), 10.3 (JetPack
+    6.1/6.2) and 11, then a Polygraphy run of every graph on generated inputs (past length 0 included). Exit 1
+    on any problem."""
+    require_extra("export", "tfm-export check")
+    from ..artifacts.model_dir import read_manifest
+    from ..trt.compat import check_model_dir
+    from ..trt.polygraphy_check import check_onnxruntime
     if with_trt:
-        from ..trt_support import current_platform
+        from ..runtime.tensorrt_platform import current_platform
         read_manifest(model_dir)  # a wrong directory first: TensorRT would not help with that
         platform = current_platform()
         click.echo(f"TensorRT {platform.tensorrt} on {platform.gpu} (compute capability {platform.compute_capability})")
@@ -311,15 +271,15 @@ def trt_cmd(model_dir: Path, fp16: bool, int8: bool, output: Path, max_batch: in
     Precision comes from the graphs: fp32 by default, --fp16 (the fp16 graphs, made from an fp32 directory
     if needed) or --int8 (an int8 static directory). Run with `tfm-run translate --model OUTPUT`.
     """
-    from ..trt_build import build_engines
-    from ..trt_profiles import ShapeLimits
+    require_extra("export", "tfm-export trt")
+    from ..trt.build import build_engines
+    from ..trt.profiles import ShapeLimits
     if fp16 and int8:
         raise TfmExportError("--fp16 and --int8 exclude each other: an engine has one precision")
     precision = "fp16" if fp16 else "int8" if int8 else None
     writable_output(timing_cache, "--timing-cache")
-    positions = ModelConfig.from_dict(read_manifest(model_dir)["model"]).n_position
-    limits = ShapeLimits(max_batch, max_source_length or positions, max_target_length or positions, opt_batch,
-                         opt_source_length, opt_past_length)
+    limits = ShapeLimits(max_batch, max_source_length, max_target_length, opt_batch, opt_source_length,
+                         opt_past_length)
     manifest = build_engines(model_dir, output, precision, limits, timing_cache, workspace_mib, weak_typing, force,
                              progress=sys.stderr.isatty())
     info = manifest["tensorrt"]

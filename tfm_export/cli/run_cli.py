@@ -9,11 +9,13 @@ from pathlib import Path
 import click
 from tqdm import tqdm
 
-from ..errors import InputTextError, TfmExportError
-from ..ort_session import OPT_LEVELS, SessionOptions
-from ..translator import BACKENDS, DecodeOptions, Translation, Translator
+from ..core.errors import InputTextError
+from ..core.files import write_text_atomically
+from ..core.sources import read_text_lines
+from ..runtime.session import OPT_LEVELS, SessionOptions
+from ..runtime.translator import RUNTIME_BACKENDS, DecodeOptions, Translation, Translator
 from .bench_cli import bench
-from .common import ErrorReportingGroup, read_text_lines, setup_logging, vocab_option
+from .common import ErrorReportingGroup, setup_logging, vocab_option
 
 
 @click.group(cls=ErrorReportingGroup)
@@ -49,18 +51,12 @@ def format_line(source: str, result: Translation, fmt: str) -> str:
 
 
 def write_output(lines: list[str], output: Path | None) -> None:
-    """stdout, or a file written whole via a temporary file (a failed run leaves no partial output)."""
+    """stdout, or a file written whole (a failed run leaves no partial output)."""
     text = "".join(line + "\n" for line in lines)
     if output is None:
         click.echo(text, nl=False)
         return
-    tmp = output.with_name(f".{output.name}.partial")
-    try:
-        tmp.write_text(text, encoding="utf-8")
-        tmp.replace(output)
-    except OSError as exc:
-        tmp.unlink(missing_ok=True)
-        raise TfmExportError(f"{output}: cannot write output ({exc.strerror}); choose a writable --output") from None
+    write_text_atomically(output, text, "output")
 
 
 @main.command()
@@ -68,7 +64,7 @@ def write_output(lines: list[str], output: Path | None) -> None:
 @click.option("--model", "model_path", required=True, type=click.Path(path_type=Path),
               help="An exported model directory (tfm-export onnx) or a checkpoint file (.pt).")
 @vocab_option
-@click.option("--backend", type=click.Choice(BACKENDS), default=None,
+@click.option("--backend", type=click.Choice(RUNTIME_BACKENDS), default=None,
               help="Default: tensorrt for an engine directory (tfm-export trt), onnxruntime for a model directory, "
                    "torch for a checkpoint.")
 @click.option("--device", type=click.Choice(["cpu", "cuda"]), default=None,
@@ -106,9 +102,6 @@ def translate(texts: tuple[str, ...], model_path: Path, vocab: tuple[Path, ...],
     (or is cut, with a warning, under --truncate).
     """
     lines = read_lines(input_file, texts)
-    if threads:
-        import torch
-        torch.set_num_threads(threads)
     session = SessionOptions(intra_op_threads=threads, optimization=ort_opt_level, memory_arena=not no_memory_arena,
                              tensorrt_ep=ort_trt)
     translator = Translator.load(model_path, vocab, backend, device, session)

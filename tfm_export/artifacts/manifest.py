@@ -1,0 +1,92 @@
+"""What every artifact directory shares: the manifest's file name, the formats it may declare, and how
+a manifest is written and read back with its required fields checked."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..core.errors import TfmExportError
+
+MANIFEST = "manifest.json"
+
+
+class ModelDirError(TfmExportError):
+    """A model or engine directory that cannot be written or read."""
+
+
+@dataclass(frozen=True)
+class DirectoryKind:
+    """One kind of artifact directory: the format its manifest declares and what it must hold."""
+
+    what: str  # "model directory"
+    format: str
+    version: int
+    remake: str  # what to do about a damaged one
+    required: tuple[str, ...]  # dotted keys
+    checks: dict[str, Callable[[Any], bool]] = field(default_factory=dict)  # dotted key -> valid value?
+
+
+MODEL_FORMAT, MODEL_FORMAT_VERSION = "tfm-export-model", 1
+ENGINE_FORMAT, ENGINE_FORMAT_VERSION = "tfm-export-engines", 1
+
+
+def write_manifest(directory: Path, manifest: dict[str, Any]) -> None:
+    (directory / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+
+
+def manifest_format(directory: Path) -> str | None:
+    """The format a directory's manifest declares, or None when there is no readable manifest."""
+    try:
+        data = json.loads((directory / MANIFEST).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data.get("format") if isinstance(data, dict) else None
+
+
+def read_declared(directory: Path, kind: DirectoryKind, wrong_format: Callable[[Any], str | None]) -> dict[str, Any]:
+    """The manifest of a `kind` directory; every way it can be absent or damaged is one line.
+    wrong_format(declared format) says what a directory of another format is for (or None)."""
+    if not directory.exists():
+        raise ModelDirError(f"{directory}: {kind.what} not found; {kind.remake}")
+    if not directory.is_dir():
+        raise ModelDirError(f"{directory}: is a file, not a {kind.what}; {kind.remake}")
+    path = directory / MANIFEST
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ModelDirError(f"{path}: missing; this is not a tfm-export {kind.what}") from None
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise ModelDirError(f"{path}: unreadable manifest ({exc}); {kind.remake}") from None
+    declared = manifest.get("format") if isinstance(manifest, dict) else None
+    if declared != kind.format:
+        raise ModelDirError(wrong_format(declared) or f"{path}: not a {kind.format} manifest; {kind.remake}")
+    if manifest.get("format_version") != kind.version:
+        raise ModelDirError(f"{path}: format version {manifest.get('format_version')} is not supported (this tool "
+                            f"reads {kind.version}); upgrade tfm-export, or {kind.remake}")
+    missing = [key for key in kind.required if not _has(manifest, key)]
+    if missing:
+        raise ModelDirError(f"{path}: lacks {', '.join(missing)}; {kind.remake}")
+    wrong = [key for key, ok in kind.checks.items() if not ok(_get(manifest, key))]
+    if wrong:
+        raise ModelDirError(f"{path}: has an invalid {', '.join(wrong)}; {kind.remake}")
+    return manifest
+
+
+def _get(manifest: dict[str, Any], dotted: str) -> Any:
+    node: Any = manifest
+    for part in dotted.split("."):
+        node = node[part]
+    return node
+
+
+def _has(manifest: dict[str, Any], dotted: str) -> bool:
+    node: Any = manifest
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return False
+        node = node[part]
+    return True

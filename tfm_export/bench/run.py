@@ -1,0 +1,125 @@
+"""A whole `tfm-run bench` run: read the model once, make the artifacts, measure every backend in its own
+process, and write the report files. The command line only parses options and prints."""
+
+from __future__ import annotations
+
+import random
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..artifacts.manifest import MANIFEST
+from ..core.errors import InputTextError, TfmExportError
+from ..core.files import write_text_atomically
+from ..core.sources import encode_lines, read_text_lines
+from ..core.tokenizer import BOS_ID, EOS_ID, FIRST_TOKEN_ID
+from .artifacts import BenchModel, Built, build_fp32, build_variants, calibration_for, open_model
+from .protocol import BackendResult, BenchSettings, machine_info, ratios, run_backends
+from .report import markdown, plot, summary, table, to_json
+
+
+@dataclass(frozen=True)
+class BenchRequest:
+    model: Path  # a checkpoint, or an fp32 model directory
+    settings: BenchSettings
+    input_file: Path | None = None  # default: random token sequences of the source vocabulary
+    sentences: int = 32  # inputs; the --input lines are cycled to fill
+    calibration: Path | None = None  # int8 static calibration texts; default: the inputs
+    work_dir: Path | None = None  # keep the artifacts here; default: a temporary directory
+
+
+@dataclass
+class BenchRun:
+    results: list[BackendResult]
+    built: Built
+    ratios: dict[str, float | None]
+    info: dict[str, Any]  # machine, inputs and sizes, as the JSON and markdown reports print them
+    settings: BenchSettings
+
+    def lines(self) -> list[str]:
+        """The tables and the ratios this run measured (the JSON keeps the ones it did not)."""
+        out = [*table(self.results), "", *summary(self.results, self.built.size_mb, self.built.build_s), ""]
+        return out + [f"ratio {name}: {value:.2f}x" for name, value in self.ratios.items() if value is not None]
+
+    def write(self, json_path: Path | None, plot_path: Path | None, markdown_path: Path | None) -> None:
+        if json_path:
+            to_json(json_path, self.results, self.settings, self.info)
+        if plot_path:
+            plot(plot_path, self.results, f"{self.info['model']} on {self.info['machine']['cpu']}")
+        if markdown_path:
+            write_text_atomically(markdown_path, markdown(self.results, self.built.size_mb, self.built.build_s,
+                                                          self.ratios, self.info), "the markdown report")
+
+    @property
+    def failure(self) -> str | None:
+        if all(r.skipped for r in self.results):
+            return "no backend could run here; the table above says why for each"
+        return None
+
+
+def run_benchmark(request: BenchRequest, say: Callable[[str], None] = lambda _: None) -> BenchRun:
+    """Everything is checked (work directory, output length, input lines) before the slow work starts."""
+    settings = request.settings
+    _check_work_dir(request.work_dir)
+    model = open_model(request.model)
+    length = settings.output_length or model.positions
+    if length > model.positions:
+        raise InputTextError(f"--output-length {length} is beyond the model's {model.positions} positions")
+    texts = read_text_lines(request.input_file) if request.input_file else None
+    rows = _input_rows(texts, model) if texts is not None else None
+    calibration_texts = read_text_lines(request.calibration) if request.calibration else []
+    with tempfile.TemporaryDirectory(prefix="tfm-bench-") as tmp:
+        work = request.work_dir or Path(tmp)
+        try:
+            work.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise TfmExportError(f"{work}: cannot create the work directory ({exc.strerror}); choose another "
+                                 "--work-dir") from None
+        built = build_fp32(model, work, say)
+        vocab = built.artifacts.source_tokens
+        sources = _sources(rows, len(vocab), request.sentences, model.positions)
+        inputs = texts or [" ".join(vocab[i] for i in row[1:-1]) for row in sources]
+        calib = calibration_for(inputs, request.calibration, calibration_texts, work / "calibration.txt",
+                                settings.output_length or None)
+        build_variants(built, model, work, calib, settings.backends,
+                       max(settings.batch_sizes) * max(settings.beam_sizes), say=say)
+        results = run_backends(built.artifacts, sources, length, model.positions, settings,
+                               progress=lambda n: say(f"measure {n}"))
+    found = ratios(results)
+    info = {"machine": machine_info(), "model": str(request.model),
+            "input": str(request.input_file) if request.input_file else "random", "sentences": request.sentences,
+            "output_length": length, "forced": settings.output_length > 0, "sizes_mb": built.size_mb,
+            "build_s": built.build_s, "ratios": found}
+    return BenchRun(results, built, found, info, settings)
+
+
+def _input_rows(texts: list[str], model: BenchModel) -> list[list[int]]:
+    """--input lines as ids with <s>/</s>, checked against the model's positions before any slow work."""
+    rows = list(encode_lines(model.vocab.source, texts, model.positions, "--input ").values())
+    if not rows:
+        raise InputTextError("--input has no non-empty lines")
+    return rows
+
+
+def _sources(rows: list[list[int]] | None, vocab_size: int, count: int, positions: int,
+             seed: int = 0) -> list[list[int]]:
+    """The given rows cycled to `count`, else random tokens (12 to 24 per sentence, fewer for models with
+    fewer positions)."""
+    if rows is not None:
+        return (rows * (count // len(rows) + 1))[:count]
+    rng = random.Random(seed)
+    longest = min(24, positions - 2)
+    return [[BOS_ID, *(rng.randrange(FIRST_TOKEN_ID, vocab_size) for _ in range(rng.randint(longest // 2, longest))),
+             EOS_ID] for _ in range(count)]
+
+
+def _check_work_dir(work_dir: Path | None) -> None:
+    if work_dir is None:
+        return
+    if work_dir.exists() and not work_dir.is_dir():
+        raise TfmExportError(f"{work_dir}: is a file; choose another --work-dir")
+    if (work_dir / MANIFEST).exists():
+        raise TfmExportError(f"{work_dir}: is a model directory, which the benchmark would write into; choose another "
+                             "--work-dir")

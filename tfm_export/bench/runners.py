@@ -1,0 +1,117 @@
+"""One decode call per benchmark backend, all on the same ids: ours through the one decoding loop,
+CTranslate2 through its own translate_batch. Heavy libraries (PyTorch, ONNX Runtime, CTranslate2) are
+imported only by the backend that needs them, so each backend's peak memory is its own (every backend
+runs in a fresh process)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ..core.batching import pad_batch
+from ..core.tokenizer import BOS_ID, EOS_ID
+from ..runtime import decoding
+
+TIMED_BACKENDS = {
+    "torch-full": "PyTorch eager, full recompute every step (how the seed code decodes)",
+    "torch-cache": "PyTorch eager with a KV cache",
+    "ort-fp32": "ONNX Runtime fp32",
+    "ort-int8-static": "ONNX Runtime, int8 Q/DQ graph (static, calibrated; on CPU its Q/DQ run as float ops)",
+    "ort-int8-dynamic": "ONNX Runtime int8 dynamic",
+    "ort-fp16": "ONNX Runtime fp16 on CUDA",
+    "tensorrt": "TensorRT fp16 engines (built from the fp32 graphs' fp16 version)",
+    "ct2-fp32": "CTranslate2 float32 (same weights)",
+    "ct2-int8": "CTranslate2 int8 (same weights)",
+}
+ONNX_VARIANTS = {"ort-fp32": "fp32", "ort-int8-static": "int8-static", "ort-int8-dynamic": "int8-dynamic",
+                 "ort-fp16": "fp16"}
+
+Decode = Callable[[Sequence[Sequence[int]], int, int, bool], list[tuple[int, ...]]]
+
+
+@dataclass(frozen=True)
+class Artifacts:
+    """Everything the backends load, made once per benchmark run from one checkpoint."""
+
+    checkpoint: Path | None
+    onnx: dict[str, Path]  # variant ("fp32", "int8-static", ...) -> model directory
+    ctranslate2: Path | None
+    source_tokens: tuple[str, ...] = ()  # id -> token, for CTranslate2's string interface
+    target_tokens: tuple[str, ...] = ()
+    tensorrt: Path | None = None  # fp16 engine directory, where TensorRT and a GPU are present
+
+
+def unavailable(name: str, artifacts: Artifacts) -> str | None:
+    """Why a backend cannot run here, or None."""
+    if name == "tensorrt" and artifacts.tensorrt is None:
+        from ..runtime.tensorrt_platform import missing_reason
+        return missing_reason() or "the engines could not be built (see the [bench] log)"
+    if name == "ort-fp16" and not _has_cuda_provider():
+        return "fp16 is for GPUs; this onnxruntime has no CUDA provider"
+    if name in ONNX_VARIANTS and ONNX_VARIANTS[name] not in artifacts.onnx:
+        return f"no {ONNX_VARIANTS[name]} model directory"
+    if name.startswith("torch") and artifacts.checkpoint is None:
+        return "no checkpoint (the model directory's source checkpoint is not here)"
+    if name.startswith("ct2") and artifacts.ctranslate2 is None:
+        return "CTranslate2 is not installed or the model could not be converted"
+    return None
+
+
+def open_decoder(name: str, artifacts: Artifacts, threads: int) -> Decode:
+    """decode(sources with <s>/</s>, beam size, length, forced) -> generated ids per source (best only). Our
+    backends are opened as `tfm-run translate` opens them (Translator.load), but for the cache-less baseline."""
+    if name.startswith("ct2"):
+        return _ctranslate2(artifacts, "int8" if name == "ct2-int8" else "float32", threads)
+    from ..runtime.session import SessionOptions
+    from ..runtime.translator import Translator
+    if name.startswith("torch"):
+        import torch
+        if threads:
+            torch.set_num_threads(threads)
+        if name == "torch-full":
+            from ..model.checkpoint import load_checkpoint
+            from .torch_full import TorchFullBackend
+            return _loop(TorchFullBackend(load_checkpoint(artifacts.checkpoint).model))
+        return _loop(Translator.load(artifacts.checkpoint, backend="torch").backend)
+    if name == "tensorrt":
+        return _loop(Translator.load(artifacts.tensorrt, backend="tensorrt").backend)
+    device = "cuda" if name == "ort-fp16" else "cpu"
+    options = SessionOptions(intra_op_threads=threads, device=device)
+    return _loop(Translator.load(artifacts.onnx[ONNX_VARIANTS[name]], backend="onnxruntime", device=device,
+                                 session_options=options).backend)
+
+
+def _has_cuda_provider() -> bool:
+    from ..runtime.session import has_cuda_provider
+    return has_cuda_provider()
+
+
+def _loop(backend: decoding.StepBackend) -> Decode:
+    def decode(sources: Sequence[Sequence[int]], beam: int, length: int, forced: bool) -> list[tuple[int, ...]]:
+        src, floor = pad_batch(sources), length if forced else 0
+        if beam == 1:
+            return [h.tokens for h in decoding.greedy(backend, src, length, min_length=floor)]
+        return [h[0].tokens for h in decoding.beam_search(backend, src, beam, length, min_length=floor)]
+    return decode
+
+
+def _ctranslate2(artifacts: Artifacts, compute_type: str, threads: int) -> Decode:
+    import ctranslate2
+    translator = ctranslate2.Translator(str(artifacts.ctranslate2), device="cpu", compute_type=compute_type,
+                                        intra_threads=threads, inter_threads=1)
+    vocab = artifacts.source_tokens
+    index = {token: i for i, token in enumerate(artifacts.target_tokens)}
+
+    def decode(sources: Sequence[Sequence[int]], beam: int, length: int, forced: bool) -> list[tuple[int, ...]]:
+        tokens = [[vocab[i] for i in row if i not in (BOS_ID, EOS_ID)] for row in sources]
+        results = translator.translate_batch(tokens, beam_size=beam, max_decoding_length=length,
+                                             min_decoding_length=length if forced else 0, max_batch_size=0)
+        return [tuple(index[t] for t in r.hypotheses[0]) for r in results]
+    return decode
+
+
+def agreement(got: list[tuple[int, ...]], want: list[tuple[int, ...]]) -> float:
+    return float(np.mean([g == w for g, w in zip(got, want, strict=True)])) if want else 1.0

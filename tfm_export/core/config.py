@@ -1,0 +1,116 @@
+"""Model configuration: the one place that says how to rebuild the reference Transformer."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import CheckpointError
+
+SCALE_MODES = ("emb", "prj", "none")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Hyper-parameters of the seed code's `Transformer(...)`, with its defaults."""
+
+    src_vocab_size: int
+    trg_vocab_size: int
+    src_pad_idx: int = 1  # `<blank>` in the seed vocabularies
+    trg_pad_idx: int = 1
+    d_model: int = 512  # also d_word_vec: the seed asserts they are equal
+    d_inner: int = 2048  # FFN hidden size (`d_inner_hid` on the seed command line)
+    n_layers: int = 6  # encoder and decoder each
+    n_head: int = 8
+    d_k: int = 64  # query/key size per head; n_head * d_k need not equal d_model
+    d_v: int = 64  # value size per head
+    dropout: float = 0.1
+    n_position: int = 200  # rows of the sinusoid table = longest sequence the model takes
+    proj_share_weight: bool = True  # target embedding <-> output projection
+    embs_share_weight: bool = True  # source <-> target embedding
+    scale_emb_or_prj: str = "prj"  # x sqrt(d_model) on embeddings, or x d_model^-0.5 on logits
+
+    def __post_init__(self) -> None:
+        problems = self.problems()
+        if problems:
+            raise CheckpointError("invalid model config: " + "; ".join(problems))
+
+    def problems(self) -> list[str]:
+        found = [
+            f"{name} must be a positive integer, got {getattr(self, name)!r}"
+            for name in ("src_vocab_size", "trg_vocab_size", "d_model", "d_inner", "n_layers",
+                         "n_head", "d_k", "d_v", "n_position")
+            if not isinstance(getattr(self, name), int) or getattr(self, name) <= 0
+        ]
+        if self.scale_emb_or_prj not in SCALE_MODES:
+            found.append(f"scale_emb_or_prj must be one of {SCALE_MODES}, got {self.scale_emb_or_prj!r}")
+        if self.embs_share_weight and self.src_vocab_size != self.trg_vocab_size:
+            found.append("embs_share_weight needs src_vocab_size == trg_vocab_size "
+                         f"({self.src_vocab_size} != {self.trg_vocab_size})")
+        return found
+
+    @property
+    def scale_emb(self) -> bool:
+        # The seed applies either scaling only when the output projection is shared.
+        return self.proj_share_weight and self.scale_emb_or_prj == "emb"
+
+    @property
+    def scale_prj(self) -> bool:
+        return self.proj_share_weight and self.scale_emb_or_prj == "prj"
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ModelConfig:
+        if not isinstance(data, dict):
+            raise CheckpointError(f"model config must be a JSON object, got {type(data).__name__}")
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise CheckpointError(f"unknown model config fields: {', '.join(unknown)}")
+        try:
+            return cls(**data)
+        except TypeError as exc:  # a required field is missing
+            raise CheckpointError(f"incomplete model config: {exc}") from None
+
+    @classmethod
+    def from_json(cls, text: str) -> ModelConfig:
+        return cls.from_dict(json.loads(text))
+
+    @classmethod
+    def from_seed_settings(cls, opt: argparse.Namespace) -> ModelConfig:
+        """Rebuild the config the seed's train.py used from the `settings` it saved."""
+        fields = vars(opt)
+        required = ("src_vocab_size", "trg_vocab_size", "src_pad_idx", "trg_pad_idx", "d_model",
+                    "d_inner_hid", "d_k", "d_v", "n_head", "n_layers")
+        missing = [name for name in required if name not in fields]
+        if missing:
+            raise CheckpointError(f"seed checkpoint settings lack {', '.join(missing)}")
+        return cls(
+            src_vocab_size=fields["src_vocab_size"], trg_vocab_size=fields["trg_vocab_size"],
+            src_pad_idx=fields["src_pad_idx"], trg_pad_idx=fields["trg_pad_idx"],
+            d_model=fields["d_model"], d_inner=fields["d_inner_hid"], n_layers=fields["n_layers"],
+            n_head=fields["n_head"], d_k=fields["d_k"], d_v=fields["d_v"],
+            dropout=float(fields.get("dropout", 0.1)),
+            proj_share_weight=bool(fields.get("proj_share_weight", False)),
+            embs_share_weight=bool(fields.get("embs_share_weight", False)),
+            # Seed versions before the option existed behaved like its later default, 'prj'.
+            scale_emb_or_prj=fields.get("scale_emb_or_prj", "prj"),
+        )
+
+
+@dataclass(frozen=True)
+class TrainSettings:
+    steps: int = 2000
+    batch_size: int = 128
+    warmup_steps: int = 400
+    lr_mul: float = 1.0  # peak lr = lr_mul * d_model^-0.5 * warmup^-0.5
+    label_smoothing: float = 0.1
+    seed: int = 1

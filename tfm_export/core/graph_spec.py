@@ -1,0 +1,114 @@
+"""One description per exported graph: names, dtypes and axis symbols of every input and output.
+
+The exporter, the runtime's buffers, the TensorRT profiles, the manifest, `inspect` and the docs
+(docs/graph-contract.md) all read these, so the graph contract lives in exactly one place. Names
+follow Hugging Face Optimum.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+from .config import ModelConfig
+
+SUPPORTED_OPSETS = (17, 18)
+DEFAULT_OPSET = 17  # TensorRT 8.6 (JetPack 6.0) parses opsets up to 17; LayerNormalization is one op from 17
+
+BATCH = "batch_size"
+SRC_LEN = "encoder_sequence_length"
+NEW_LEN = "decoder_sequence_length"
+PAST_LEN = "past_decoder_sequence_length"
+TOTAL_LEN = "past_decoder_sequence_length + decoder_sequence_length"
+
+
+class Graph(str, Enum):
+    ENCODER = "encoder"
+    DECODER_STEP = "decoder_step"
+
+    @property
+    def filename(self) -> str:
+        return f"{self.value}.onnx"
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    dtype: str  # "int64" or "float32" (fp16 graphs may change float outputs)
+    shape: tuple[str | int, ...]  # axis symbols, or fixed sizes
+
+
+@dataclass(frozen=True)
+class GraphSpec:
+    graph: Graph
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+
+    def to_dict(self) -> dict:
+        def tensors(specs: tuple[TensorSpec, ...]) -> list[dict]:
+            return [{"name": t.name, "dtype": t.dtype, "shape": list(t.shape)} for t in specs]
+        return {"file": self.graph.filename, "inputs": tensors(self.inputs), "outputs": tensors(self.outputs)}
+
+
+def cache_name(prefix: str, layer: int, side: str, role: str) -> str:
+    """prefix: 'past_key_values' (input) or 'present' (output); side: 'decoder'|'encoder'; role: 'key'|'value'."""
+    return f"{prefix}.{layer}.{side}.{role}"
+
+
+@dataclass(frozen=True)
+class CacheNames:
+    """The flat cache tensor names every backend feeds and reads, layer by layer, key before value."""
+
+    self_inputs: tuple[str, ...]  # past_key_values.{i}.decoder.*
+    self_outputs: tuple[str, ...]  # present.{i}.decoder.*
+    cross_inputs: tuple[str, ...]  # past_key_values.{i}.encoder.*
+    cross_outputs: tuple[str, ...]  # present.{i}.encoder.* (encoder outputs)
+
+
+def cache_names(cfg: ModelConfig) -> CacheNames:
+    def names(prefix: str, side: str) -> tuple[str, ...]:
+        return tuple(cache_name(prefix, i, side, role) for i in range(cfg.n_layers) for role in ("key", "value"))
+    return CacheNames(names("past_key_values", "decoder"), names("present", "decoder"),
+                      names("past_key_values", "encoder"), names("present", "encoder"))
+
+
+def cache_head_sizes(cfg: ModelConfig) -> list[int]:
+    """Per flat cache tensor (in CacheNames order): its last axis, d_k for keys and d_v for values."""
+    return [cfg.d_k, cfg.d_v] * cfg.n_layers
+
+
+def _cache(names: tuple[str, ...], cfg: ModelConfig, length: str) -> list[TensorSpec]:
+    return [TensorSpec(name, "float32", (BATCH, cfg.n_head, length, size))
+            for name, size in zip(names, cache_head_sizes(cfg), strict=True)]
+
+
+def encoder_spec(cfg: ModelConfig) -> GraphSpec:
+    return GraphSpec(
+        Graph.ENCODER,
+        inputs=(TensorSpec("input_ids", "int64", (BATCH, SRC_LEN)),
+                TensorSpec("attention_mask", "int64", (BATCH, SRC_LEN))),
+        outputs=(TensorSpec("last_hidden_state", "float32", (BATCH, SRC_LEN, cfg.d_model)),
+                 *_cache(cache_names(cfg).cross_outputs, cfg, SRC_LEN)),
+    )
+
+
+def past_inputs(cfg: ModelConfig) -> list[TensorSpec]:
+    """Per layer: decoder key, decoder value, encoder key, encoder value (the graph's input order)."""
+    names = cache_names(cfg)
+    dec, enc = _cache(names.self_inputs, cfg, PAST_LEN), _cache(names.cross_inputs, cfg, SRC_LEN)
+    return [spec for i in range(cfg.n_layers) for spec in (*dec[2 * i:2 * i + 2], *enc[2 * i:2 * i + 2])]
+
+
+def decoder_step_spec(cfg: ModelConfig) -> GraphSpec:
+    return GraphSpec(
+        Graph.DECODER_STEP,
+        inputs=(TensorSpec("input_ids", "int64", (BATCH, NEW_LEN)),
+                TensorSpec("encoder_attention_mask", "int64", (BATCH, SRC_LEN)),
+                *past_inputs(cfg)),
+        outputs=(TensorSpec("logits", "float32", (BATCH, NEW_LEN, cfg.trg_vocab_size)),
+                 *_cache(cache_names(cfg).self_outputs, cfg, TOTAL_LEN)),
+    )
+
+
+def graph_specs(cfg: ModelConfig) -> dict[Graph, GraphSpec]:
+    return {Graph.ENCODER: encoder_spec(cfg), Graph.DECODER_STEP: decoder_step_spec(cfg)}

@@ -1,0 +1,16 @@
+"""PyTorch -> ONNX: the two graphs of the contract exported from the reference model, checked against the
+graph spec, written as a model directory, and proven equal to PyTorch (parity); `inspect`. The ONNX-only
+helpers (onnx_io, inputs, parity's tolerances) load no PyTorch, so later stages reuse them.
+
+May import: core, artifacts, model, runtime.
+"""
+
+from ..core.lazy import lazy_exports
+
+__all__, __getattr__ = lazy_exports(__name__, {
+    "pipeline": ("export_model_dir",),
+    "export": ("export_all",),
+    "onnx_io": ("check_contract", "load_graph", "save_graph"),
+    "parity": ("compare_stepwise", "Tolerance"),
+    "inspection": ("inspect_model",),
+})

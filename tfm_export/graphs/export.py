@@ -1,0 +1,63 @@
+"""PyTorch model -> encoder and decoder-step ONNX graphs, driven by the graph specs.
+
+A fixed pipeline per graph: torch.onnx (dynamo) export with the spec's names and dynamic axes
+-> exporter debug metadata dropped -> one copy of every weight -> checker with full shape
+inference -> contract checks (no If/Loop, names, axis symbols). The steps after the export are
+PyTorch-free (onnx_io), so later stages reuse them without loading torch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import warnings
+
+import onnx
+import torch
+from torch.export import Dim
+
+from ..core.graph_spec import SUPPORTED_OPSETS, Graph, GraphSpec, graph_specs
+from ..model.transformer import Transformer
+from .modules import DecoderStepGraph, EncoderGraph, example_inputs
+from .onnx_io import ExportError, check_contract, share_tied_weights, strip_exporter_metadata
+
+log = logging.getLogger(__name__)
+
+
+def _dynamic_shapes(spec: GraphSpec) -> tuple:
+    """The spec's symbolic axes as torch.export Dims; trailing cache inputs as one nested tuple (*past)."""
+    dims: dict[str, Dim] = {}
+    shapes = [{axis: dims.setdefault(sym, Dim(sym.replace(" ", ""))) for axis, sym in enumerate(t.shape)
+               if isinstance(sym, str)} for t in spec.inputs]
+    return (shapes[0], shapes[1], tuple(shapes[2:])) if spec.graph is Graph.DECODER_STEP else tuple(shapes)
+
+
+def export_graph(model: Transformer, spec: GraphSpec, opset: int, optimize: bool = True) -> onnx.ModelProto:
+    """torch.onnx export of one graph, with the contract's input/output names and axes."""
+    module = EncoderGraph(model) if spec.graph is Graph.ENCODER else DecoderStepGraph(model)
+    args = example_inputs(model)[spec.graph.value]
+    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), torch.no_grad():
+        warnings.simplefilter("ignore")
+        logging.getLogger("torch").setLevel(logging.ERROR)
+        program = torch.onnx.export(
+            module.eval(), args, dynamo=True, opset_version=opset, optimize=optimize, verbose=False,
+            input_names=[t.name for t in spec.inputs], output_names=[t.name for t in spec.outputs],
+            dynamic_shapes=_dynamic_shapes(spec))
+    return program.model_proto
+
+
+def export_all(model: Transformer, opset: int, optimize: bool = True) -> dict[Graph, onnx.ModelProto]:
+    """Both graphs, exported, de-duplicated and checked."""
+    if opset not in SUPPORTED_OPSETS:
+        raise ExportError(f"opset {opset} is not supported; use one of {SUPPORTED_OPSETS}")
+    graphs = {}
+    for graph, spec in graph_specs(model.config).items():
+        proto = export_graph(model.eval(), spec, opset, optimize)
+        strip_exporter_metadata(proto)
+        removed = share_tied_weights(proto)
+        log.info("%s: exported, %d duplicate weight copies removed", graph.filename, removed)
+        graphs[graph] = check_contract(proto, spec)
+    return graphs
+
+

@@ -1,0 +1,160 @@
+"""ONNX graphs as files and as contracts, without PyTorch: load, save, check against the graph spec,
+and the rewrites every producer of graphs shares (exporter metadata dropped, tied weights stored once).
+
+The exporter (torch), the precision converters and the TensorRT checks all use these, so quantizing
+or checking a directory never loads PyTorch.
+"""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from ..artifacts.model_dir import ModelDirError, graph_path
+from ..core.errors import TfmExportError, first_line
+from ..core.graph_spec import GraphSpec
+
+FORBIDDEN_OPS = {"If", "Loop", "Scan"}  # TensorRT rejects control flow in these graphs
+EXTERNAL_DATA_BYTES = 2 * 1024 ** 3 - 64 * 1024 ** 2  # protobuf's 2 GB limit, with headroom
+
+
+class ExportError(TfmExportError):
+    """A graph that breaks the contract."""
+
+
+def strip_exporter_metadata(proto: onnx.ModelProto) -> None:
+    """Drop the exporter's per-node debug records (stack traces with this machine's file paths, FX node text):
+    they leak the build machine's layout into a portable artifact and change the graph's hash whenever a line
+    of the Python source moves."""
+    for node in proto.graph.node:
+        del node.metadata_props[:]
+        node.doc_string = ""
+    for value in [*proto.graph.input, *proto.graph.output, *proto.graph.value_info]:
+        del value.metadata_props[:]
+    for init in proto.graph.initializer:
+        del init.metadata_props[:]
+
+
+def _consumers(graph: onnx.GraphProto, name: str) -> list[onnx.NodeProto]:
+    return [n for n in graph.node if name in n.input]
+
+
+def share_tied_weights(proto: onnx.ModelProto) -> int:
+    """Store a tied embedding/output weight once: the exporter keeps W for Gather and a folded W^T
+    for the logits MatMul; the Gather is rewritten to read W^T along axis 1 and W is dropped.
+    Exact duplicates are merged too. Returns how many initializers were removed."""
+    graph = proto.graph
+    arrays = {init.name: numpy_helper.to_array(init) for init in graph.initializer if len(init.dims) == 2}
+    removed = 0
+    by_bytes: dict[tuple, str] = {}
+    for name, arr in arrays.items():
+        key = (arr.shape, arr.dtype.str, arr.tobytes())
+        if key in by_bytes:
+            _rename_input(graph, name, by_bytes[key])
+            removed += _drop_initializer(graph, name)
+        else:
+            by_bytes[key] = name
+    for name, arr in arrays.items():
+        for other, other_arr in arrays.items():
+            if name != other and arr.shape == other_arr.shape[::-1] and arr.shape[0] != arr.shape[1] \
+                    and np.array_equal(arr, other_arr.T) and _only_gathers(graph, name):
+                removed += _gather_from_transposed(graph, name, other)
+                break
+    return removed
+
+
+def _only_gathers(graph: onnx.GraphProto, name: str) -> bool:
+    users = _consumers(graph, name)
+    return bool(users) and all(n.op_type == "Gather" and n.input[0] == name and
+                               all(a.i == 0 for a in n.attribute if a.name == "axis") for n in users)
+
+
+def _gather_from_transposed(graph: onnx.GraphProto, weight: str, transposed: str) -> int:
+    """Gather(W, ids) (..., C) == Transpose(Gather(W^T, ids, axis=1)) with the C axis moved last."""
+    for node in [n for n in graph.node if n.op_type == "Gather" and n.input[0] == weight]:
+        gathered = f"{node.output[0]}__from_{transposed}"
+        new_gather = helper.make_node("Gather", [transposed, node.input[1]], [gathered], axis=1,
+                                      name=f"{node.name}_transposed")
+        # Gather(W^T, ids of rank r, axis=1) -> (C, *ids.shape); move C last.
+        rank = _rank_of(graph, node.input[1])
+        move = helper.make_node("Transpose", [gathered], [node.output[0]], perm=[*range(1, rank + 1), 0],
+                                name=f"{node.name}_channels_last")
+        index = list(graph.node).index(node)
+        graph.node.remove(node)
+        graph.node.insert(index, move)
+        graph.node.insert(index, new_gather)
+    return _drop_initializer(graph, weight)
+
+
+def _rank_of(graph: onnx.GraphProto, name: str) -> int:
+    for value in [*graph.input, *graph.value_info]:
+        if value.name == name:
+            return len(value.type.tensor_type.shape.dim)
+    raise ExportError(f"cannot tell the rank of {name} to rewrite its Gather")
+
+
+def _rename_input(graph: onnx.GraphProto, old: str, new: str) -> None:
+    for node in graph.node:
+        for j, name in enumerate(node.input):
+            if name == old:
+                node.input[j] = new
+
+
+def _drop_initializer(graph: onnx.GraphProto, name: str) -> int:
+    for init in graph.initializer:
+        if init.name == name:
+            graph.initializer.remove(init)
+            return 1
+    return 0
+
+
+def check_contract(proto: onnx.ModelProto, spec: GraphSpec) -> onnx.ModelProto:
+    """ONNX checker + strict shape inference, then the contract: names, axes, no control flow."""
+    try:
+        inferred = onnx.shape_inference.infer_shapes(proto, check_type=True, strict_mode=True, data_prop=True)
+        onnx.checker.check_model(inferred, full_check=True)
+    except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as exc:
+        raise ExportError(f"{spec.graph.filename}: ONNX checker failed: {first_line(exc)}") from None
+    bad_ops = sorted({n.op_type for n in inferred.graph.node} & FORBIDDEN_OPS)
+    if bad_ops:
+        raise ExportError(f"{spec.graph.filename}: contains {', '.join(bad_ops)} nodes, which TensorRT rejects")
+    for kind, values, specs in (("input", inferred.graph.input, spec.inputs),
+                                ("output", inferred.graph.output, spec.outputs)):
+        got = [(v.name, tuple(d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim)) for v in values]
+        for found, wanted in itertools.zip_longest(got, [(t.name, t.shape) for t in specs]):
+            if found != wanted:
+                raise ExportError(f"{spec.graph.filename}: {kind} {found} should be {wanted} per the graph contract")
+    return inferred
+
+
+def save_graph(proto: onnx.ModelProto, path: Path, external_above: int = EXTERNAL_DATA_BYTES) -> list[Path]:
+    """Weights inline below 2 GB, in `<name>.onnx.data` above. Returns the files written."""
+    size = sum(len(init.raw_data) for init in proto.graph.initializer)
+    if size < external_above:
+        onnx.save_model(proto, path)
+        return [path]
+    data = path.with_name(path.name + ".data")
+    onnx.save_model(proto, path, save_as_external_data=True, all_tensors_to_one_file=True,
+                    location=data.name, size_threshold=1024)
+    return [path, data]
+
+
+def load_graph(directory: Path, manifest: dict[str, Any], graph: str, external_data: bool = True) -> onnx.ModelProto:
+    """The graph's ModelProto (sha256 checked); a file that does not parse is one line, not a protobuf trace."""
+    path = graph_path(directory, manifest, graph)
+    try:
+        return onnx.load_model(str(path), load_external_data=external_data)
+    except Exception as exc:  # protobuf DecodeError, onnx's own errors, OSError for external data
+        raise ModelDirError(f"{path}: not a readable ONNX graph ({type(exc).__name__}); export the model again") \
+            from None
+
+
+def tensors_of(values) -> list[dict[str, Any]]:
+    """Graph inputs or outputs as the manifest lists them: name, dtype, shape (axis symbols or sizes)."""
+    return [{"name": v.name, "dtype": onnx.helper.tensor_dtype_to_np_dtype(v.type.tensor_type.elem_type).name,
+             "shape": [d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim]} for v in values]

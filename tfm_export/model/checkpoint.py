@@ -1,0 +1,234 @@
+"""Load and save checkpoints: the project's own format and the seed code's train.py format.
+
+Every load goes through `torch.load(weights_only=True)` with exactly one extra class allowed
+(`argparse.Namespace`, the seed's saved settings); anything else in a pickle is refused with its
+name, never executed. A fixed pipeline like CTranslate2's converters: read -> classify -> config ->
+validate every weight by name and shape -> build the model -> attach the vocabulary.
+"""
+
+from __future__ import annotations
+
+import argparse
+import pickletools
+import re
+import warnings
+import zipfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..core.config import ModelConfig
+from ..core.errors import CheckpointError, VocabularyError, first_line
+from ..core.files import file_sha256, write_atomically
+from ..core.tokenizer import Vocabulary, load_tokenizer, tokenizer_files
+from .transformer import Transformer
+
+FORMAT_NAME = "tfm-export-checkpoint"
+FORMAT_VERSION = 1
+ALLOWED_GLOBALS = (argparse.Namespace,)
+SEED_KEYS = {"settings", "model"}
+# Names under which the seed stores one tensor several times when weights are shared.
+SHARED_WEIGHTS = {
+    "proj_share_weight": ("trg_word_prj.weight", "decoder.trg_word_emb.weight"),
+    "embs_share_weight": ("encoder.src_word_emb.weight", "decoder.trg_word_emb.weight"),
+}
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    path: Path
+    kind: str  # "tfm-export" or "seed"
+    config: ModelConfig
+    model: Transformer  # in eval mode
+    vocab: Vocabulary
+    sha256: str
+
+
+def _pickle_globals(path: Path) -> list[str]:
+    """Globals a plain (non-zip) pickle would import, found without executing it."""
+    found, strings = [], []
+    try:
+        with open(path, "rb") as f:
+            for opcode, arg, _ in pickletools.genops(f):
+                if opcode.name == "GLOBAL":
+                    found.append(str(arg).replace(" ", "."))
+                elif opcode.name == "STACK_GLOBAL" and len(strings) >= 2:
+                    found.append(f"{strings[-2]}.{strings[-1]}")
+                elif isinstance(arg, str):
+                    strings.append(arg)
+    except Exception:  # not a pickle stream at all; torch.load will say what it is
+        pass
+    return found
+
+
+def _unsafe_globals(path: Path) -> list[str]:
+    allowed = {f"{cls.__module__}.{cls.__qualname__}" for cls in ALLOWED_GLOBALS}
+    if zipfile.is_zipfile(path):
+        try:
+            names = torch.serialization.get_unsafe_globals_in_checkpoint(str(path))
+        except Exception:
+            return []
+    else:
+        names = [n for n in _pickle_globals(path)
+                 if not n.startswith("torch.") and n != "collections.OrderedDict"]
+    return sorted(set(names) - allowed)
+
+
+def _refusal(path: Path, names: list[str]) -> CheckpointError:
+    return CheckpointError(
+        f"{path}: refused: the pickle wants to import {', '.join(names)}, which a checkpoint never needs "
+        "(only tensors, numbers, strings and argparse.Namespace are allowed); if you trust the file, "
+        "re-save just its state_dict and settings")
+
+
+def read_checkpoint_file(path: Path) -> dict[str, Any]:
+    """torch.load with weights_only=True, every failure turned into one clear line."""
+    if not path.exists():
+        raise CheckpointError(f"{path}: checkpoint not found")
+    if not path.is_file():
+        raise CheckpointError(f"{path}: is a directory, not a checkpoint file")
+    if path.stat().st_size == 0:
+        raise CheckpointError(f"{path}: checkpoint file is empty")
+    with open(path, "rb") as f:
+        if f.read(4) == b"PK\x03\x04" and not zipfile.is_zipfile(path):
+            raise CheckpointError(f"{path}: truncated or corrupt checkpoint (its zip archive is incomplete); "
+                                  "copy or save it again")
+    unsafe = _unsafe_globals(path)
+    if unsafe:
+        raise _refusal(path, unsafe)
+    try:
+        with torch.serialization.safe_globals(list(ALLOWED_GLOBALS)), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            data = torch.load(path, map_location="cpu", weights_only=True)
+    except RuntimeError as exc:
+        if "zip archive" in str(exc) or "central directory" in str(exc):
+            raise CheckpointError(f"{path}: truncated or corrupt checkpoint (its zip archive is incomplete); "
+                                  "copy or save it again") from None
+        raise CheckpointError(f"{path}: not a readable PyTorch checkpoint ({first_line(exc)})") from None
+    except EOFError:
+        raise CheckpointError(f"{path}: truncated checkpoint (file ends early); copy or save it again") from None
+    except Exception as exc:  # UnpicklingError, KeyError, ... from a file that is not a checkpoint
+        refused = re.search(r"Unsupported global: GLOBAL (\S+)", str(exc))
+        if refused:  # legacy (pre-zip) files are only checked while loading
+            raise _refusal(path, [refused.group(1)]) from None
+        raise CheckpointError(f"{path}: not a PyTorch checkpoint (torch.load cannot read it); "
+                              "pass the .pt/.chkpt file that training saved") from None
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{path}: holds a {type(data).__name__}, expected a checkpoint dict")
+    return data
+
+
+def classify(data: dict[str, Any], path: Path) -> tuple[str, ModelConfig, dict[str, torch.Tensor]]:
+    """Which format this is, the config it implies and its state_dict."""
+    kind, make_config = _format_of(data, path)
+    try:
+        return kind, make_config(), data["model"]
+    except CheckpointError as exc:
+        raise CheckpointError(f"{path}: {exc}") from None
+
+
+def _format_of(data: dict[str, Any], path: Path) -> tuple[str, Callable[[], ModelConfig]]:
+    if data.get("format") == FORMAT_NAME:
+        if data.get("format_version") != FORMAT_VERSION:
+            raise CheckpointError(f"{path}: checkpoint format version {data.get('format_version')} is not "
+                                  f"supported (this tool reads {FORMAT_VERSION}); upgrade tfm-export")
+        if not isinstance(data.get("config"), dict) or not isinstance(data.get("model"), dict):
+            raise CheckpointError(f"{path}: damaged {FORMAT_NAME}: 'config' and 'model' must both be dicts; "
+                                  "save it again")
+        return "tfm-export", lambda: ModelConfig.from_dict(data["config"])
+    if SEED_KEYS <= data.keys():
+        if not isinstance(data["model"], dict):
+            raise CheckpointError(f"{path}: 'model' is a {type(data['model']).__name__}, expected a state_dict")
+        if not isinstance(data["settings"], argparse.Namespace):
+            raise CheckpointError(f"{path}: 'settings' is a {type(data['settings']).__name__}, "
+                                  "expected the argparse.Namespace the seed's train.py saves")
+        return "seed", lambda: ModelConfig.from_seed_settings(data["settings"])
+    keys = ", ".join(sorted(map(str, data))[:6]) or "nothing"
+    raise CheckpointError(f"{path}: not a Transformer checkpoint this tool knows (found keys {keys}; "
+                          f"expected 'settings' and 'model' from the seed's train.py, or a {FORMAT_NAME})")
+
+
+def validate_state_dict(state: dict[str, Any], model: Transformer, path: Path) -> None:
+    """Every expected weight present with its shape, nothing surplus, shared weights equal."""
+    expected = model.state_dict()
+    problems = [f"missing {k}" for k in expected if k not in state]
+    problems += [f"unexpected {k}" for k in state if k not in expected]
+    problems += [f"{k} is a {type(state[k]).__name__}, not a tensor"
+                 for k in expected if k in state and not isinstance(state[k], torch.Tensor)]
+    problems += [
+        f"{k} has shape {tuple(state[k].shape)}, the config needs {tuple(v.shape)}"
+        for k, v in expected.items()
+        if k in state and isinstance(state[k], torch.Tensor) and state[k].shape != v.shape
+    ]
+    if not problems:
+        cfg = model.config
+        problems = [f"{a} and {b} should be one shared tensor but differ"
+                    for flag, (a, b) in SHARED_WEIGHTS.items()
+                    if getattr(cfg, flag) and not torch.equal(state[a], state[b])]
+    if problems:
+        shown = "; ".join(problems[:8]) + (f"; and {len(problems) - 8} more" if len(problems) > 8 else "")
+        raise CheckpointError(f"{path}: weights do not fit the model config: {shown}")
+
+
+def build_model(config: ModelConfig, state: dict[str, torch.Tensor], path: Path) -> Transformer:
+    torch.manual_seed(0)  # the init is overwritten; seeding keeps construction deterministic
+    model = Transformer(config)
+    validate_state_dict(state, model, path)
+    model.load_state_dict(state)
+    return model.eval()
+
+
+def _vocab_from_files(files: list[Path], config: ModelConfig) -> Vocabulary:
+    if len(files) not in (1, 2):
+        raise VocabularyError("give --vocab once (shared vocabulary) or twice (source, then target)")
+    source = load_tokenizer(files[0])
+    vocab = Vocabulary(source, load_tokenizer(files[1]) if len(files) == 2 else source)
+    for side, tok, size in (("source", vocab.source, config.src_vocab_size),
+                            ("target", vocab.target, config.trg_vocab_size)):
+        if tok.vocab_size != size:
+            raise VocabularyError(
+                f"{tok.origin}: has {tok.vocab_size} tokens but the model's {side} vocabulary has {size}; "
+                "pass the vocabulary the model was trained with")
+    return vocab
+
+
+def _stored_vocab_files(data: dict[str, Any], path: Path) -> list[Path]:
+    names = data.get("tokenizer") or {}
+    files = [path.parent / names[side] for side in ("source", "target") if side in names]
+    if not files:
+        raise VocabularyError(f"{path}: checkpoint names no tokenizer; pass --vocab FILE")
+    return files[:1] if len(set(files)) == 1 else files
+
+
+def load_checkpoint(path: str | Path, vocab: list[Path] | None = None) -> Checkpoint:
+    """Load either checkpoint format; `vocab` overrides (own format) or supplies (seed) the vocabulary."""
+    path = Path(path)
+    data = read_checkpoint_file(path)
+    kind, config, state = classify(data, path)
+    model = build_model(config, state, path)
+    if vocab:
+        files = list(vocab)
+    elif kind == "seed":
+        raise VocabularyError(f"{path}: seed-format checkpoints carry no vocabulary; pass --vocab FILE "
+                              "(tokenizers JSON, JSON list/dict, or one token per line)")
+    else:
+        files = _stored_vocab_files(data, path)
+    return Checkpoint(path, kind, config, model, _vocab_from_files(files, config), file_sha256(path))
+
+
+def save_checkpoint(model: Transformer, vocab: Vocabulary, path: str | Path,
+                    extra: dict[str, Any] | None = None) -> Path:
+    """Save the project's format: config + state_dict + tokenizer file names, tokenizers beside it."""
+    path = Path(path)
+    if not path.parent.is_dir():
+        raise CheckpointError(f"{path.parent}: output directory does not exist")
+    names = tokenizer_files(vocab.shared)
+    payload = {"format": FORMAT_NAME, "format_version": FORMAT_VERSION, "config": model.config.to_dict(),
+               "model": model.state_dict(), "tokenizer": names, **(extra or {})}
+    files = {path.parent / names[side]: getattr(vocab, side).save for side in ("source", "target")}
+    files[path] = lambda tmp: torch.save(payload, tmp)
+    write_atomically(files, "checkpoint", CheckpointError)
+    return path

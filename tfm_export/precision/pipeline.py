@@ -1,0 +1,195 @@
+"""fp32 model directory -> fp16 or int8 model directory of the same contract, written atomically.
+
+The new directory has the same input/output names and axes (only float dtypes may change for fp16
+without --keep-io-types), its own manifest recording the precision, how it was made and from what,
+and the same tokenizer files, so everything that runs the fp32 directory runs this one.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import shutil
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+from tqdm import tqdm
+
+from ..artifacts.manifest import write_manifest
+from ..artifacts.model_dir import INT8_MODES, load_vocabulary, read_manifest, tokenizer_file
+from ..artifacts.model_dir import PRECISIONS as MODEL_PRECISIONS
+from ..artifacts.staging import staged_directory
+from ..core.config import ModelConfig
+from ..core.errors import TfmExportError
+from ..core.files import file_sha256
+from ..core.graph_spec import Graph, graph_specs
+from ..core.sources import read_text_lines
+from ..core.tokenizer import Vocabulary
+from ..graphs.inputs import random_sources
+from ..graphs.onnx_io import check_contract, load_graph, save_graph, tensors_of
+from ..runtime import decoding
+from ..runtime.ort_backend import OrtBackend
+from .calibration import Traces, record_traces
+from .fp16 import to_fp16
+from .int8 import float_ops, quantize_dynamic_graph, quantize_static_graph
+
+PRECISIONS = tuple(p for p in MODEL_PRECISIONS if p != "fp32")  # what quantize makes from fp32
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Calibration texts and where they came from (the file's sha256 goes into the manifest)."""
+
+    path: Path
+    texts: Sequence[str]
+    max_length: int | None = None  # generated tokens per sentence while tracing; None = the model's positions
+
+    @classmethod
+    def from_options(cls, path: Path | None, max_length: int | None = None) -> Calibration | None:
+        """The --calibration file read (one sentence per line), or None when none was given."""
+        if path is None:
+            if max_length is not None:
+                raise TfmExportError("--calibration-max-length is only for --precision int8 --mode static, with "
+                                     "--calibration")
+            return None
+        return cls(path, read_text_lines(path), max_length)
+
+
+def check_request(manifest: dict[str, Any], directory: Path, precision: str, mode: str | None,
+                  calibration: Calibration | None, keep_io_types: bool = False, float_embeddings: bool = False) -> str:
+    """Every way the request can be wrong, before any slow work; returns the int8 mode (static by default)."""
+    if precision not in PRECISIONS:
+        raise TfmExportError(f"unknown precision {precision!r}; choose one of {', '.join(PRECISIONS)}")
+    if mode is not None and precision != "int8":
+        raise TfmExportError("--mode is only for --precision int8 (fp16 has one mode); drop it")
+    mode = mode or "static"
+    if float_embeddings and precision != "int8":
+        raise TfmExportError("--float-embeddings is only for --precision int8 (fp16 graphs store every table fp16)")
+    if keep_io_types and precision != "fp16":
+        raise TfmExportError("--keep-io-types is only for --precision fp16 (int8 graphs keep fp32 inputs/outputs)")
+    positions = manifest["limits"]["max_target_length"]
+    if calibration is not None and calibration.max_length is not None and calibration.max_length > positions:
+        raise TfmExportError(f"--calibration-max-length {calibration.max_length} is beyond the model's {positions} "
+                             "target positions; give at most that")
+    if manifest["precision"] != "fp32":
+        parent = manifest.get("parent", {}).get("path", "its fp32 parent")
+        raise TfmExportError(f"{directory}: is already {manifest['precision']}; quantize the fp32 model directory "
+                             f"({parent}) instead")
+    if precision == "int8" and mode not in INT8_MODES:
+        raise TfmExportError(f"unknown int8 mode {mode!r}; choose static or dynamic")
+    static = precision == "int8" and mode == "static"
+    if static and calibration is None:
+        raise TfmExportError("--precision int8 --mode static needs --calibration FILE: sentences in the model's "
+                             "source language, one per line (calibration/README.md)")
+    if calibration is not None and not static:
+        raise TfmExportError("--calibration is only used by --precision int8 --mode static; drop it")
+    return mode
+
+
+def quantize_model_dir(source: Path, output: Path, precision: str, mode: str | None = None,
+                       calibration: Calibration | None = None, keep_io_types: bool = False, force: bool = False,
+                       progress: bool = True, float_embeddings: bool = False) -> dict[str, Any]:
+    """Write the fp16/int8 sibling of an fp32 model directory; returns its manifest. float_embeddings: int8
+    keeps the embedding tables (and a projection tied to them) float: the strict reading of "embeddings in higher
+    precision", at 2x the size."""
+    manifest = read_manifest(source)
+    mode = check_request(manifest, source, precision, mode, calibration, keep_io_types, float_embeddings)
+    vocab = load_vocabulary(source, manifest)  # present and parseable, before any slow work
+    graphs = {g: load_graph(source, manifest, g.value) for g in Graph}
+    keep = (source, *([calibration.path] if calibration else []))
+    with staged_directory(output, force, keep=keep) as staging, \
+            tqdm(total=len(Graph) + 2, desc=f"{precision}", disable=not progress) as bar:
+        traces = None
+        if calibration is not None:
+            bar.set_postfix_str("calibration traces")
+            traces = _traces(source, vocab, calibration, progress)
+        bar.update()
+        specs = graph_specs(ModelConfig.from_dict(manifest["model"]))
+        entries, kept = {}, {}
+        for graph, proto in graphs.items():
+            bar.set_postfix_str(graph.value)
+            converted, kept[graph.value] = _convert(proto, precision, mode, keep_io_types, traces, graph,
+                                                    not float_embeddings)
+            _set_precision_metadata(converted, precision)
+            checked = check_contract(converted, specs[graph])
+            save_graph(converted, staging / graph.filename)
+            entries[graph.value] = {**manifest["graphs"][graph.value], "sha256": file_sha256(staging / graph.filename),
+                                    "inputs": tensors_of(checked.graph.input),
+                                    "outputs": tensors_of(checked.graph.output)}
+            bar.update()
+        for name in set(manifest["tokenizer"].values()):
+            shutil.copyfile(tokenizer_file(source, name), staging / name)
+        new = _manifest(manifest, source, precision, mode, keep_io_types, entries, kept, calibration, traces)
+        if precision == "int8" and float_embeddings:
+            new["int8"]["embeddings"] = "float (--float-embeddings)"
+        write_manifest(staging, new)
+        bar.set_postfix_str("smoke test")
+        _smoke_test(staging, output, source)
+        bar.update()
+    return new
+
+
+def _traces(source: Path, vocab: Vocabulary, calibration: Calibration, progress: bool) -> Traces:
+    return record_traces(OrtBackend.open(source), calibration.texts, vocab.source, str(calibration.path),
+                         max_length=calibration.max_length, target=vocab.target, progress=progress)
+
+
+def _convert(proto: onnx.ModelProto, precision: str, mode: str, keep_io_types: bool, traces: Traces | None,
+             graph: Graph, int8_embeddings: bool) -> tuple[onnx.ModelProto, dict[str, int]]:
+    if precision == "fp16":
+        return to_fp16(proto, keep_io_types)
+    if mode == "static":
+        quantized = quantize_static_graph(proto, traces.feeds[graph], int8_embeddings)
+    else:
+        quantized = quantize_dynamic_graph(proto, int8_embeddings)
+    return quantized, float_ops(quantized)
+
+
+def _set_precision_metadata(proto: onnx.ModelProto, precision: str) -> None:
+    props = {p.key: p.value for p in proto.metadata_props}
+    props["tfm_export.precision"] = precision
+    onnx.helper.set_model_props(proto, props)
+
+
+def _manifest(parent: dict[str, Any], source: Path, precision: str, mode: str, keep_io_types: bool,
+              entries: dict[str, Any], kept: dict[str, dict[str, int]], calibration: Calibration | None,
+              traces: Traces | None) -> dict[str, Any]:
+    new = copy.deepcopy(parent)
+    new.update(precision=precision, graphs=entries,
+               parent={"path": str(source.resolve()), "precision": parent["precision"],
+                       "graphs_sha256": {g: e["sha256"] for g, e in parent["graphs"].items()}})
+    if precision == "fp16":
+        new["fp16"] = {"keep_io_types": keep_io_types, "kept_fp32": kept,
+                       "converter": "onnxruntime.transformers.float16 (weights clamped to fp16's finite range)"}
+    else:
+        new["int8"] = {"mode": mode, "kept_float": kept, "weights": "int8 symmetric per output channel",
+                       "activations": "int8 symmetric per tensor, zero point 0, calibrated ranges (MinMax)"
+                       if mode == "static" else "quantized per call at run time (ONNX Runtime CPU)",
+                       "embeddings": "int8 per row, gathered from DequantizeLinear(table)" if mode == "static"
+                       else "int8 per row, dequantized after the Gather"}
+    if calibration is not None and traces is not None:
+        new["int8"]["calibration"] = {
+            "file": str(calibration.path.resolve()), "sha256": file_sha256(calibration.path),
+            "sentences": traces.sentences,
+            "unknown_token_rate": round(traces.unknown_rate, 4), "max_length": calibration.max_length,
+            "calls": {g.value: traces.calls[g] for g in Graph},
+            "calls_sampled": {g.value: len(traces.feeds[g]) for g in Graph}}
+    new["optimizations"] = [*parent["optimizations"], f"{precision}" + (f" {mode}" if precision == "int8" else "")]
+    return new
+
+
+def _smoke_test(staging: Path, output: Path, source: Path) -> None:
+    """The new graphs load in ONNX Runtime and decode a few tokens; an unusable artifact is never left."""
+    backend = OrtBackend.open(staging)
+    cfg, precision = backend.config, backend.manifest["precision"]
+    src = random_sources(cfg.src_vocab_size, 2, min(8, cfg.n_position), seed=0)
+    hyps = decoding.greedy(backend, src, min(4, cfg.n_position))
+    if any(not np.isfinite(h.score) for h in hyps):
+        hint = "try --keep-io-types or int8" if precision == "fp16" else "try the other --mode or fp16"
+        raise TfmExportError(f"{output}: not written: the {precision} graphs made from {source} give non-finite "
+                             f"scores (values beyond the precision's range); {hint}")

@@ -1,0 +1,86 @@
+"""ONNX Runtime sessions for the exported graphs, with the CPU options that matter."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+
+from ..core.errors import TfmExportError, first_line
+
+OPT_LEVELS = {"disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+              "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+              "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+              "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL}
+
+
+@dataclass(frozen=True)
+class SessionOptions:
+    """Defaults follow TFM_THREADS and TFM_ORT_OPT_LEVEL, as the CLI's flags do; checked when a session opens."""
+
+    intra_op_threads: int | str = os.environ.get("TFM_THREADS", 0)  # 0 = ONNX Runtime's choice
+    optimization: str = os.environ.get("TFM_ORT_OPT_LEVEL", "all")
+    memory_arena: bool = True
+    device: str = "cpu"  # "cuda": CUDA execution provider, CPU for what it does not cover
+    tensorrt_ep: bool = False  # with device "cuda": ONNX Runtime's TensorRT execution provider first
+    fold_qdq: bool = False  # run Q/DQ as plain float ops, weight DequantizeLinear constant-folded (see OrtBackend)
+
+
+DEFAULT_OPTIONS = SessionOptions()
+CUDA_PROVIDER, TENSORRT_PROVIDER = "CUDAExecutionProvider", "TensorrtExecutionProvider"
+
+
+def has_cuda_provider() -> bool:
+    """Whether this onnxruntime build can run graphs on an NVIDIA GPU."""
+    return CUDA_PROVIDER in ort.get_available_providers()
+
+
+def require_device(options: SessionOptions) -> None:
+    """CUDA (and TensorRT) execution providers only where this onnxruntime build has them."""
+    available = ort.get_available_providers()
+    if options.device not in ("cpu", "cuda"):
+        raise TfmExportError(f"unknown device {options.device!r}; use cpu or cuda")
+    if options.tensorrt_ep and options.device != "cuda":
+        raise TfmExportError("--ort-trt needs --device cuda")
+    if options.device == "cuda" and CUDA_PROVIDER not in available:
+        raise TfmExportError("--device cuda: this onnxruntime has no CUDAExecutionProvider (CPU build, or no GPU); "
+                             "install tfm-export[gpu] on a machine with an NVIDIA GPU, or use --device cpu")
+    if options.tensorrt_ep and TENSORRT_PROVIDER not in available:
+        raise TfmExportError("--ort-trt: this onnxruntime has no TensorrtExecutionProvider; install onnxruntime-gpu "
+                             "with TensorRT libraries, or drop --ort-trt")
+
+
+def open_session(path: Path, options: SessionOptions = DEFAULT_OPTIONS) -> ort.InferenceSession:
+    if options.optimization not in OPT_LEVELS:
+        raise TfmExportError(f"ONNX Runtime optimisation level {options.optimization!r} (TFM_ORT_OPT_LEVEL?) is not "
+                             f"one of {', '.join(OPT_LEVELS)}")
+    if not str(options.intra_op_threads).isdigit():
+        raise TfmExportError(f"thread count {options.intra_op_threads!r} (TFM_THREADS?) is not a whole number")
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = int(options.intra_op_threads)
+    so.inter_op_num_threads = 1
+    so.graph_optimization_level = OPT_LEVELS[options.optimization]
+    so.enable_cpu_mem_arena = options.memory_arena
+    so.log_severity_level = 3
+    if options.fold_qdq:
+        so.add_session_config_entry("session.disable_quant_qdq", "1")
+    try:
+        providers = ["CPUExecutionProvider"]
+        if options.device == "cuda":
+            providers.insert(0, CUDA_PROVIDER)
+        if options.tensorrt_ep:
+            providers.insert(0, TENSORRT_PROVIDER)
+        return ort.InferenceSession(str(path), so, providers=providers)
+    except Exception as exc:  # onnxruntime raises its own Fail/InvalidGraph types
+        raise TfmExportError(f"{path}: ONNX Runtime cannot load this graph ({first_line(exc)})") from None
+
+
+def run(session: ort.InferenceSession, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    names = [o.name for o in session.get_outputs()]
+    try:
+        return dict(zip(names, session.run(names, feeds), strict=True))
+    except Exception as exc:  # onnxruntime's own exception types; an input the graph cannot take
+        raise TfmExportError(f"ONNX Runtime failed: {first_line(exc)}") from None

@@ -1,0 +1,195 @@
+"""Text in, text out: tokenize, bucket by length, decode with the one loop, detokenize, restore order.
+
+`Translator.load` picks the backend from what it is given: an exported model directory runs on ONNX
+Runtime, a checkpoint file on PyTorch (with a KV cache). The search itself lives in `decoding`, once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ..artifacts.engine_dir import is_engine_dir
+from ..artifacts.model_dir import load_vocabulary
+from ..core.batching import length_buckets, pad_batch
+from ..core.config import ModelConfig
+from ..core.errors import InputTextError, TfmExportError
+from ..core.extras import require_extra
+from ..core.hypothesis import Hypothesis
+from ..core.sources import encode_lines
+from ..core.tokenizer import Vocabulary
+from . import decoding
+from .decoding import StepBackend
+from .session import DEFAULT_OPTIONS, SessionOptions
+
+RUNTIME_BACKENDS = ("onnxruntime", "torch", "tensorrt")
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Translation:
+    text: str
+    ids: tuple[int, ...]  # generated target ids, without <s> and </s>
+    tokens: tuple[str, ...]
+    score: float  # summed log-probability
+    time_ms: float  # its batch's decode time divided by the batch size
+    n_best: tuple[tuple[str, float], ...] = ()  # (text, score), best first, when more than one was asked for
+
+
+@dataclass(frozen=True)
+class DecodeOptions:
+    beam_size: int = 1  # 1 = greedy
+    length_penalty: float = 1.0
+    max_length: int | None = None  # generated tokens; None = the model's positions
+    batch_size: int = 32
+    truncate: bool = False  # cut over-long sources (with a warning) instead of failing
+    n_best: int = 1  # hypotheses kept per input (<= beam_size)
+
+
+class Translator:
+    """Translate sentences with any StepBackend."""
+
+    def __init__(self, backend: StepBackend, vocab: Vocabulary, config: ModelConfig,
+                 limits: dict[str, int] | None = None) -> None:
+        """limits: what engines were built for (max_batch rows, max_source_length, max_target_length);
+        without them the model's positions bound both lengths and rows are unbounded."""
+        self.backend, self.vocab, self.config = backend, vocab, config
+        limits = limits or {}
+        self.max_rows = limits.get("max_batch")
+        self.max_source = min(config.n_position, limits.get("max_source_length", config.n_position))
+        self.max_target = min(config.n_position, limits.get("max_target_length", config.n_position))
+
+    @classmethod
+    def load(cls, model: str | Path, vocab: Sequence[Path] = (), backend: str | None = None, device: str | None = None,
+             session_options: SessionOptions = DEFAULT_OPTIONS) -> Translator:
+        """A model directory (ONNX Runtime), an engine directory (TensorRT) or a checkpoint (PyTorch); the
+        device defaults to the GPU for TensorRT and the CPU otherwise."""
+        model = Path(model)
+        if not model.exists():
+            raise TfmExportError(f"{model}: model not found; give an exported model directory (tfm-export onnx) "
+                                 "or a checkpoint file")
+        backend = backend or _default_backend(model)
+        if backend not in RUNTIME_BACKENDS:
+            raise TfmExportError(f"unknown backend {backend!r}; choose one of {', '.join(RUNTIME_BACKENDS)}")
+        if backend == "tensorrt":
+            return cls._load_tensorrt(model, vocab, device or "cuda")
+        device = device or "cpu"
+        if backend == "torch":
+            return cls._load_torch(model, vocab, device, session_options.intra_op_threads)
+        if is_engine_dir(model):
+            raise TfmExportError(f"{model}: holds TensorRT engines; run it with --backend tensorrt, or give the model "
+                                 "directory they were built from")
+        if model.is_file():
+            raise TfmExportError(f"{model}: is a checkpoint; the onnxruntime backend takes a model directory "
+                                 "(make one with `tfm-export onnx`), or use --backend torch")
+        return cls._load_onnxruntime(model, vocab, device, session_options)
+
+    @classmethod
+    def _load_torch(cls, model: Path, vocab: Sequence[Path], device: str, threads: int | str) -> Translator:
+        require_extra("export", "--backend torch")
+        import torch  # only this backend needs PyTorch
+
+        from ..model.checkpoint import load_checkpoint
+        from .torch_backend import TorchBackend
+        if model.is_dir():
+            raise TfmExportError(f"{model}: is a model directory; the torch backend takes a checkpoint file")
+        if int(threads or 0):
+            torch.set_num_threads(int(threads))
+        if device == "cuda" and not torch.cuda.is_available():
+            raise TfmExportError("--device cuda: PyTorch sees no CUDA GPU on this machine; use --device cpu")
+        ckpt = load_checkpoint(model, list(vocab))
+        return cls(TorchBackend(ckpt.model, device), ckpt.vocab, ckpt.config)
+
+    @classmethod
+    def _load_tensorrt(cls, model: Path, vocab: Sequence[Path], device: str) -> Translator:
+        from .tensorrt_backend import TrtBackend
+        from .tensorrt_platform import current_platform
+        if device != "cuda":
+            raise TfmExportError("TensorRT engines run on the GPU; drop --device cpu (or use --backend onnxruntime)")
+        if not is_engine_dir(model):
+            raise TfmExportError(f"{model}: is not a TensorRT engine directory; build one with `tfm-export trt "
+                                 "--model MODEL_DIR --output ENGINES`")
+        current_platform()  # what is missing, in one line, before any engine is read
+        backend = TrtBackend(model)
+        return cls(backend, _directory_vocab(model, backend.manifest, vocab), backend.config, backend.limits)
+
+    @classmethod
+    def _load_onnxruntime(cls, model: Path, vocab: Sequence[Path], device: str,
+                          session_options: SessionOptions) -> Translator:
+        from .ort_backend import OrtBackend
+        from .session import require_device
+        options = dataclasses.replace(session_options, device=device)
+        require_device(options)
+        backend = OrtBackend.open(model, options)
+        vocabulary = _directory_vocab(model, backend.manifest, vocab)
+        if device == "cuda":  # keep the cache on the GPU: IO binding over torch CUDA tensors
+            from .iobinding_backend import OrtBoundBackend
+            return cls(OrtBoundBackend(backend, "cuda"), vocabulary, backend.config)
+        return cls(backend, vocabulary, backend.config)
+
+    def translate(self, texts: Sequence[str], options: DecodeOptions = DecodeOptions(),
+                  progress: Callable[[int], None] | None = None) -> list[Translation]:
+        """Translations in input order; empty lines give empty translations without touching the model."""
+        batch_size = self._check(options)
+        sources = encode_lines(self.vocab.source, texts, self.max_source, truncate=options.truncate)
+        results = {i: Translation("", (), (), 0.0, 0.0) for i in range(len(texts)) if i not in sources}
+        if progress and results:
+            progress(len(results))
+        keys = list(sources)
+        for bucket in length_buckets([len(sources[k]) for k in keys], batch_size):
+            batch = [keys[i] for i in bucket]
+            start = time.perf_counter()
+            nbests = self._decode(pad_batch([sources[k] for k in batch]), options)
+            per_sentence = 1000 * (time.perf_counter() - start) / len(batch)
+            for key, nbest in zip(batch, nbests, strict=True):
+                results[key] = self._result(nbest, per_sentence, options.n_best > 1)
+            if progress:
+                progress(len(batch))
+        return [results[i] for i in range(len(texts))]
+
+    def _check(self, options: DecodeOptions) -> int:
+        """Options that cannot work, before any line is decoded; returns the sentences per batch (engines
+        take at most max_rows rows, sentences x beams)."""
+        limit = self.max_target
+        if options.max_length is not None and not 1 <= options.max_length <= limit:
+            what = "the engines' --max-target-length" if limit < self.config.n_position else "the model's positions"
+            raise InputTextError(f"--max-length {options.max_length} is outside 1..{limit} ({what})")
+        if not 1 <= options.n_best <= options.beam_size:
+            raise InputTextError(f"--n-best {options.n_best} needs --beam-size >= {options.n_best}")
+        if self.max_rows is None:
+            return options.batch_size
+        if options.beam_size > self.max_rows:
+            raise InputTextError(f"--beam-size {options.beam_size} exceeds the engines' --max-batch {self.max_rows} "
+                                 "rows; lower it or rebuild the engines with a larger --max-batch")
+        return min(options.batch_size, self.max_rows // options.beam_size)
+
+    def _decode(self, src: np.ndarray, options: DecodeOptions) -> list[list[Hypothesis]]:
+        max_length = options.max_length or self.max_target
+        if options.beam_size == 1:
+            return [[hyp] for hyp in decoding.greedy(self.backend, src, max_length)]
+        return decoding.beam_search(self.backend, src, options.beam_size, max_length, options.length_penalty,
+                                    options.n_best)
+
+    def _result(self, nbest: list[Hypothesis], time_ms: float, keep_alternatives: bool) -> Translation:
+        target, best = self.vocab.target, nbest[0]
+        tokens = tuple(target.tokenizer.id_to_token(i) for i in best.tokens)
+        alternatives = tuple((target.decode(h.tokens), h.score) for h in nbest) if keep_alternatives else ()
+        return Translation(target.decode(best.tokens), best.tokens, tokens, best.score, time_ms, alternatives)
+
+
+def _default_backend(model: Path) -> str:
+    if model.is_dir():
+        return "tensorrt" if is_engine_dir(model) else "onnxruntime"
+    return "torch"
+
+
+def _directory_vocab(directory: Path, manifest: dict, given: Sequence[Path]) -> Vocabulary:
+    if given:
+        raise TfmExportError("--vocab is only for checkpoints; a model directory carries its own tokenizer")
+    return load_vocabulary(directory, manifest)

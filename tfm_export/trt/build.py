@@ -1,0 +1,211 @@
+"""Model directory -> TensorRT engine directory: one plan per graph, one optimisation profile each.
+
+Precision is decided in the graph (README, "Precision"): the fp16 and int8 (Q/DQ)
+graphs of `tfm-export quantize` are built as strongly typed networks, the only way TensorRT 11
+takes precision. TensorRT 10 (JetPack 6 ships 10.3) may instead build the fp32 graph with builder
+flags (`weak_typing`); the engine is then inspected, and one with no layer in the requested precision
+is refused rather than shipped as a silent fp32 engine. Polygraphy's loaders do the TensorRT calls,
+so the build composes as NetworkFromOnnxPath -> CreateConfig -> EngineBytesFromNetwork.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+from .. import __version__
+from ..artifacts.engine_dir import plan_name, read_engine_manifest
+from ..artifacts.manifest import ENGINE_FORMAT, ENGINE_FORMAT_VERSION, write_manifest
+from ..artifacts.model_dir import PRECISIONS, graph_path, read_manifest, tokenizer_file
+from ..artifacts.staging import check_output, staged_directory
+from ..core.config import ModelConfig
+from ..core.errors import TfmExportError, first_line
+from ..core.files import file_sha256, write_atomically
+from ..core.graph_spec import Graph, graph_specs
+from ..precision.pipeline import quantize_model_dir
+from ..runtime.tensorrt_platform import Platform, check_gpu_supported, current_platform, import_tensorrt
+from .profiles import ShapeLimits, profile_shapes
+
+log = logging.getLogger(__name__)
+# What TensorRT's engine inspector calls the precisions (layer output formats).
+INSPECTOR_NAMES = {"fp16": ("half", "fp16"), "int8": ("int8",)}
+
+
+@dataclass(frozen=True)
+class BuildPlan:
+    """Which graphs to build and how: strongly typed from the typed graphs, or builder flags (TRT 10)."""
+
+    precision: str
+    strongly_typed: bool
+    make_fp16: bool = False  # the fp16 graph is made from the fp32 directory first
+    flags: tuple[str, ...] = ()  # fp16 / int8 builder flags, weak typing only
+
+    @property
+    def precision_source(self) -> str:
+        return "graph (strongly typed)" if self.strongly_typed else f"builder flags ({', '.join(self.flags)})"
+
+
+def plan_build(source_precision: str, int8_mode: str | None, precision: str, tensorrt_major: int,
+               weak_typing: bool) -> BuildPlan:
+    """Match the request to the directory and the TensorRT version; every mismatch is a one-line error."""
+    if precision not in PRECISIONS:
+        raise TfmExportError(f"unknown precision {precision!r}; choose one of {', '.join(PRECISIONS)}")
+    if weak_typing and tensorrt_major >= 11:
+        raise TfmExportError("--weak-typing: TensorRT 11 removed builder precision flags; precision comes from the "
+                             "graph (drop --weak-typing)")
+    if source_precision == "int8" and int8_mode != "static":
+        raise TfmExportError("this int8 directory is dynamic (run-time activation quantization, ONNX Runtime CPU "
+                             "only); TensorRT needs the Q/DQ graphs of `tfm-export quantize --precision int8 --mode "
+                             "static`")
+    if precision == source_precision:
+        if weak_typing and precision != "fp32":
+            flags = ("int8", "fp16") if precision == "int8" else ("fp16",)
+            return BuildPlan(precision, strongly_typed=False, flags=flags)
+        return BuildPlan(precision, strongly_typed=True)
+    if precision == "fp16" and source_precision == "fp32":
+        if weak_typing:
+            return BuildPlan("fp16", strongly_typed=False, flags=("fp16",))
+        return BuildPlan("fp16", strongly_typed=True, make_fp16=True)
+    if precision == "int8":
+        raise TfmExportError(f"--int8 needs an int8 static directory, this one is {source_precision}; make it with "
+                             "`tfm-export quantize --precision int8 --calibration FILE` and build from that")
+    raise TfmExportError(f"this directory is {source_precision}; building {precision} engines from it would change "
+                         f"its precision behind your back: pass --{source_precision} or use an fp32 directory")
+
+
+def build_engines(model_dir: Path, output: Path, precision: str | None = None, limits: ShapeLimits | None = None,
+                  timing_cache: Path | None = None, workspace_mib: int | None = None, weak_typing: bool = False,
+                  force: bool = False, progress: bool = True) -> dict[str, Any]:
+    """Write the engine directory; returns its manifest."""
+    manifest = read_manifest(model_dir)
+    config = ModelConfig.from_dict(manifest["model"])
+    limits = (limits or ShapeLimits()).resolved(config.n_position)
+    precision = precision or manifest["precision"]
+    source_precision, mode = manifest["precision"], manifest.get("int8", {}).get("mode")
+    plan_build(source_precision, mode, precision, 10, weak_typing)  # the request's own mistakes first
+    keep = (model_dir, *([timing_cache] if timing_cache else []))
+    check_output(output, force, keep)
+    platform = current_platform()
+    plan = plan_build(source_precision, mode, precision, platform.tensorrt_major, weak_typing)
+    check_gpu_supported(platform)
+    specs = graph_specs(config)
+    with staged_directory(output, force, keep=keep) as staging, tempfile.TemporaryDirectory() as tmp, \
+            tqdm(total=len(Graph) + 1, desc=f"TensorRT {precision}", disable=not progress) as bar:
+        source = model_dir
+        if plan.make_fp16:
+            bar.set_postfix_str("fp16 graphs")
+            source = Path(tmp) / "fp16"
+            quantize_model_dir(model_dir, source, "fp16", progress=False)
+        source_manifest = read_manifest(source)
+        cache = Path(tmp) / "timing.cache"
+        if timing_cache and timing_cache.is_file():
+            shutil.copyfile(timing_cache, cache)
+        bar.update()
+        engines = {}
+        for graph in Graph:
+            bar.set_postfix_str(graph.value)
+            engines[graph.value] = _write_plan(graph, source, source_manifest, profile_shapes(specs[graph], limits),
+                                               plan, workspace_mib, cache, staging)
+            bar.update()
+        for name in set(manifest["tokenizer"].values()):
+            shutil.copyfile(tokenizer_file(model_dir, name), staging / name)
+        write_manifest(staging, _engine_manifest(manifest, model_dir, source_manifest, plan, platform, limits,
+                                                 engines))
+        if timing_cache:
+            write_atomically({timing_cache: lambda tmp: shutil.copyfile(cache, tmp)}, "the timing cache")
+    return read_engine_manifest(output)
+
+
+def _write_plan(graph: Graph, source: Path, source_manifest: dict[str, Any],
+                shapes: dict[str, tuple[tuple[int, ...], ...]], plan: BuildPlan, workspace_mib: int | None,
+                timing_cache: Path, staging: Path) -> dict[str, Any]:
+    """Build one graph's plan into the staging directory; returns its manifest entry."""
+    onnx_path = graph_path(source, source_manifest, graph.value)
+    plan_bytes = build_engine_bytes(onnx_path, shapes, plan, workspace_mib, timing_cache)
+    (staging / plan_name(graph)).write_bytes(plan_bytes)
+    return {"file": plan_name(graph), "sha256": file_sha256(staging / plan_name(graph)),
+            "source_graph": source_manifest["graphs"][graph.value]["file"],
+            "source_graph_sha256": source_manifest["graphs"][graph.value]["sha256"],
+            "profile": {name: [list(s) for s in min_opt_max] for name, min_opt_max in shapes.items()}}
+
+
+def build_engine_bytes(onnx_path: Path, shapes: dict[str, tuple[tuple[int, ...], ...]], plan: BuildPlan,
+               workspace_mib: int | None, timing_cache: Path) -> bytes:
+    """One serialized engine, through Polygraphy's loaders; TensorRT's own errors become one line."""
+    trt = import_tensorrt()
+    from polygraphy.backend.trt import CreateConfig, EngineBytesFromNetwork, NetworkFromOnnxPath, Profile
+    from polygraphy.logger import G_LOGGER
+    G_LOGGER.module_severity = G_LOGGER.INFO if log.isEnabledFor(logging.INFO) else G_LOGGER.ERROR
+    profile = Profile()
+    for name, (low, opt, high) in shapes.items():
+        profile.add(name, low, opt, high)
+    pools = {trt.MemoryPoolType.WORKSPACE: workspace_mib << 20} if workspace_mib else None
+    config = CreateConfig(fp16="fp16" in plan.flags, int8="int8" in plan.flags, tf32=False, profiles=[profile],
+                          load_timing_cache=str(timing_cache) if timing_cache.is_file() else None,
+                          memory_pool_limits=pools,
+                          profiling_verbosity=trt.ProfilingVerbosity.DETAILED)  # layer info for the inspector
+    network = NetworkFromOnnxPath(str(onnx_path), strongly_typed=plan.strongly_typed)
+    try:
+        engine = EngineBytesFromNetwork(network, config, save_timing_cache=str(timing_cache))()
+    except Exception as exc:  # Polygraphy raises PolygraphyException after logging TensorRT's errors
+        raise TfmExportError(f"{onnx_path}: TensorRT could not build an engine ({first_line(exc)}); `tfm-export -v "
+                             "trt ...` shows TensorRT's log") from None
+    if not plan.strongly_typed:
+        _check_precision_applied(trt, bytes(engine), plan.precision, onnx_path, shapes)
+    return bytes(engine)
+
+
+def _check_precision_applied(trt, plan_bytes: bytes, precision: str, onnx_path: Path,
+                             shapes: dict[str, tuple[tuple[int, ...], ...]]) -> None:
+    """Builder flags only allow a precision; an engine where TensorRT chose fp32 everywhere is refused.
+    The inspector shows tensor formats only with an execution context whose input shapes are set."""
+    engine = trt.Runtime(trt.Logger(trt.Logger.ERROR)).deserialize_cuda_engine(plan_bytes)
+    if engine is None:
+        raise TfmExportError(f"{onnx_path}: TensorRT cannot load the engine it just built; rebuild without "
+                             "--weak-typing")
+    context = engine.create_execution_context()
+    for name, (_, opt, _) in shapes.items():
+        context.set_input_shape(name, opt)
+    inspector = engine.create_engine_inspector()
+    inspector.execution_context = context
+    info = json.loads(inspector.get_engine_information(trt.LayerInformationFormat.JSON))
+    if precision not in layer_precisions(info):
+        raise TfmExportError(f"{onnx_path}: TensorRT built no layer in {precision} with builder flags (it would be a "
+                             "silent fp32 engine); build from the typed graphs instead (drop --weak-typing)")
+
+
+def layer_precisions(info: dict[str, Any]) -> set[str]:
+    """Precisions of the layer outputs in TensorRT's engine-inspector JSON ("Format/Datatype" in 10.x,
+    "Datatype" in 11.x; fp16 is "Half" or "FP16", int8 "Int8")."""
+    found = set()
+    for layer in info.get("Layers", []):
+        for output in layer.get("Outputs", []) if isinstance(layer, dict) else []:
+            text = f"{output.get('Format/Datatype', '')} {output.get('Datatype', '')}".lower()
+            found |= {name for name, words in INSPECTOR_NAMES.items() if any(w in text for w in words)}
+    return found
+
+
+def _engine_manifest(parent: dict[str, Any], model_dir: Path, source: dict[str, Any], plan: BuildPlan,
+                     platform: Platform, limits: ShapeLimits, engines: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "format": ENGINE_FORMAT, "format_version": ENGINE_FORMAT_VERSION, "tool": "tfm-export",
+        "tool_version": __version__, "model": parent["model"], "special_tokens": parent["special_tokens"],
+        "tokenizer": parent["tokenizer"], "precision": plan.precision,
+        "limits": {"max_batch": limits.max_batch, "max_source_length": limits.max_source_length,
+                   "max_target_length": limits.max_target_length},
+        "tensorrt": {**platform.to_dict(), "precision_source": plan.precision_source,
+                     "strongly_typed": plan.strongly_typed, "builder_flags": list(plan.flags),
+                     "shape_limits": limits.to_dict()},
+        "engines": engines,
+        "source": {"path": str(model_dir.resolve()), "precision": source["precision"],
+                   "made_fp16_graphs": plan.make_fp16,
+                   "graphs_sha256": {g: e["sha256"] for g, e in source["graphs"].items()}},
+    }
+

@@ -1,0 +1,109 @@
+"""`tfm-export verify`: PyTorch and ONNX Runtime side by side on random and real inputs."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..artifacts.model_dir import read_manifest
+from ..core.batching import pad_batch
+from ..core.errors import TfmExportError
+from ..core.sources import encode_lines
+from ..core.tokenizer import PAD_ID
+from ..graphs.inputs import random_sources, random_targets
+from ..graphs.parity import (
+    AGREEMENT_BEAM,
+    DEFAULT_TOLERANCE,
+    MIN_AGREEMENT,
+    SAMPLES,
+    STEPS,
+    Agreement,
+    TensorDiff,
+    Tolerance,
+    compare_stepwise,
+    token_agreement,
+)
+from ..model import reference_decoding
+from ..model.checkpoint import Checkpoint, load_checkpoint
+from ..runtime import decoding
+from ..runtime.ort_backend import OrtBackend
+
+
+@dataclass
+class VerifyReport:
+    tensors: list[TensorDiff] = field(default_factory=list)
+    agreements: list[Agreement] = field(default_factory=list)
+    tolerance: Tolerance = DEFAULT_TOLERANCE
+    min_agreement: float = MIN_AGREEMENT["fp32"]
+
+    @property
+    def failures(self) -> list[str]:
+        bad = [f"{d.name}: max abs {d.max_abs:.2e}" for d in self.tensors if not d.within(self.tolerance)]
+        return bad + [f"{a.name}: {a.identical}/{a.total} identical" for a in self.agreements
+                      if a.rate < self.min_agreement]
+
+
+def checkpoint_for(directory: Path, given: Path | None, vocab: Sequence[Path]) -> Checkpoint:
+    """The checkpoint to compare with: the one given, else the one the manifest says was exported."""
+    source = read_manifest(directory)["source_checkpoint"]
+    path = given or Path(source.get("path", ""))
+    if not given and not path.is_file():
+        raise TfmExportError(f"{directory}: the exported checkpoint {source.get('path')} is not here; "
+                             "pass --checkpoint")
+    ckpt = load_checkpoint(path, list(vocab) or None)
+    if ckpt.sha256 != source["sha256"]:
+        raise TfmExportError(f"{path}: is not the checkpoint {directory} was exported from (sha256 differs); "
+                             "pass the right --checkpoint")
+    return ckpt
+
+
+def encode_texts(ckpt: Checkpoint, texts: Sequence[str]) -> np.ndarray:
+    rows = encode_lines(ckpt.vocab.source, texts, ckpt.config.n_position, "--input ")
+    if not rows:
+        raise TfmExportError("--input has no non-empty lines to compare on")
+    return pad_batch(list(rows.values()))
+
+
+def decode_agreement(name: str, ckpt: Checkpoint, backend: OrtBackend, src: np.ndarray, beam_size: int,
+                     max_length: int, batch_size: int = 32) -> list[Agreement]:
+    got_g, want_g, got_b, want_b = [], [], [], []
+    for start in range(0, len(src), batch_size):
+        chunk = src[start:start + batch_size]
+        chunk = chunk[:, :max(1, int((chunk != PAD_ID).sum(1).max()))]  # drop all-padding columns
+        got_g += [h.tokens for h in decoding.greedy(backend, chunk, max_length)]
+        want_g += [h.tokens for h in reference_decoding.greedy_decode(ckpt.model, torch.from_numpy(chunk), max_length)]
+        got_b += [h[0].tokens for h in decoding.beam_search(backend, chunk, beam_size, max_length)]
+        want_b += [h[0].tokens for h in reference_decoding.beam_search(ckpt.model, torch.from_numpy(chunk),
+                                                                        beam_size, max_length)]
+    return [token_agreement(f"greedy, {name}", got_g, want_g),
+            token_agreement(f"beam {beam_size}, {name}", got_b, want_b)]
+
+
+def verify(directory: Path, ckpt: Checkpoint, texts: Sequence[str] = (), samples: int = SAMPLES, steps: int = STEPS,
+           beam_size: int = AGREEMENT_BEAM, max_length: int = 40, tolerance: Tolerance = DEFAULT_TOLERANCE,
+           min_agreement: float = MIN_AGREEMENT["fp32"], seed: int = 0) -> VerifyReport:
+    cfg = ckpt.config
+    backend = OrtBackend.open(directory)
+    report = VerifyReport(tolerance=tolerance, min_agreement=min_agreement)
+    src_len = min(cfg.n_position, 24)
+    src = random_sources(cfg.src_vocab_size, 4, src_len, seed)
+    trg = random_targets(cfg.trg_vocab_size, 4, min(steps, cfg.n_position), seed)
+    report.tensors += [_renamed(d, "random") for d in compare_stepwise(ckpt.model, backend, src, trg)]
+    max_length = min(max_length, cfg.n_position)
+    random_src = random_sources(cfg.src_vocab_size, samples, src_len, seed + 7)
+    report.agreements += decode_agreement(f"{samples} random sources", ckpt, backend, random_src, beam_size,
+                                          max_length)
+    if texts:
+        real = encode_texts(ckpt, texts)
+        trg = random_targets(cfg.trg_vocab_size, min(4, len(real)), min(steps, cfg.n_position), seed)
+        report.tensors += [_renamed(d, "real") for d in compare_stepwise(ckpt.model, backend, real[:4], trg)]
+        report.agreements += decode_agreement(f"{len(real)} input lines", ckpt, backend, real, beam_size, max_length)
+    return report
+
+
+def _renamed(diff: TensorDiff, kind: str) -> TensorDiff:
+    return TensorDiff(f"{diff.name} [{kind}]", diff.max_abs, diff.max_rel, diff.scale)
