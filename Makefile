@@ -46,13 +46,13 @@ bench: setup
 	$(VENV)/bin/tfm-run bench --model models/demo/ckpt.pt --input models/demo/samples.en.txt \
 		--calibration calibration/demo.en.txt --output-length 64 \
 		--json $(BENCH)/demo.json --plot $(BENCH)/demo.png --markdown $(BENCH)/demo.md
-	$(VENV)/bin/tfm-export random-checkpoint --output $(BENCH)/base-model
+	$(VENV)/bin/tfm-export random-checkpoint --output $(BENCH)/base-model --force
 	$(VENV)/bin/tfm-run bench --model $(BENCH)/base-model/ckpt.pt --output-length 64 \
 		--json $(BENCH)/base.json --plot $(BENCH)/base.png --markdown $(BENCH)/base.md
 
 # Retrain the shipped demo model (8-14 minutes on 2 CPU cores; bit-identical weights).
 demo-model: setup
-	$(VENV)/bin/tfm-export train-demo --output models/demo
+	$(VENV)/bin/tfm-export train-demo --output models/demo --force
 	$(VENV)/bin/tfm-export eval-demo --model models/demo/ckpt.pt
 
 clean:

@@ -11,10 +11,11 @@ from ..artifacts.model_dir import INT8_MODES, PRECISIONS
 from ..core.config import TrainSettings
 from ..core.errors import TfmExportError
 from ..core.extras import require_extra
+from ..core.files import check_output_path
 from ..core.graph_spec import DEFAULT_OPSET, SUPPORTED_OPSETS
 from ..graphs.parity import AGREEMENT_BEAM, DEFAULT_TOLERANCE, MIN_AGREEMENT, SAMPLES, STEPS
 from ..runtime.translator import RUNTIME_BACKENDS
-from .common import ErrorReportingGroup, setup_logging, vocab_option, writable_output
+from .common import ErrorReportingGroup, setup_logging, vocab_option
 
 QUANTIZED = [p for p in PRECISIONS if p != "fp32"]
 
@@ -34,7 +35,8 @@ def main(verbose: bool) -> None:
 @click.option("--batch-size", type=click.IntRange(min=1), default=TrainSettings.batch_size, show_default=True)
 @click.option("--seed", type=int, default=TrainSettings.seed, show_default=True)
 @click.option("--threads", type=click.IntRange(min=1), default=None, help="Torch CPU threads (default: all cores).")
-def train_demo_cmd(output: Path, steps: int, batch_size: int, seed: int, threads: int | None) -> None:
+@click.option("--force", is_flag=True, help="Replace a checkpoint or tokenizer already in --output.")
+def train_demo_cmd(output: Path, steps: int, batch_size: int, seed: int, threads: int | None, force: bool) -> None:
     """Train the demo model: English number words -> French number words (0..999,999)."""
     require_extra("export", "tfm-export train-demo")
     import torch
@@ -42,7 +44,7 @@ def train_demo_cmd(output: Path, steps: int, batch_size: int, seed: int, threads
     from ..demo.train import train_demo
     if threads:
         torch.set_num_threads(threads)
-    path, minutes = train_demo(output, TrainSettings(steps=steps, batch_size=batch_size, seed=seed))
+    path, minutes = train_demo(output, TrainSettings(steps=steps, batch_size=batch_size, seed=seed), force=force)
     click.echo(f"saved {path} after {minutes:.1f} min of training")
 
 
@@ -74,8 +76,9 @@ def eval_demo(model_path: Path, vocab: tuple[Path, ...], backend: str | None, be
 @click.option("--ffn", type=click.IntRange(min=1), default=2048, show_default=True)
 @click.option("--vocab-size", type=click.IntRange(min=8), default=32000, show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--force", is_flag=True, help="Replace a checkpoint or tokenizer already in --output.")
 def random_checkpoint_cmd(output: Path, d_model: int, heads: int, layers: int, ffn: int, vocab_size: int,
-                          seed: int) -> None:
+                          seed: int, force: bool) -> None:
     """A random-weight model (default: the base config) for benchmarks: real shapes, meaningless outputs."""
     require_extra("export", "tfm-export random-checkpoint")
     from ..core.config import ModelConfig
@@ -86,7 +89,7 @@ def random_checkpoint_cmd(output: Path, d_model: int, heads: int, layers: int, f
                          n_layers=layers, n_head=heads, d_k=d_model // heads, d_v=d_model // heads)
     if output.exists() and not output.is_dir():
         raise TfmExportError(f"{output}: exists and is not a directory")
-    click.echo(f"wrote {random_checkpoint(config, output, seed)}")
+    click.echo(f"wrote {random_checkpoint(config, output, seed, force)}")
 
 
 @main.command("onnx")
@@ -107,7 +110,8 @@ def onnx_cmd(checkpoint: Path, vocab: tuple[Path, ...], output: Path, opset: str
     from ..graphs.pipeline import export_model_dir
     from ..model.checkpoint import load_checkpoint
     ckpt = load_checkpoint(checkpoint, list(vocab))
-    manifest = export_model_dir(ckpt, output, int(opset), optimize=not no_optimize, force=force)
+    manifest = export_model_dir(ckpt, output, int(opset), optimize=not no_optimize, force=force,
+                                progress=sys.stderr.isatty())
     click.echo(f"wrote {output}: {', '.join(g['file'] for g in manifest['graphs'].values())}, manifest.json "
                f"(opset {manifest['opset']}, {manifest['precision']}, max {manifest['limits']['max_source_length']} "
                "positions)")
@@ -185,7 +189,8 @@ def verify_cmd(model_dir: Path, checkpoint: Path | None, reference: Path | None,
     from ..verify.directory import VerifyRequest, verify_model_dir
     request = VerifyRequest(model_dir, input_file, beam_size, min_agreement, checkpoint, vocab, samples, steps, atol,
                             rtol, reference, references_file, report_dir)
-    outcome = verify_model_dir(request, lambda path: writable_output(path, "--report", directory=True))
+    inputs = [p for p in (model_dir, checkpoint, reference, input_file, references_file, *vocab) if p]
+    outcome = verify_model_dir(request, lambda path: check_output_path(path, "--report", inputs, directory=True))
     for line in outcome.lines:
         click.echo(line)
     if outcome.failures:
@@ -277,7 +282,7 @@ def trt_cmd(model_dir: Path, fp16: bool, int8: bool, output: Path, max_batch: in
     if fp16 and int8:
         raise TfmExportError("--fp16 and --int8 exclude each other: an engine has one precision")
     precision = "fp16" if fp16 else "int8" if int8 else None
-    writable_output(timing_cache, "--timing-cache")
+    check_output_path(timing_cache, "--timing-cache", inputs=[model_dir])
     limits = ShapeLimits(max_batch, max_source_length, max_target_length, opt_batch, opt_source_length,
                          opt_past_length)
     manifest = build_engines(model_dir, output, precision, limits, timing_cache, workspace_mib, weak_typing, force,

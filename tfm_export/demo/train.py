@@ -12,7 +12,7 @@ import torch
 from ..core.config import ModelConfig
 from ..core.errors import CheckpointError
 from ..core.tokenizer import Vocabulary, train_word_tokenizer
-from ..model.checkpoint import save_checkpoint
+from ..model.checkpoint import CHECKPOINT_FILE, check_checkpoint_output, save_checkpoint
 from ..model.train import TrainSettings, train
 from ..model.transformer import Transformer
 from . import numbers as demo_numbers
@@ -30,8 +30,10 @@ def demo_pair(rng: random.Random) -> tuple[str, str]:
     return demo_numbers.english(n), demo_numbers.french(n)
 
 
-def train_demo(output: Path, settings: TrainSettings, progress: bool = True) -> tuple[Path, float]:
-    """Build the demo tokenizer and model, train, save; returns the checkpoint path and minutes taken."""
+def train_demo(output: Path, settings: TrainSettings, progress: bool = True, force: bool = False) -> tuple[Path, float]:
+    """Build the demo tokenizer and model, train, save; returns the checkpoint path and minutes taken. An
+    existing checkpoint in `output` is replaced only with force (checked before training)."""
+    check_checkpoint_output(output / CHECKPOINT_FILE, True, force)
     torch.manual_seed(settings.seed)
     tok = train_word_tokenizer(demo_numbers.corpus_for_vocabulary())
     vocab = Vocabulary(tok, tok)
@@ -43,6 +45,6 @@ def train_demo(output: Path, settings: TrainSettings, progress: bool = True) -> 
         output.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise CheckpointError(f"{output}: cannot create the output directory ({exc.strerror})") from None
-    path = save_checkpoint(model.eval(), vocab, output / "ckpt.pt",
+    path = save_checkpoint(model.eval(), vocab, output / CHECKPOINT_FILE, force=force,
                            extra={"training": {**settings.__dict__, "minutes": round(minutes, 2)}})
     return path, minutes

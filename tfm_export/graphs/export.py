@@ -39,7 +39,8 @@ def export_graph(model: Transformer, spec: GraphSpec, opset: int, optimize: bool
     args = example_inputs(model)[spec.graph.value]
     with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), torch.no_grad():
         warnings.simplefilter("ignore")
-        logging.getLogger("torch").setLevel(logging.ERROR)
+        for name in ("torch", "onnxscript"):  # the exporter's progress notes and opset-conversion notices
+            logging.getLogger(name).setLevel(logging.ERROR)
         program = torch.onnx.export(
             module.eval(), args, dynamo=True, opset_version=opset, optimize=optimize, verbose=False,
             input_names=[t.name for t in spec.inputs], output_names=[t.name for t in spec.outputs],
