@@ -14,6 +14,7 @@ from ..core.extras import require_extra
 from ..core.graph_spec import DEFAULT_OPSET, SUPPORTED_OPSETS
 from ..graphs.parity import AGREEMENT_BEAM, DEFAULT_TOLERANCE, MIN_AGREEMENT, SAMPLES, STEPS
 from ..runtime.translator import RUNTIME_BACKENDS
+from ..serving.contract import DEFAULT_MAX_BATCH, DEFAULT_NAME, DEVICES, LAYOUTS
 from .common import ErrorReportingGroup, setup_logging, vocab_option, writable_output
 
 QUANTIZED = [p for p in PRECISIONS if p != "fp32"]
@@ -292,18 +293,19 @@ def trt_cmd(model_dir: Path, fp16: bool, int8: bool, output: Path, max_batch: in
               help="A model directory (tfm-export onnx/quantize) or an engine directory (tfm-export trt).")
 @click.option("--output", type=click.Path(path_type=Path, file_okay=False), required=True,
               help="Model repository to create (serve it with tritonserver --model-repository OUTPUT).")
-@click.option("--name", default="translator", show_default=True,
+@click.option("--name", default=DEFAULT_NAME, show_default=True,
               help="Model name clients call; the bls layout adds NAME_encoder and NAME_decoder_step.")
-@click.option("--layout", type=click.Choice(["translator", "bls"]), default="translator", show_default=True,
+@click.option("--layout", type=click.Choice(LAYOUTS), default=LAYOUTS[0], show_default=True,
               help="translator: one Python-backend model running tfm-export's Translator. bls: encoder and "
                    "decoder_step as native models (onnxruntime, or TensorRT for engines) and a Python model running "
                    "the decoding loop through them.")
 @click.option("--max-batch", type=click.IntRange(min=1), default=None,
               help="Most rows (sentences x beams) per execution; the dynamic batcher gathers up to this many "
-                   "sentences, and beam_size may not exceed it (default: the engines' profile, else 64).")
+                   "sentences, and beam_size may not exceed it (default: the engines' profile, else "
+                   f"{DEFAULT_MAX_BATCH}).")
 @click.option("--instances", type=click.IntRange(min=1), default=1, show_default=True,
               help="Model instances per device (each a process of its own).")
-@click.option("--device", type=click.Choice(["cpu", "gpu"]), default=None,
+@click.option("--device", type=click.Choice(DEVICES), default=None,
               help="Where instances run (default: gpu for engines, cpu for a model directory).")
 @click.option("--force", is_flag=True, help="Replace a non-empty output directory.")
 def triton_cmd(model_dir: Path, output: Path, name: str, layout: str, max_batch: int | None, instances: int,

@@ -23,7 +23,7 @@ from ..core.errors import TfmExportError
 from ..core.graph_spec import Graph
 from ..runtime.ort_backend import OrtBackend
 from ..runtime.translator import Translator
-from .tensors import NativeGraph, native_graphs
+from .contract import NativeGraph, native_graphs
 
 ORT_TYPES = {"float32": "float", "float16": "float16", "int64": "int64", "int32": "int32"}
 HOST_OUTPUTS = ("logits",)  # what the search reads on the host; everything else may stay on the device

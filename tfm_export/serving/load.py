@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .tensors import TEXT, TRANSLATION
+from .contract import TEXT, TRANSLATION
 
 NETWORK_TIMEOUT_S = 600.0
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
-from .tensors import TEXT_INPUTS, TEXT_OUTPUTS, NativeGraph, TritonTensor
+from .contract import TEXT_INPUTS, TEXT_OUTPUTS, NativeGraph, TritonTensor
 
 DATA_TYPES = {"bytes": mc.TYPE_STRING, "int64": mc.TYPE_INT64, "int32": mc.TYPE_INT32, "float32": mc.TYPE_FP32,
               "float16": mc.TYPE_FP16}

@@ -26,13 +26,9 @@ from ..artifacts.manifest import ENGINE_FORMAT, MANIFEST, ModelDirError, manifes
 from ..artifacts.model_dir import graph_path, read_manifest, tokenizer_file
 from ..artifacts.staging import staged_directory
 from ..core.graph_spec import Graph
+from .contract import DEFAULT_MAX_BATCH, DEFAULT_NAME, DEVICES, LAYOUTS, native_graphs
 from .model_config import Deployment, native_model, python_model
-from .tensors import native_graphs
 
-LAYOUTS = ("translator", "bls")
-DEVICES = ("cpu", "gpu")
-DEFAULT_NAME = "translator"
-DEFAULT_MAX_BATCH = 64  # rows (sentences x beams) per execution, as for `tfm-export trt`
 VERSION = "1"  # the one model version written
 MODEL_SUBDIR = "model"  # the model directory's copy inside the version directory
 MODEL_PY = '''"""Triton Python-backend model written by `tfm-export triton`. The work is done by tfm_export (the

@@ -17,7 +17,7 @@ import numpy as np
 from ..core.errors import InputTextError, TfmExportError
 from ..core.sources import encode_lines
 from ..runtime.translator import DecodeOptions, Translation, Translator
-from .tensors import TEXT
+from .contract import TEXT
 
 # Request parameters (the inference request's "parameters" object) and the Python types each one takes.
 PARAMETERS = {"beam_size": (int,), "max_length": (int,), "length_penalty": (int, float), "n_best": (int,)}

@@ -19,8 +19,8 @@ import numpy as np
 from .. import __version__
 from ..core.errors import InputTextError, TfmExportError
 from ..runtime.translator import Translation, Translator
+from .contract import N_BEST, N_BEST_SCORES, SCORE, TEXT, TRANSLATION
 from .requests import TextRequest, check_lengths, decode_options, decode_texts, translate_requests
-from .tensors import N_BEST, N_BEST_SCORES, SCORE, TEXT, TRANSLATION
 
 
 class RequestCancelled(TfmExportError):

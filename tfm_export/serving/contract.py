@@ -1,5 +1,6 @@
-"""The tensors every Triton model of a repository exchanges, described once for the config writer (outside the
-server) and the Python-backend model (inside it).
+"""What a repository is written with and what its models exchange, described once for the command, the config
+writer (outside the server) and the Python-backend model (inside it). No tritonclient here: the CLI and the
+server-side model import it.
 
 The text models take `TEXT` and answer `TRANSLATION`, `SCORE`, `N_BEST` and `N_BEST_SCORES`. The native
 encoder/decoder_step models take what the graphs take: names and dtypes from a model directory's manifest
@@ -15,6 +16,11 @@ from typing import Any
 from ..artifacts.manifest import ENGINE_FORMAT
 from ..core.config import ModelConfig
 from ..core.graph_spec import Graph, graph_specs
+
+LAYOUTS = ("translator", "bls")
+DEVICES = ("cpu", "gpu")
+DEFAULT_NAME = "translator"
+DEFAULT_MAX_BATCH = 64  # rows (sentences x beams) per execution, as for `tfm-export trt`
 
 TEXT = "TEXT"  # (batch, 1) BYTES: one UTF-8 sentence per row
 TRANSLATION, SCORE = "TRANSLATION", "SCORE"  # (batch, 1) BYTES, FP32: the best hypothesis and its summed log-prob
