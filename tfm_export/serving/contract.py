@@ -1,6 +1,6 @@
 """What a repository is written with and what its models exchange, described once for the command, the config
-writer (outside the server) and the Python-backend model (inside it). No tritonclient here: the CLI and the
-server-side model import it.
+writer (outside the server) and the Python-backend model (inside it). It imports no tritonclient, so the CLI
+(for every command) and the server-side model (with the runtime-only install) can import it.
 
 The text models take `TEXT` and answer `TRANSLATION`, `SCORE`, `N_BEST` and `N_BEST_SCORES`. The native
 encoder/decoder_step models take what the graphs take: names and dtypes from a model directory's manifest
