@@ -16,9 +16,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from ..core.errors import first_line
-from .manifest import ENGINE_FORMAT, MODEL_FORMAT, ModelDirError, manifest_format
+from .manifest import ENGINE_FORMAT, MODEL_FORMAT, REPOSITORY_FORMAT, ModelDirError, manifest_format
 
-ARTIFACT_FORMATS = (MODEL_FORMAT, ENGINE_FORMAT)
+ARTIFACT_FORMATS = (MODEL_FORMAT, ENGINE_FORMAT, REPOSITORY_FORMAT)  # what --force may replace
 
 
 STAGING_SUFFIX = ".partial"

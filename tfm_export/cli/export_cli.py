@@ -15,6 +15,7 @@ from ..core.files import check_output_path
 from ..core.graph_spec import DEFAULT_OPSET, SUPPORTED_OPSETS
 from ..graphs.parity import AGREEMENT_BEAM, DEFAULT_TOLERANCE, MIN_AGREEMENT, SAMPLES, STEPS
 from ..runtime.translator import RUNTIME_BACKENDS
+from ..serving.contract import DEFAULT_MAX_BATCH, DEFAULT_NAME, DEVICES, LAYOUTS
 from .common import ErrorReportingGroup, setup_logging, vocab_option
 
 QUANTIZED = [p for p in PRECISIONS if p != "fp32"]
@@ -290,3 +291,36 @@ def trt_cmd(model_dir: Path, fp16: bool, int8: bool, output: Path, max_batch: in
     info = manifest["tensorrt"]
     click.echo(f"wrote {output}: {manifest['precision']} engines ({info['precision_source']}), TensorRT "
                f"{info['tensorrt']}, {info['gpu']} (compute capability {info['compute_capability']})")
+
+
+@main.command("triton")
+@click.option("--model", "model_dir", type=click.Path(path_type=Path), required=True,
+              help="A model directory (tfm-export onnx/quantize) or an engine directory (tfm-export trt).")
+@click.option("--output", type=click.Path(path_type=Path, file_okay=False), required=True,
+              help="Model repository to create (serve it with tritonserver --model-repository OUTPUT).")
+@click.option("--name", default=DEFAULT_NAME, show_default=True,
+              help="Model name clients call; the bls layout adds NAME_encoder and NAME_decoder_step.")
+@click.option("--layout", type=click.Choice(LAYOUTS), default=LAYOUTS[0], show_default=True,
+              help="translator: one Python-backend model running tfm-export's Translator. bls: encoder and "
+                   "decoder_step as native models (onnxruntime, or TensorRT for engines) and a Python model running "
+                   "the decoding loop through them.")
+@click.option("--max-batch", type=click.IntRange(min=1), default=None,
+              help="Most rows (sentences x beams) per execution; the dynamic batcher gathers up to this many "
+                   "sentences, and beam_size may not exceed it (default: the engines' profile, else "
+                   f"{DEFAULT_MAX_BATCH}).")
+@click.option("--instances", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Model instances per device (each a process of its own).")
+@click.option("--device", type=click.Choice(DEVICES), default=None,
+              help="Where instances run (default: gpu for engines, cpu for a model directory).")
+@click.option("--force", is_flag=True, help="Replace a non-empty output directory.")
+def triton_cmd(model_dir: Path, output: Path, name: str, layout: str, max_batch: int | None, instances: int,
+               device: str | None, force: bool) -> None:
+    """Write a Triton Inference Server model repository that serves this model (text in, text out)."""
+    require_extra("serving", "tfm-export triton")
+    from ..serving.repository import RepositoryRequest, write_repository
+    repository = write_repository(RepositoryRequest(model_dir, output, name, layout, max_batch, instances, device,
+                                                    force))
+    deployment = repository.deployment
+    click.echo(f"wrote {output}: {layout} layout, models {', '.join(repository.models)} (max batch "
+               f"{deployment.max_batch} rows, {deployment.instances} instance(s) on {deployment.device}); serve it "
+               f"with tritonserver --model-repository {output}")
