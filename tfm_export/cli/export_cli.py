@@ -15,6 +15,7 @@ from ..core.graph_spec import DEFAULT_OPSET, SUPPORTED_OPSETS
 from ..graphs.parity import AGREEMENT_BEAM, DEFAULT_TOLERANCE, MIN_AGREEMENT, SAMPLES, STEPS
 from ..runtime.translator import RUNTIME_BACKENDS
 from .common import ErrorReportingGroup, setup_logging, vocab_option, writable_output
+from .generate_cli import generate
 
 QUANTIZED = [p for p in PRECISIONS if p != "fp32"]
 
@@ -285,3 +286,6 @@ def trt_cmd(model_dir: Path, fp16: bool, int8: bool, output: Path, max_batch: in
     info = manifest["tensorrt"]
     click.echo(f"wrote {output}: {manifest['precision']} engines ({info['precision_source']}), TensorRT "
                f"{info['tensorrt']}, {info['gpu']} (compute capability {info['compute_capability']})")
+
+
+main.add_command(generate)

@@ -28,7 +28,7 @@ from . import decoding
 from .decoding import StepBackend
 from .session import DEFAULT_OPTIONS, SessionOptions
 
-RUNTIME_BACKENDS = ("onnxruntime", "torch", "tensorrt")
+RUNTIME_BACKENDS = ("onnxruntime", "torch", "tensorrt", "onnxruntime-generate")
 log = logging.getLogger(__name__)
 
 
@@ -88,6 +88,8 @@ class Translator:
         if model.is_file():
             raise TfmExportError(f"{model}: is a checkpoint; the onnxruntime backend takes a model directory "
                                  "(make one with `tfm-export onnx`), or use --backend torch")
+        if backend == "onnxruntime-generate":
+            return cls._load_generate(model, vocab, device, session_options)
         return cls._load_onnxruntime(model, vocab, device, session_options)
 
     @classmethod
@@ -133,6 +135,16 @@ class Translator:
             return cls(OrtBoundBackend(backend, "cuda"), vocabulary, backend.config)
         return cls(backend, vocabulary, backend.config)
 
+    @classmethod
+    def _load_generate(cls, model: Path, vocab: Sequence[Path], device: str,
+                       session_options: SessionOptions) -> Translator:
+        from .generate_backend import GenerateBackend
+        from .session import require_device
+        options = dataclasses.replace(session_options, device=device)
+        require_device(options)
+        backend = GenerateBackend.open(model, options)
+        return cls(backend, _directory_vocab(model, backend.manifest, vocab), backend.config)
+
     def translate(self, texts: Sequence[str], options: DecodeOptions = DecodeOptions(),
                   progress: Callable[[int], None] | None = None) -> list[Translation]:
         """Translations in input order; empty lines give empty translations without touching the model."""
@@ -171,6 +183,8 @@ class Translator:
 
     def _decode(self, src: np.ndarray, options: DecodeOptions) -> list[list[Hypothesis]]:
         max_length = options.max_length or self.max_target
+        if hasattr(self.backend, "search"):  # generate.onnx: the whole search runs in the graph
+            return self.backend.search(src, options.beam_size, max_length, options.length_penalty, options.n_best)
         if options.beam_size == 1:
             return [[hyp] for hyp in decoding.greedy(self.backend, src, max_length)]
         return decoding.beam_search(self.backend, src, options.beam_size, max_length, options.length_penalty,
