@@ -4,12 +4,14 @@ backend, directory, refusals and tokenizer."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 import torch
 from click.testing import CliRunner
-from conftest import DEMO_CKPT, listing, tiny_config
+from conftest import DEMO_CKPT, REPO, listing, tiny_config
 from test_layout import _modules_after
 from tokenizers import Tokenizer
 
@@ -208,3 +210,21 @@ def test_scores_are_summed_log_probabilities(demo_generate):
         assert len(pairs) >= 19
         assert [g for g, _ in pairs] == pytest.approx([w for _, w in pairs], abs=1e-3)
         assert np.all(np.array([g for g, _ in pairs]) < 0)
+
+
+def test_the_contract_documents_generate_onnx_and_its_python_example_runs(demo_generate):
+    """docs/graph-contract.md names every input, output and subgraph tensor of generate.onnx, and its Python
+    example translates as written."""
+    from tfm_export.core.config import ModelConfig
+    from tfm_export.core.generate_spec import INPUTS, OUTPUTS, decoder_inputs, decoder_outputs, encoder_outputs
+    doc = (REPO / "docs" / "graph-contract.md").read_text()
+    cfg = ModelConfig(src_vocab_size=10, trg_vocab_size=10, n_layers=1)
+    for name in [t.name for t in (*INPUTS, *OUTPUTS)] + decoder_inputs(cfg) + decoder_outputs(cfg) + \
+            encoder_outputs(cfg):
+        assert f"`{name.replace('_0', '_{i}')}" in doc, name
+    section = doc[doc.index("Python (`onnxruntime`, `tokenizers`):"):]
+    code = section[section.index("```python") + len("```python"):section.index("```", section.index("```python") + 3)]
+    result = subprocess.run([sys.executable, "-c", code.replace('"build/demo-generate"', repr(str(demo_generate)))],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "soixante et onze mille quatre-vingts\n"

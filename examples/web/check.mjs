@@ -74,7 +74,7 @@ async function main() {
     await page.waitForSelector('#status:is([data-state="ready"], [data-state="error"])', { timeout: 120000 });
     const loaded = await page.textContent('#status');
     if (await page.getAttribute('#status', 'data-state') === 'error') throw new Error(await page.textContent('#error'));
-    await page.locator('#input').pressSequentially(lines.join('\n')); // typed, key by key
+    await page.locator('#input').pressSequentially(lines.join('\n'), { timeout: 300000 }); // typed, key by key
     const greedy = await translate(page, 1);
     const beam = await translate(page, 4);
     if (opts.screenshot) await page.screenshot({ path: opts.screenshot });

@@ -14,6 +14,7 @@ from .graph_spec import BATCH, SRC_LEN, TensorSpec, cache_names
 GENERATE_FILE = "generate.onnx"
 OP = "com.microsoft.BeamSearch"
 OP_MAX_LENGTH = 4096  # the op refuses a longer max_length (which counts the start token)
+MIN_ONNXRUNTIME = (1, 22)  # the first release whose op takes an encoder subgraph of 2 inputs (1.21.1 refuses it)
 SEQUENCES_LEN = "max_length"  # the sequences output is padded to the max_length input
 
 INPUTS = (TensorSpec("input_ids", "int32", (BATCH, SRC_LEN)),

@@ -20,7 +20,7 @@ from ..artifacts.staging import staged_directory
 from ..core.config import ModelConfig
 from ..core.errors import TfmExportError
 from ..core.files import file_sha256
-from ..core.generate_spec import GENERATE_FILE, OP, OP_MAX_LENGTH
+from ..core.generate_spec import GENERATE_FILE, MIN_ONNXRUNTIME, OP, OP_MAX_LENGTH
 from ..core.graph_spec import Graph
 from ..core.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from ..runtime import decoding
@@ -61,6 +61,7 @@ def write_generate_dir(model_dir: Path, output: Path, early_stopping: bool = Fal
                  "outputs": tensors_of(proto.graph.output),
                  "special_tokens": {"decoder_start": BOS_ID, "eos": EOS_ID, "pad": PAD_ID, "never_generated": PAD_ID},
                  "max_length": min(cfg.n_position + 1, OP_MAX_LENGTH),
+                 "min_onnxruntime": ".".join(map(str, MIN_ONNXRUNTIME)),
                  "note": "max_length and min_length count the decoder start token <s>; sequences start with it and "
                          "are padded with <blank>; </s> is not written; sequences_scores are summed log-probabilities "
                          "/ (length with <s>) ** length_penalty"}

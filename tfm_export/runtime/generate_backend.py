@@ -15,7 +15,7 @@ import onnxruntime as ort
 from ..artifacts.model_dir import graph_path, read_manifest
 from ..core.config import ModelConfig
 from ..core.errors import InputTextError, TfmExportError
-from ..core.generate_spec import GENERATE_FILE, OP_MAX_LENGTH, op_lengths
+from ..core.generate_spec import GENERATE_FILE, MIN_ONNXRUNTIME, OP_MAX_LENGTH, op_lengths
 from ..core.hypothesis import Hypothesis
 from ..core.sources import check_source_length
 from ..core.tokenizer import PAD_ID
@@ -44,6 +44,10 @@ class GenerateBackend:
             raise TfmExportError(f"{directory}: has no {GENERATE_FILE}; make one with `tfm-export generate --model "
                                  f"{directory} --output DIR` and run that directory")
         path = graph_path(Path(directory), {"graphs": {GENERATE: entry}}, GENERATE)
+        if tuple(int(p) for p in ort.__version__.split(".")[:2]) < MIN_ONNXRUNTIME:
+            raise TfmExportError(f"{path}: needs ONNX Runtime {'.'.join(map(str, MIN_ONNXRUNTIME))} or later (this is "
+                                 f"{ort.__version__}, whose BeamSearch takes an older subgraph format); upgrade "
+                                 "onnxruntime, or run the directory with --backend onnxruntime")
         return cls(open_session(path, session_options_for(manifest, options)), ModelConfig.from_dict(manifest["model"]),
                    bool(entry.get("early_stopping")), manifest)
 

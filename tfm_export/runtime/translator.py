@@ -88,9 +88,7 @@ class Translator:
         if model.is_file():
             raise TfmExportError(f"{model}: is a checkpoint; the onnxruntime backend takes a model directory "
                                  "(make one with `tfm-export onnx`), or use --backend torch")
-        if backend == "onnxruntime-generate":
-            return cls._load_generate(model, vocab, device, session_options)
-        return cls._load_onnxruntime(model, vocab, device, session_options)
+        return cls._load_onnxruntime(model, vocab, device, session_options, backend == "onnxruntime-generate")
 
     @classmethod
     def _load_torch(cls, model: Path, vocab: Sequence[Path], device: str, threads: int | str) -> Translator:
@@ -122,28 +120,23 @@ class Translator:
         return cls(backend, _directory_vocab(model, backend.manifest, vocab), backend.config, backend.limits)
 
     @classmethod
-    def _load_onnxruntime(cls, model: Path, vocab: Sequence[Path], device: str,
-                          session_options: SessionOptions) -> Translator:
+    def _load_onnxruntime(cls, model: Path, vocab: Sequence[Path], device: str, session_options: SessionOptions,
+                          generate: bool = False) -> Translator:
+        """generate: run generate.onnx (the whole search in ONNX Runtime's BeamSearch op) instead of the loop."""
         from .ort_backend import OrtBackend
         from .session import require_device
         options = dataclasses.replace(session_options, device=device)
         require_device(options)
+        if generate:
+            from .generate_backend import GenerateBackend
+            search = GenerateBackend.open(model, options)
+            return cls(search, _directory_vocab(model, search.manifest, vocab), search.config)
         backend = OrtBackend.open(model, options)
         vocabulary = _directory_vocab(model, backend.manifest, vocab)
         if device == "cuda":  # keep the cache on the GPU: IO binding over torch CUDA tensors
             from .iobinding_backend import OrtBoundBackend
             return cls(OrtBoundBackend(backend, "cuda"), vocabulary, backend.config)
         return cls(backend, vocabulary, backend.config)
-
-    @classmethod
-    def _load_generate(cls, model: Path, vocab: Sequence[Path], device: str,
-                       session_options: SessionOptions) -> Translator:
-        from .generate_backend import GenerateBackend
-        from .session import require_device
-        options = dataclasses.replace(session_options, device=device)
-        require_device(options)
-        backend = GenerateBackend.open(model, options)
-        return cls(backend, _directory_vocab(model, backend.manifest, vocab), backend.config)
 
     def translate(self, texts: Sequence[str], options: DecodeOptions = DecodeOptions(),
                   progress: Callable[[int], None] | None = None) -> list[Translation]:
