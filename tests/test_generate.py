@@ -228,3 +228,22 @@ def test_the_contract_documents_generate_onnx_and_its_python_example_runs(demo_g
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout == "soixante et onze mille quatre-vingts\n"
+
+
+def test_an_onnx_runtime_older_than_the_subgraph_format_is_one_line(demo_generate, monkeypatch):
+    """ONNX Runtime 1.21.1 refuses the graph with an error about subgraph inputs; the backend says what to do."""
+    import onnxruntime
+    monkeypatch.setattr(onnxruntime, "__version__", "1.21.1")
+    result = CliRunner().invoke(run_main, ["translate", "--model", str(demo_generate), "--backend",
+                                           "onnxruntime-generate", "forty-two"])
+    assert result.exit_code == 1 and len(result.output.strip().splitlines()) == 1
+    assert "needs ONNX Runtime 1.22 or later (this is 1.21.1" in result.output
+
+
+def test_quantizing_a_generate_directory_leaves_generate_onnx_behind(demo_generate, tmp_path):
+    """The quantized directory has new graphs, so the parent's generate.onnx (and its manifest entry) stay behind."""
+    result = CliRunner().invoke(export_main, ["quantize", "--model", str(demo_generate), "--precision", "int8",
+                                              "--mode", "dynamic", "--output", str(tmp_path / "int8")])
+    assert result.exit_code == 0, result.output
+    assert "generate" not in json.loads((tmp_path / "int8" / "manifest.json").read_text())
+    assert not (tmp_path / "int8" / "generate.onnx").exists()

@@ -27,12 +27,13 @@ GENERATE = GENERATE_FILE.removesuffix(".onnx")
 
 class GenerateBackend:
     """Runs generate.onnx. Inputs go one per call unless the graph was made with --early-stopping: with
-    early_stopping=0, ONNX Runtime (1.32 and before) tests each input's stopping rule on another input's
+    early_stopping=0, ONNX Runtime (measured with 1.32) tests each input's stopping rule on another input's
     scores when a call holds several, so batched inputs run to max_length and may stop at the wrong step."""
 
-    def __init__(self, session: ort.InferenceSession, config: ModelConfig, early_stopping: bool,
+    def __init__(self, session: ort.InferenceSession, config: ModelConfig, batched: bool,
                  manifest: dict | None = None) -> None:
-        self.session, self.config, self.early_stopping = session, config, early_stopping
+        """batched: a call takes the whole batch (safe only for a graph made with early_stopping 1)."""
+        self.session, self.config, self.batched = session, config, batched
         self.manifest = manifest or {}
         self.calls = 0  # session runs, for tests that count work
 
@@ -74,7 +75,7 @@ class GenerateBackend:
         return out
 
     def _calls(self, src: np.ndarray) -> list[np.ndarray]:
-        if self.early_stopping:
+        if self.batched:
             return [src]
         return [row[None, :int((row != PAD_ID).sum())] for row in src]  # each without its padding
 
