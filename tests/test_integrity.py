@@ -100,7 +100,8 @@ def test_damaged_external_weights_are_refused_by_every_reader(tiny, tmp_path, re
                    "decoder_step.onnx.data: sha256 differs from manifest.json")
 
 
-@pytest.mark.parametrize("name", ["../outside.json", "/etc/passwd", "sub/tokenizer.json", "", None, 7])
+@pytest.mark.parametrize("name", ["../outside.json", "/etc/passwd", "sub/tokenizer.json", "", None, 7,
+                                  "tokenizer.json\0.txt"])
 def test_manifest_file_names_stay_inside_the_directory(tiny, tmp_path, name):
     model = copy_of(tiny[1], tmp_path)
     (tmp_path / "outside.json").write_text((model / "tokenizer.json").read_text())
@@ -116,7 +117,7 @@ def test_a_link_inside_the_directory_pointing_outside_is_refused(tiny, tmp_path)
     one_line_error(CliRunner().invoke(run_main, ["translate", "--model", str(model), "w5"]), "points outside")
 
 
-@pytest.mark.parametrize("name", ["../outside/tokenizer.json", "/etc/passwd", "/dev/zero"])
+@pytest.mark.parametrize("name", ["../outside/tokenizer.json", "/etc/passwd", "/dev/zero", "tokenizer\0.json"])
 def test_checkpoint_tokenizer_names_stay_beside_the_checkpoint(tiny, tmp_path, name):
     data = torch.load(tiny[0].path, weights_only=True)
     data["tokenizer"] = {"source": name, "target": name}

@@ -35,7 +35,7 @@ def file_sha256(path: Path) -> str:
 def contained_file(directory: Path, name: object, error: type[TfmExportError], what: str, remedy: str) -> Path:
     """`directory / name` when `name` is a plain file name whose real path (links followed) lies inside
     `directory`: a checkpoint or manifest never makes a command read anything outside its own directory."""
-    if not isinstance(name, str) or not name or Path(name).name != name or name in (".", ".."):
+    if not isinstance(name, str) or not name or "\0" in name or Path(name).name != name or name in (".", ".."):
         raise error(f"{directory}: {what} {name!r} is not a plain file name in the directory; {remedy}")
     path = directory / name
     root = directory.resolve()
