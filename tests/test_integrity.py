@@ -306,6 +306,21 @@ def test_contradictory_or_unbounded_options_are_one_line(demo_onnx, tmp_path, ar
     assert (tmp_path / "in.txt").read_text() == "forty-two\n"
 
 
+@pytest.mark.parametrize("main, args, fragment", [
+    (run_main, ["bench", "--batch-sizes", "1000000000"], "--batch-sizes: values must be 1..1024"),
+    (run_main, ["bench", "--beam-sizes", "1,65"], "--beam-sizes: values must be 1..64"),
+    (run_main, ["bench", "--threads", "100000"], "'--threads'"),
+    (run_main, ["bench", "--sentences", "1000000000"], "'--sentences'"),
+    (export_main, ["train-demo", "--threads", "100000"], "'--threads'"),
+    (export_main, ["verify", "--beam-size", "100000"], "'--beam-size'"),
+])
+def test_sizes_that_would_exhaust_the_machine_are_refused_before_any_work(tmp_path, main, args, fragment):
+    """Before: a MemoryError traceback after minutes (bench), or a crash by SIGSEGV in torch's thread pool."""
+    where = ["--output", str(tmp_path / "out")] if args[0] == "train-demo" else ["--model", str(DEMO_CKPT)]
+    one_line_error(CliRunner().invoke(main, [*args, *where]), fragment)
+    assert not (tmp_path / "out").exists()
+
+
 def test_the_sources_of_a_torch_and_an_onnx_run_agree_after_all_checks(demo_onnx):
     """The hardening changes no answer: the graphs still translate as PyTorch does."""
     texts = ["forty-two", "seven hundred and seventy-one thousand and eighty", ""]

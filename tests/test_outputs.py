@@ -102,6 +102,17 @@ def test_random_checkpoint_replaces_a_trained_model_only_with_force(tmp_path):
     assert (tmp_path / "ckpt.pt").read_bytes() != before
 
 
+def test_translating_a_checkpoint_never_writes_over_its_tokenizer(tmp_path):
+    """The tokenizer a checkpoint names is an input too, though the command line names only the checkpoint."""
+    shutil.copytree(DEMO_CKPT.parent, tmp_path / "ck", ignore=shutil.ignore_patterns("*.txt"))
+    tokenizer = tmp_path / "ck" / "tokenizer.json"
+    before = tokenizer.read_bytes()
+    result = CliRunner().invoke(run_main, ["translate", "--model", str(tmp_path / "ck" / DEMO_CKPT.name),
+                                           "--output", str(tokenizer), "forty-two"])
+    assert result.exit_code == 1 and "is the input" in result.output, result.output
+    assert tokenizer.read_bytes() == before
+
+
 def test_train_demo_refuses_before_training_when_a_checkpoint_is_there(tmp_path):
     (tmp_path / "ckpt.pt").write_bytes(b"trained for a week")
     result = CliRunner().invoke(export_main, ["train-demo", "--output", str(tmp_path), "--steps", "1"])

@@ -26,6 +26,8 @@ from .runners import TIMED_BACKENDS, Artifacts, agreement, open_decoder, unavail
 
 REFERENCE = "ort-fp32"
 SAME_MODEL = ("torch-full", "torch-cache", "ct2-fp32")  # must decode as the reference does before being timed
+MAX_BATCH_SIZE = 1024  # sentences per timed call; beyond it the caches alone outgrow a machine's memory
+MAX_SENTENCES = 100_000  # benchmark inputs held in memory at once
 SAME_MODEL_MIN = 0.95  # share of identical greedy outputs; fp32 reorderings may flip a rare near-tie
 
 

@@ -6,11 +6,13 @@ from pathlib import Path
 
 import click
 
-from ..bench.protocol import BenchSettings
+from ..bench.protocol import MAX_BATCH_SIZE, MAX_SENTENCES, BenchSettings
 from ..bench.runners import TIMED_BACKENDS
 from ..core.errors import TfmExportError
 from ..core.extras import require_extra
 from ..core.files import check_output_path
+from ..runtime.session import MAX_THREADS
+from ..runtime.translator import MAX_BEAM
 
 
 def _ints(text: str, name: str, maximum: int | None = None) -> tuple[int, ...]:
@@ -40,13 +42,15 @@ def _backends(text: str) -> tuple[str, ...]:
 @click.option("--backends", default=",".join(TIMED_BACKENDS), show_default=True,
               help="Comma-separated: " + "; ".join(f"{name}: {what}" for name, what in TIMED_BACKENDS.items()) + ".")
 @click.option("--batch-sizes", default="1,8,32", show_default=True,
-              help="Comma-separated sentences per batch call; each is timed for every beam size.")
-@click.option("--beam-sizes", default="1,4", show_default=True, help="Comma-separated; 1 = greedy (at most 64).")
+              help=f"Comma-separated sentences per batch call (at most {MAX_BATCH_SIZE}); each is timed for every "
+                   "beam size.")
+@click.option("--beam-sizes", default="1,4", show_default=True,
+              help=f"Comma-separated; 1 = greedy (at most {MAX_BEAM}).")
 @click.option("--output-length", type=click.IntRange(min=0), default=64, show_default=True,
               help="Tokens every backend generates (</s> barred until then); 0 = stop at </s>.")
 @click.option("--input", "input_file", type=click.Path(path_type=Path, dir_okay=False), default=None,
               help="Sentences to decode (default: random token sequences of the source vocabulary).")
-@click.option("--sentences", type=click.IntRange(min=1), default=32, show_default=True,
+@click.option("--sentences", type=click.IntRange(1, MAX_SENTENCES), default=32, show_default=True,
               help="How many inputs (the --input lines are cycled to fill).")
 @click.option("--calibration", type=click.Path(path_type=Path, dir_okay=False), default=None,
               help="Calibration texts for the int8 static graphs (default: the benchmark inputs).")
@@ -54,7 +58,7 @@ def _backends(text: str) -> tuple[str, ...]:
               help="Timed batches at most per backend, decode and batch size.")
 @click.option("--min-time", type=click.FloatRange(min=0), default=2.0, show_default=True,
               help="Seconds of timed batches to aim for before --repeats (at least two batches).")
-@click.option("--threads", type=click.IntRange(min=0), default=0, show_default=True,
+@click.option("--threads", type=click.IntRange(0, MAX_THREADS), default=0, show_default=True,
               help="Threads per backend (0 = each library's default, all cores).")
 @click.option("--full-recompute-max-rows", type=click.IntRange(min=1), default=8, show_default=True,
               help="Time torch-full (no cache) only where batch x beam is at most this; it is quadratic in length.")
@@ -78,9 +82,9 @@ def bench(model_path: Path, backends: str, batch_sizes: str, beam_sizes: str, ou
     """
     require_extra("export", "tfm-run bench")
     from ..bench.run import BenchRequest, run_benchmark
-    settings = BenchSettings(_backends(backends), _ints(batch_sizes, "--batch-sizes"),
-                             _ints(beam_sizes, "--beam-sizes", maximum=64), output_length, repeats, min_time, threads,
-                             full_recompute_max_rows=full_recompute_max_rows)
+    settings = BenchSettings(_backends(backends), _ints(batch_sizes, "--batch-sizes", maximum=MAX_BATCH_SIZE),
+                             _ints(beam_sizes, "--beam-sizes", maximum=MAX_BEAM), output_length, repeats, min_time,
+                             threads, full_recompute_max_rows=full_recompute_max_rows)
     for path, option in ((json_path, "--json"), (plot_path, "--plot"), (markdown_path, "--markdown")):
         check_output_path(path, option, inputs=[p for p in (model_path, input_file, calibration) if p])
     request = BenchRequest(model_path, settings, input_file, sentences, calibration, work_dir)

@@ -14,7 +14,8 @@ from ..core.extras import require_extra
 from ..core.files import check_output_path
 from ..core.graph_spec import DEFAULT_OPSET, SUPPORTED_OPSETS
 from ..graphs.parity import AGREEMENT_BEAM, DEFAULT_TOLERANCE, MIN_AGREEMENT, SAMPLES, STEPS
-from ..runtime.translator import RUNTIME_BACKENDS
+from ..runtime.session import MAX_THREADS
+from ..runtime.translator import MAX_BEAM, RUNTIME_BACKENDS
 from ..serving.contract import DEFAULT_MAX_BATCH, DEFAULT_NAME, DEVICES, LAYOUTS
 from .common import ErrorReportingGroup, setup_logging, vocab_option
 from .generate_cli import generate
@@ -36,7 +37,8 @@ def main(verbose: bool) -> None:
 @click.option("--steps", type=click.IntRange(min=1), default=TrainSettings.steps, show_default=True)
 @click.option("--batch-size", type=click.IntRange(min=1), default=TrainSettings.batch_size, show_default=True)
 @click.option("--seed", type=int, default=TrainSettings.seed, show_default=True)
-@click.option("--threads", type=click.IntRange(min=1), default=None, help="Torch CPU threads (default: all cores).")
+@click.option("--threads", type=click.IntRange(1, MAX_THREADS), default=None,
+              help="Torch CPU threads (default: all cores).")
 @click.option("--force", is_flag=True, help="Replace a checkpoint or tokenizer already in --output.")
 def train_demo_cmd(output: Path, steps: int, batch_size: int, seed: int, threads: int | None, force: bool) -> None:
     """Train the demo model: English number words -> French number words (0..999,999)."""
@@ -172,7 +174,7 @@ def quantize_cmd(model_dir: Path, precision: str, mode: str | None, calibration:
               help=f"fp32: random sources decoded by both sides (default {SAMPLES}).")
 @click.option("--steps", type=click.IntRange(min=1), default=None,
               help=f"fp32: decoder steps compared with the cache fed back (default {STEPS}).")
-@click.option("--beam-size", type=click.IntRange(min=1, max=64), default=AGREEMENT_BEAM, show_default=True,
+@click.option("--beam-size", type=click.IntRange(1, MAX_BEAM), default=AGREEMENT_BEAM, show_default=True,
               help="Beam size of the beam-search agreement check (greedy is always checked).")
 @click.option("--atol", type=float, default=None,
               help=f"fp32: absolute tolerance of every tensor comparison (default {DEFAULT_TOLERANCE.atol}).")

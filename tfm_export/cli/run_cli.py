@@ -118,11 +118,13 @@ def translate(texts: tuple[str, ...], model_path: Path, vocab: tuple[Path, ...],
     Empty lines give empty lines. A line longer than the model's positions is an error naming the line
     (or is cut, with a warning, under --truncate).
     """
-    check_output_path(output, "--output", inputs=[p for p in (input_file, model_path, *vocab) if p])
+    inputs = [p for p in (input_file, model_path, *vocab) if p]
+    check_output_path(output, "--output", inputs)
     lines = read_lines(input_file, texts)
     session = SessionOptions(intra_op_threads=threads, optimization=ort_opt_level, memory_arena=not no_memory_arena,
                              tensorrt_ep=ort_trt)
     translator = Translator.load(model_path, vocab, backend, device, session)
+    check_output_path(output, "--output", [*inputs, *translator.vocab.files])  # a checkpoint's tokenizer too
     options = DecodeOptions(beam_size, length_penalty, max_length, batch_size, truncate, n_best)
     show = input_file is not None and sys.stderr.isatty()
     with tqdm(total=len(lines), desc="translating", unit="line", disable=not show) as bar:

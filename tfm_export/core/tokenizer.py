@@ -118,6 +118,11 @@ class Vocabulary:
     def shared(self) -> bool:
         return self.source is self.target
 
+    @property
+    def files(self) -> list[Path]:
+        """The files the tokenizers were read from (an output must never replace one)."""
+        return [Path(t.origin) for t in (self.source, self.target) if Path(t.origin).is_file()]
+
 
 def _normalizer(lowercase: bool = False) -> normalizers.Normalizer:
     steps = [normalizers.NFKC(), normalizers.Replace(Regex(r"\s+"), " "), normalizers.Strip()]
