@@ -313,9 +313,14 @@ def test_contradictory_or_unbounded_options_are_one_line(demo_onnx, tmp_path, ar
     (run_main, ["bench", "--sentences", "1000000000"], "'--sentences'"),
     (export_main, ["train-demo", "--threads", "100000"], "'--threads'"),
     (export_main, ["verify", "--beam-size", "100000"], "'--beam-size'"),
+    (run_main, ["bench", "--min-time", "nan"], "'nan' is not a number"),
+    (export_main, ["verify", "--atol", "nan"], "'nan' is not a number"),
+    (export_main, ["verify", "--rtol", "-1"], "'--rtol'"),
+    (export_main, ["verify", "--min-agreement", "nan"], "'nan' is not a number"),
 ])
-def test_sizes_that_would_exhaust_the_machine_are_refused_before_any_work(tmp_path, main, args, fragment):
-    """Before: a MemoryError traceback after minutes (bench), or a crash by SIGSEGV in torch's thread pool."""
+def test_absurd_sizes_and_tolerances_are_refused_before_any_work(tmp_path, main, args, fragment):
+    """Before: a MemoryError traceback after minutes (bench), a crash by SIGSEGV in torch's thread pool, or a
+    nan accepted (a tolerance of nan passes every comparison)."""
     where = ["--output", str(tmp_path / "out")] if args[0] == "train-demo" else ["--model", str(DEMO_CKPT)]
     one_line_error(CliRunner().invoke(main, [*args, *where]), fragment)
     assert not (tmp_path / "out").exists()

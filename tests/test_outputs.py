@@ -164,7 +164,7 @@ def test_closed_stdout_and_stdin_are_errors_not_silent_exit_0(demo_onnx):
     assert no_input.returncode == 1 and "stdin is closed" in no_input.stderr
 
 
-@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
 def test_an_interrupted_export_is_interrupted_at_any_moment(tmp_path, signum):
     """Even while PyTorch's exporter is still being imported: "interrupted", exit 130, nothing left."""
     tfm_export = Path(sys.executable).parent / "tfm-export"

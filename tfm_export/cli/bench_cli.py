@@ -11,8 +11,9 @@ from ..bench.runners import TIMED_BACKENDS
 from ..core.errors import TfmExportError
 from ..core.extras import require_extra
 from ..core.files import check_output_path
-from ..runtime.session import MAX_THREADS
+from ..core.machine import MAX_THREADS
 from ..runtime.translator import MAX_BEAM
+from .common import FiniteFloatRange
 
 
 def _ints(text: str, name: str, maximum: int | None = None) -> tuple[int, ...]:
@@ -56,7 +57,7 @@ def _backends(text: str) -> tuple[str, ...]:
               help="Calibration texts for the int8 static graphs (default: the benchmark inputs).")
 @click.option("--repeats", type=click.IntRange(min=2), default=5, show_default=True,
               help="Timed batches at most per backend, decode and batch size.")
-@click.option("--min-time", type=click.FloatRange(min=0), default=2.0, show_default=True,
+@click.option("--min-time", type=FiniteFloatRange(0, 3600), default=2.0, show_default=True,
               help="Seconds of timed batches to aim for before --repeats (at least two batches).")
 @click.option("--threads", type=click.IntRange(0, MAX_THREADS), default=0, show_default=True,
               help="Threads per backend (0 = each library's default, all cores).")

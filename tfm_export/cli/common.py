@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-import signal
+import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -11,7 +11,7 @@ from typing import Any
 import click
 
 from ..core.errors import TfmExportError
-from .entry import terminated
+from .entry import handle_signals
 
 
 class OneLineUsageError(click.ClickException):
@@ -20,12 +20,22 @@ class OneLineUsageError(click.ClickException):
     exit_code = 2
 
 
+class FiniteFloatRange(click.FloatRange):
+    """click's FloatRange lets nan through (every comparison with it is false)."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        number = super().convert(value, param, ctx)
+        if math.isnan(number):
+            self.fail(f"{value!r} is not a number", param, ctx)
+        return number
+
+
 class ErrorReportingGroup(click.Group):
     """Turns a TfmExportError (bad input) into `Error: ...` on stderr and exit code 1, and a bad option into
     one line with exit code 2."""
 
     def invoke(self, ctx: click.Context) -> Any:
-        signal.signal(signal.SIGTERM, terminated)  # as entry.py does, for callers of the groups themselves
+        handle_signals()  # as entry.py does, for callers of the groups themselves
         try:
             return super().invoke(ctx)
         except TfmExportError as exc:

@@ -1,5 +1,5 @@
 """Console-script entry points. They install the signal handling before anything heavy is imported, so
-Ctrl-C or SIGTERM at any moment (even while PyTorch loads) ends with "interrupted", exit 130, and the
+Ctrl-C, SIGTERM or SIGHUP at any moment (even while PyTorch loads) ends with "interrupted", exit 130, and the
 staging directories of an unfinished write removed."""
 
 from __future__ import annotations
@@ -10,12 +10,17 @@ from typing import Any
 
 
 def terminated(signum: int, frame: Any) -> None:
-    """SIGTERM (kill, timeout, a cancelled CI job) unwinds like Ctrl-C."""
+    """SIGTERM (kill, timeout, a cancelled CI job) and SIGHUP (a closed terminal) unwind like Ctrl-C."""
     raise KeyboardInterrupt
 
 
+def handle_signals() -> None:
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, terminated)
+
+
 def _run(command: str) -> None:
-    signal.signal(signal.SIGTERM, terminated)
+    handle_signals()
     try:
         if command == "tfm-export":
             from .export_cli import main
@@ -23,8 +28,26 @@ def _run(command: str) -> None:
             from .run_cli import main
         main(prog_name=command)
     except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        sys.exit(130)
+        _interrupted()
+    except ImportError as exc:  # some extension modules (onnxruntime's) turn an interrupted import into this
+        if not _caused_by_interrupt(exc):
+            raise
+        _interrupted()
+
+
+def _caused_by_interrupt(exc: BaseException | None) -> bool:
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, KeyboardInterrupt):
+            return True
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
+def _interrupted() -> None:
+    print("interrupted", file=sys.stderr)
+    sys.exit(130)
 
 
 def export_main() -> None:

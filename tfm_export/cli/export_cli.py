@@ -13,11 +13,11 @@ from ..core.errors import TfmExportError
 from ..core.extras import require_extra
 from ..core.files import check_output_path
 from ..core.graph_spec import DEFAULT_OPSET, SUPPORTED_OPSETS
+from ..core.machine import MAX_THREADS
 from ..graphs.parity import AGREEMENT_BEAM, DEFAULT_TOLERANCE, MIN_AGREEMENT, SAMPLES, STEPS
-from ..runtime.session import MAX_THREADS
 from ..runtime.translator import MAX_BEAM, RUNTIME_BACKENDS
 from ..serving.contract import DEFAULT_MAX_BATCH, DEFAULT_NAME, DEVICES, LAYOUTS
-from .common import ErrorReportingGroup, setup_logging, vocab_option
+from .common import ErrorReportingGroup, FiniteFloatRange, setup_logging, vocab_option
 from .generate_cli import generate
 
 QUANTIZED = [p for p in PRECISIONS if p != "fp32"]
@@ -176,11 +176,11 @@ def quantize_cmd(model_dir: Path, precision: str, mode: str | None, calibration:
               help=f"fp32: decoder steps compared with the cache fed back (default {STEPS}).")
 @click.option("--beam-size", type=click.IntRange(1, MAX_BEAM), default=AGREEMENT_BEAM, show_default=True,
               help="Beam size of the beam-search agreement check (greedy is always checked).")
-@click.option("--atol", type=float, default=None,
+@click.option("--atol", type=FiniteFloatRange(0, 1), default=None,
               help=f"fp32: absolute tolerance of every tensor comparison (default {DEFAULT_TOLERANCE.atol}).")
-@click.option("--rtol", type=float, default=None,
+@click.option("--rtol", type=FiniteFloatRange(0, 1), default=None,
               help=f"fp32: relative to the largest reference value of each tensor (default {DEFAULT_TOLERANCE.rtol}).")
-@click.option("--min-agreement", type=click.FloatRange(0, 1), default=None,
+@click.option("--min-agreement", type=FiniteFloatRange(0, 1), default=None,
               help="Fraction of decodes that must be token-identical (default: "
                    + ", ".join(f"{p} {v}" for p, v in MIN_AGREEMENT.items()) + ").")
 def verify_cmd(model_dir: Path, checkpoint: Path | None, reference: Path | None, vocab: tuple[Path, ...],

@@ -11,8 +11,9 @@ from tqdm import tqdm
 
 from ..core.errors import InputTextError, TfmExportError
 from ..core.files import check_output_path, write_text_atomically
+from ..core.machine import MAX_THREADS
 from ..core.sources import read_text_lines
-from ..runtime.session import MAX_THREADS, OPT_LEVELS, SessionOptions
+from ..runtime.session import OPT_LEVELS, SessionOptions
 from ..runtime.translator import (
     LENGTH_PENALTY_RANGE,
     MAX_BEAM,

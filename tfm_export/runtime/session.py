@@ -10,6 +10,7 @@ import numpy as np
 import onnxruntime as ort
 
 from ..core.errors import TfmExportError, first_line
+from ..core.machine import MAX_THREADS
 
 OPT_LEVELS = {"disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
               "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
@@ -30,7 +31,6 @@ class SessionOptions:
 
 
 DEFAULT_OPTIONS = SessionOptions()
-MAX_THREADS = 4 * (os.cpu_count() or 1)  # beyond this a thread pool only thrashes (or, for torch, crashes)
 
 
 def check_threads(threads: int | str, what: str = "thread count") -> int:
