@@ -156,8 +156,16 @@ def test_closed_stdout_and_stdin_are_errors_not_silent_exit_0(demo_onnx):
     if not tfm_run.exists():
         pytest.skip("tfm-run is not installed in this environment (run through `make test`)")
     closed = _run_shell(f"'{tfm_run}' translate --model '{demo_onnx}' forty-two >&-")
-    assert closed.returncode == 1 and closed.stderr.strip() == \
-        "Error: stdout is closed, so the translations cannot be written; pass --output FILE"
+    assert closed.returncode == 1 and closed.stderr.strip() == "Error: stdout is closed, so the output cannot be " \
+        "written; redirect it to a file, or pass --output FILE where the command has it"
+    assert _run_shell(f"'{tfm_run}' translate --model '{demo_onnx}' --output /dev/null forty-two >&-").returncode == 0
+    tfm_export = Path(sys.executable).parent / "tfm-export"
+    for command in ("inspect", "check"):  # their report is their product
+        closed = _run_shell(f"'{tfm_export}' {command} --model '{demo_onnx}' >&-")
+        assert closed.returncode == 1 and closed.stderr.startswith("Error: stdout is closed"), closed.stderr
+        full = _run_shell(f"'{tfm_export}' {command} --model '{demo_onnx}' > /dev/full")
+        assert full.returncode == 1 and full.stderr.strip() == \
+            "Error: cannot write to stdout (No space left on device)", full.stderr
     full = _run_shell(f"'{tfm_run}' translate --model '{demo_onnx}' forty-two > /dev/full")
     assert full.returncode == 1 and "No space left on device" in full.stderr
     no_input = _run_shell(f"'{tfm_run}' translate --model '{demo_onnx}' <&-")

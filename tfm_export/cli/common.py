@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import io
 import logging
 import math
+import os
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -30,6 +33,15 @@ class FiniteFloatRange(click.FloatRange):
         return number
 
 
+class ClosedStdout(io.TextIOBase):
+    """Stands for a stdout that was closed at start: writing to it is an error, not output silently lost
+    (commands that write only files run as usual)."""
+
+    def write(self, text: str) -> int:
+        raise TfmExportError("stdout is closed, so the output cannot be written; redirect it to a file, or pass "
+                             "--output FILE where the command has it")
+
+
 class ErrorReportingGroup(click.Group):
     """Turns a TfmExportError (bad input) into `Error: ...` on stderr and exit code 1, and a bad option into
     one line with exit code 2."""
@@ -37,15 +49,35 @@ class ErrorReportingGroup(click.Group):
     def invoke(self, ctx: click.Context) -> Any:
         handle_signals()  # as entry.py does, for callers of the groups themselves
         try:
-            return super().invoke(ctx)
+            if sys.stdout is None:  # started with stdout closed (`>&-`): what the command reports would be lost
+                sys.stdout = ClosedStdout()
+            result = super().invoke(ctx)
+            sys.stdout.flush()
+            return result
         except TfmExportError as exc:
             raise click.ClickException(str(exc)) from None
+        except BrokenPipeError:  # the reader left (`| head`): stop quietly, as a process killed by SIGPIPE would
+            _drop_unwritable_stdout()
+            sys.exit(128 + signal.SIGPIPE)
+        except OSError as exc:  # stdout on a full device: no command's own check names this
+            _drop_unwritable_stdout()
+            raise click.ClickException(f"cannot write to {exc.filename or 'stdout'} ({exc.strerror or exc})") from None
         except click.UsageError as exc:
             command = f" (see {exc.ctx.command_path} --help)" if exc.ctx is not None else ""
             raise OneLineUsageError(exc.format_message() + command) from None
         except KeyboardInterrupt:
             click.echo("interrupted", err=True)
             sys.exit(130)
+
+
+def _drop_unwritable_stdout() -> None:
+    """Point stdout at /dev/null so the interpreter's flush at exit does not fail a second time."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):
+        pass
 
 
 def setup_logging(verbose: bool) -> None:

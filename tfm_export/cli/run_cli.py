@@ -67,10 +67,8 @@ def write_output(lines: list[str], output: Path | None) -> None:
     if output is not None:
         write_text_atomically(output, text, "output")
         return
-    if sys.stdout is None:
-        raise TfmExportError("stdout is closed, so the translations cannot be written; pass --output FILE")
     try:
-        sys.stdout.write(text)
+        sys.stdout.write(text)  # a stdout closed at start raises TfmExportError (common.ClosedStdout)
         sys.stdout.flush()
     except (OSError, ValueError) as exc:
         raise TfmExportError(f"cannot write the translations to stdout ({getattr(exc, 'strerror', None) or exc}); "
