@@ -177,6 +177,23 @@ def seed_checkpoint(directory: Path) -> Path:
     return directory / "seed.chkpt"
 
 
+@pytest.mark.parametrize("which", ["manifest.json", "vocabulary", "checkpoint"])
+def test_a_named_pipe_where_a_file_is_read_is_refused_not_waited_on(demo_onnx, tmp_path, which):
+    """Reading a FIFO blocks until a writer comes (the battery's runs hung for their whole timeout)."""
+    pipe = tmp_path / "pipe"
+    os.mkfifo(pipe)
+    if which == "manifest.json":
+        model = copy_of(demo_onnx, tmp_path)
+        (model / "manifest.json").unlink()
+        os.mkfifo(model / "manifest.json")
+        args = ["--model", str(model), "forty-two"]
+    elif which == "vocabulary":
+        args = ["--model", str(seed_checkpoint(tmp_path)), "--vocab", str(pipe), "x"]
+    else:
+        args = ["--model", str(pipe), "x"]
+    one_line_error(CliRunner().invoke(run_main, ["translate", *args]), "pipe")
+
+
 def test_deeply_nested_vocabularies_are_one_line(tmp_path):
     ckpt = seed_checkpoint(tmp_path)
     (tmp_path / "vocab.json").write_text("[" * 100_000 + "]" * 100_000)

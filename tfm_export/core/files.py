@@ -46,10 +46,19 @@ def contained_file(directory: Path, name: object, error: type[TfmExportError], w
     return path
 
 
+def regular_file_size(path: Path, error: type[TfmExportError], remedy: str) -> int:
+    """The size of a file about to be read whole; a FIFO or device is refused (its read would block, or
+    never end). FileNotFoundError passes through for the caller to word."""
+    info = path.stat()
+    if not stat.S_ISREG(info.st_mode):
+        raise error(f"{path}: is a pipe, device or socket, not a regular file; {remedy}")
+    return info.st_size
+
+
 def read_json(path: Path, error: type[TfmExportError], remedy: str, max_bytes: int = MAX_JSON_BYTES) -> Any:
     """A JSON file's value; too large, not UTF-8, malformed or absurdly nested is one line, not a traceback."""
     try:
-        size = path.stat().st_size
+        size = regular_file_size(path, error, remedy)
         if size > max_bytes:
             raise error(f"{path}: {size:,} bytes, more than the {max_bytes:,} a JSON file here may have; {remedy}")
         return json.loads(path.read_bytes().decode("utf-8"))

@@ -18,6 +18,7 @@ from pathlib import Path
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
 from .errors import InputTextError, VocabularyError, first_line
+from .files import regular_file_size
 
 UNK, PAD, BOS, EOS = "<unk>", "<blank>", "<s>", "</s>"
 SPECIAL_TOKENS = (UNK, PAD, BOS, EOS)  # ids 0, 1, 2, 3 as in the seed's vocabularies
@@ -197,7 +198,7 @@ def load_tokenizer(path: str | Path, expected_size: int | None = None, side: str
 
 def _read_vocabulary(path: Path) -> str:
     try:
-        size = path.stat().st_size
+        size = regular_file_size(path, VocabularyError, "pass the model's tokenizer.json or vocabulary list")
         if size > MAX_VOCABULARY_BYTES:
             raise VocabularyError(f"{path}: {size:,} bytes is more than a vocabulary file may have "
                                   f"({MAX_VOCABULARY_BYTES:,}); pass the model's tokenizer.json or vocabulary list")

@@ -90,7 +90,8 @@ def read_checkpoint_file(path: Path) -> dict[str, Any]:
     if not path.exists():
         raise CheckpointError(f"{path}: checkpoint not found")
     if not path.is_file():
-        raise CheckpointError(f"{path}: is a directory, not a checkpoint file")
+        raise CheckpointError(f"{path}: is a {'directory' if path.is_dir() else 'pipe or device'}, not a checkpoint "
+                              "file")
     if path.stat().st_size == 0:
         raise CheckpointError(f"{path}: checkpoint file is empty")
     with open(path, "rb") as f:
