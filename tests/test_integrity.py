@@ -194,6 +194,19 @@ def test_a_named_pipe_where_a_file_is_read_is_refused_not_waited_on(demo_onnx, t
     one_line_error(CliRunner().invoke(run_main, ["translate", *args]), "pipe")
 
 
+@pytest.mark.parametrize("source, claimed, command", [("fp32", "fp16", "inspect"), ("fp32", "int8", "check"),
+                                                     ("fp16", "fp32", "quantize")])
+def test_a_precision_the_graphs_do_not_have_is_refused(variants, tmp_path, source, claimed, command):
+    """The manifest is not hashed: an edited precision must not make a command describe or quantize graphs
+    that are not there."""
+    model = copy_of(variants[source], tmp_path)
+    edit_manifest(model, lambda m: m.update(precision=claimed, int8={"mode": "dynamic"}))
+    extra = ["--output", str(tmp_path / "q"), "--precision", "fp16"] if command == "quantize" else []
+    result = CliRunner().invoke(export_main, [command, "--model", str(model), *extra])
+    one_line_error(result, f"do not match the manifest's precision '{claimed}'")
+    assert not (tmp_path / "q").exists()
+
+
 def test_deeply_nested_vocabularies_are_one_line(tmp_path):
     ckpt = seed_checkpoint(tmp_path)
     (tmp_path / "vocab.json").write_text("[" * 100_000 + "]" * 100_000)

@@ -148,10 +148,25 @@ def load_graph(directory: Path, manifest: dict[str, Any], graph: str, external_d
     """The graph's ModelProto (sha256 checked); a file that does not parse is one line, not a protobuf trace."""
     path = graph_path(directory, manifest, graph)
     try:
-        return onnx.load_model(str(path), load_external_data=external_data)
+        proto = onnx.load_model(str(path), load_external_data=external_data)
     except Exception as exc:  # protobuf DecodeError, onnx's own errors, OSError for external data
         raise ModelDirError(f"{path}: not a readable ONNX graph ({type(exc).__name__}); export the model again") \
             from None
+    _check_precision(proto, manifest.get("precision"), path)
+    return proto
+
+
+# The weight type each precision's graphs must hold, and the types an fp32 graph may not (the manifest is not
+# hashed: an edited `precision` would make inspect and check describe graphs that are not there).
+_WEIGHTS = {"fp16": onnx.TensorProto.FLOAT16, "int8": onnx.TensorProto.INT8}
+
+
+def _check_precision(proto: onnx.ModelProto, precision: object, path: Path) -> None:
+    types = {init.data_type for init in proto.graph.initializer}
+    wrong = (_WEIGHTS[precision] not in types) if precision in _WEIGHTS else bool(types & set(_WEIGHTS.values()))
+    if wrong:
+        raise ModelDirError(f"{path}: its weights do not match the manifest's precision {precision!r}; the manifest "
+                            "was edited or belongs to other graphs; export or quantize the model again")
 
 
 def tensors_of(values) -> list[dict[str, Any]]:
