@@ -22,10 +22,11 @@ from tfm_export.model.synthetic import random_checkpoint
 from tfm_export.runtime import decoding
 from tfm_export.runtime.iobinding_backend import OrtBoundBackend
 from tfm_export.runtime.ort_backend import OrtBackend
+from tfm_export.runtime.ort_buffered import CAPACITY_STEP, OrtBufferedBackend
 from tfm_export.runtime.torch_backend import TorchBackend
 
 MAX_LENGTH = 12
-BACKENDS = ("torch", "onnxruntime", "iobinding", "tensorrt-cache-handling")
+BACKENDS = ("torch", "onnxruntime", "iobinding", "buffered", "buffered-growing", "tensorrt-cache-handling")
 
 
 def _sources(vocab: int, count: int, seed: int) -> np.ndarray:
@@ -91,6 +92,8 @@ def open_backend(name: str, ckpt, directory):
         return OrtBackend.open(directory)
     if name == "iobinding":
         return OrtBoundBackend(OrtBackend.open(directory), "cpu")
+    if name.startswith("buffered"):  # growing: the cache buffers fill up and grow every 3 steps
+        return OrtBufferedBackend.open(directory, capacity_step=3 if name == "buffered-growing" else CAPACITY_STEP)
     from test_tensorrt import _cache_handling_backend
     return _cache_handling_backend(directory)[0]
 

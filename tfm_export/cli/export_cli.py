@@ -233,7 +233,7 @@ def check_cmd(model_dir: Path, with_trt: bool) -> None:
     runs = check_onnxruntime(model_dir, trt=with_trt)
     click.echo(f"Polygraphy runs on generated inputs ({len(runs)} checks):")
     for run in runs:
-        click.echo(f"  {run.graph:12} {run.runner:26} {run.case:34} {run.problem or 'ok'}")
+        click.echo(f"  {run.graph:21} {run.runner:26} {run.case:34} {run.problem or 'ok'}")
     failed = [r for r in runs if r.problem]
     if report.errors() or failed:
         raise click.ClickException(f"{model_dir}: {len(report.errors())} compatibility problem(s), {len(failed)} "

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from ..artifacts.engine_dir import is_engine_dir
-from ..artifacts.model_dir import load_vocabulary
+from ..artifacts.model_dir import load_vocabulary, read_manifest
 from ..core.batching import length_buckets, pad_batch
 from ..core.config import ModelConfig
 from ..core.errors import InputTextError, TfmExportError
@@ -130,9 +130,13 @@ class Translator:
     def _load_onnxruntime(cls, model: Path, vocab: Sequence[Path], device: str,
                           session_options: SessionOptions) -> Translator:
         from .ort_backend import OrtBackend
+        from .ort_buffered import OrtBufferedBackend, has_buffered_decoder
         from .session import require_device
         options = dataclasses.replace(session_options, device=device)
         require_device(options)
+        if device == "cpu" and has_buffered_decoder(read_manifest(model)):  # the cache stays in place
+            buffered = OrtBufferedBackend.open(model, options)
+            return cls(buffered, _directory_vocab(model, buffered.manifest, vocab), buffered.config)
         backend = OrtBackend.open(model, options)
         vocabulary = _directory_vocab(model, backend.manifest, vocab)
         if device == "cuda":  # keep the cache on the GPU: IO binding over torch CUDA tensors
