@@ -429,12 +429,16 @@ def test_fp16_residual_adds_are_float_in_the_graph_itself(variants):
         proto = onnx.shape_inference.infer_shapes(_graph(variants["fp16"], graph))
         types = {v.name: v.type.tensor_type.elem_type for v in [*proto.graph.input, *proto.graph.value_info]}
         types.update({i.name: i.data_type for i in proto.graph.initializer})
-        readers = {}
+        readers: dict[str, list[onnx.NodeProto]] = {}
         for node in proto.graph.node:
             for name in node.input:
-                readers.setdefault(name, []).append(node.op_type)
-        residual = [n for n in proto.graph.node
-                    if n.op_type == "Add" and "LayerNormalization" in readers.get(n.output[0], [])]
+                readers.setdefault(name, []).append(node)
+
+        def feeds_layer_norm(name: str) -> bool:  # directly or through a float -> float Cast (a copy)
+            return any(r.op_type == "LayerNormalization" or (
+                r.op_type == "Cast" and types.get(r.output[0]) == onnx.TensorProto.FLOAT
+                and feeds_layer_norm(r.output[0])) for r in readers.get(name, []))
+        residual = [n for n in proto.graph.node if n.op_type == "Add" and feeds_layer_norm(n.output[0])]
         assert len(residual) >= 4, graph
         for node in residual:
             assert types[node.output[0]] == onnx.TensorProto.FLOAT, node.name
@@ -447,16 +451,28 @@ def test_int8_embedding_rows_dequantize_within_half_a_step_of_the_float_table(va
     from tfm_export.artifacts.model_dir import read_manifest
     from tfm_export.graphs.onnx_io import load_graph
     fp32 = load_graph(variants["fp32"], read_manifest(variants["fp32"]), "encoder")
-    table = max((numpy_helper.to_array(i) for i in fp32.graph.initializer if len(i.dims) == 2), key=np.size)
-    quantized = {i.name: numpy_helper.to_array(i) for i in _graph(variants[mode], Graph.ENCODER).graph.initializer}
-    q = next(v for v in quantized.values() if v.dtype == np.int8 and v.shape in (table.shape, table.T.shape))
-    rows_axis = 0 if q.shape == table.shape else 1
-    scale = next(v for v in quantized.values() if v.dtype == np.float32 and v.shape == (q.shape[rows_axis],))
+    quantized = _graph(variants[mode], Graph.ENCODER).graph
+    values = {i.name: numpy_helper.to_array(i) for i in quantized.initializer}
+    producers = {out: node for node in quantized.node for out in node.output}
+    gathered = [n.input[0] for n in quantized.node if n.op_type == "Gather" and n.input[1] == "input_ids"]
+    if len(gathered) == 1:  # Gather(DequantizeLinear(table_int8, scale), ids): TensorRT's layout
+        dequantize = producers[gathered[0]]
+        assert dequantize.op_type == "DequantizeLinear", dequantize.op_type
+        q, scale = values[dequantize.input[0]], values[dequantize.input[1]]
+        rows_axis = next((a.i for a in dequantize.attribute if a.name == "axis"), 1)
+    else:  # Gather(table_int8, ids) * Gather(scale, ids): only the gathered rows are dequantized
+        q = next(values[t] for t in gathered if values[t].dtype == np.int8)
+        scale = next(values[t] for t in gathered if values[t].dtype == np.float32)
+        rows_axis = 0
+    assert q.dtype == np.int8 and scale.dtype == np.float32
+    fp32_gather = next(n for n in fp32.graph.node if n.op_type == "Gather" and n.input[1] == "input_ids")
+    table = next(numpy_helper.to_array(i) for i in fp32.graph.initializer if i.name == fp32_gather.input[0])
+    assert q.shape == table.shape and scale.shape == (q.shape[rows_axis],)
     reference = table if rows_axis == 0 else table.T
-    dequantized = q * np.expand_dims(scale, 1 - rows_axis)
-    per_row = np.abs(reference).max(axis=1 - rows_axis)
-    assert np.allclose(scale, per_row / 127, rtol=1e-6)
-    assert (np.abs(dequantized - reference) <= np.expand_dims(scale, 1 - rows_axis) / 2 + 1e-7).all()
+    q = q if rows_axis == 0 else q.T
+    dequantized = q * np.expand_dims(scale, 1)
+    assert np.allclose(scale, np.abs(reference).max(axis=1) / 127, rtol=1e-6)
+    assert (np.abs(dequantized - reference) <= np.expand_dims(scale, 1) / 2 + 1e-7).all()
 
 
 def test_calibration_keeps_a_uniform_sample_of_the_calls():
