@@ -128,20 +128,54 @@ def test_checkpoint_tokenizer_names_stay_beside_the_checkpoint(tiny, tmp_path, n
     one_line_error(result, "is not a plain file name")
 
 
-def test_a_graph_of_another_model_rehashed_into_the_manifest_is_refused(tiny, tmp_path):
+@pytest.mark.parametrize("graph, reader", [("decoder_step_buffered", ["translate", "w5"]),  # what translate runs
+                                           ("decoder_step", ["verify"])])  # verify runs both decoders
+def test_a_graph_of_another_model_rehashed_into_the_manifest_is_refused(tiny, tmp_path, graph, reader):
     other = load_checkpoint(random_checkpoint(tiny_config(n_layers=3, n_position=16), tmp_path / "other"))
     export_model_dir(other, tmp_path / "other-model", progress=False)
     model = copy_of(tiny[1], tmp_path)
-    shutil.copy(tmp_path / "other-model" / "decoder_step.onnx", model / "decoder_step.onnx")
-    edit_manifest(model, lambda m: m["graphs"]["decoder_step"].update(sha256=file_sha256(model / "decoder_step.onnx")))
-    one_line_error(CliRunner().invoke(run_main, ["translate", "--model", str(model), "w5"]),
-                   "do not match the graph contract")
+    shutil.copy(tmp_path / "other-model" / f"{graph}.onnx", model / f"{graph}.onnx")
+    edit_manifest(model, lambda m: m["graphs"][graph].update(sha256=file_sha256(model / f"{graph}.onnx")))
+    one_line_error(run_reader(reader, model, tmp_path / "out"), "do not match the graph contract")
 
 
 def test_the_same_graph_listed_twice_is_refused(tiny, tmp_path):
     model = copy_of(tiny[1], tmp_path)
     edit_manifest(model, lambda m: m["graphs"]["decoder_step"].update(m["graphs"]["encoder"]))
-    one_line_error(CliRunner().invoke(run_main, ["translate", "--model", str(model), "w5"]), "for both graphs")
+    one_line_error(CliRunner().invoke(run_main, ["translate", "--model", str(model), "w5"]), "for two graphs")
+
+
+@pytest.mark.parametrize("reader", READERS, ids=lambda a: a[0])
+def test_a_damaged_buffered_decoder_is_refused_by_every_reader(tiny, tmp_path, reader):
+    """decoder_step_buffered.onnx is hashed like the contract's graphs; tfm-run translate runs it on the CPU."""
+    model = copy_of(tiny[1], tmp_path)
+    assert "decoder_step_buffered" in read_manifest(model)["graphs"]
+    graph = model / "decoder_step_buffered.onnx"
+    data = bytearray(graph.read_bytes())
+    data[-8:] = bytes(8)  # same size, last initializer bytes zeroed
+    graph.write_bytes(bytes(data))
+    one_line_error(run_reader(reader, model, tmp_path / "out"),
+                   "decoder_step_buffered.onnx: sha256 differs from manifest.json")
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("entry", ["decoder_step_buffered.onnx", {"file": "decoder_step_buffered.onnx"},
+                                   {"file": 7, "sha256": "0" * 64}])
+def test_a_malformed_optional_graph_entry_is_one_line(tiny, tmp_path, entry):
+    model = copy_of(tiny[1], tmp_path)
+    edit_manifest(model, lambda m: m["graphs"].update(decoder_step_buffered=entry))
+    for reader in (["translate", "w5"], ["check"], ["inspect"]):
+        one_line_error(run_reader(reader, model, tmp_path / "out"), "invalid graphs.decoder_step_buffered")
+
+
+def test_a_damaged_contract_decoder_is_refused_even_where_the_buffered_one_runs(tiny, tmp_path):
+    model = copy_of(tiny[1], tmp_path)
+    graph = model / "decoder_step.onnx"
+    data = bytearray(graph.read_bytes())
+    data[-8:] = bytes(8)
+    graph.write_bytes(bytes(data))
+    one_line_error(CliRunner().invoke(run_main, ["translate", "--model", str(model), "w5"]),
+                   "decoder_step.onnx: sha256 differs from manifest.json")
 
 
 @pytest.mark.parametrize("edit, fragment", [

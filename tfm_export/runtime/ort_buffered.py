@@ -18,7 +18,7 @@ import numpy as np
 import onnxruntime as ort
 
 from ..artifacts.manifest import ModelDirError
-from ..artifacts.model_dir import read_manifest
+from ..artifacts.model_dir import graph_path, read_manifest
 from ..core.config import ModelConfig
 from ..core.graph_spec import Graph, GraphVariant, cache_head_sizes, cache_names, graph_specs, variant_specs
 from ..core.sources import check_source_length, check_target_length
@@ -79,6 +79,8 @@ class OrtBufferedBackend:
                                 "model again with `tfm-export onnx`")
         options = directory_options(manifest, options)
         config = ModelConfig.from_dict(manifest["model"])
+        # not run here, but checked too: a directory with any damaged graph is refused, whichever decoder runs
+        graph_path(Path(directory), manifest, Graph.DECODER_STEP.value)
         encoder = open_graph(Path(directory), manifest, graph_specs(config)[Graph.ENCODER], options)
         decoder = open_graph(Path(directory), manifest, variant_specs(config)[GraphVariant.DECODER_STEP_BUFFERED],
                              options)
