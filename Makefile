@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 TORCH  := torch==2.13.0
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup demo test lint bench demo-model clean serving-env bench-serving browser
+.PHONY: setup demo test lint bench bench-anchor demo-model clean serving-env bench-serving browser
 
 setup: $(STAMP)
 
@@ -71,6 +71,15 @@ bench: setup
 	$(VENV)/bin/tfm-export random-checkpoint --output $(BENCH)/base-model --force
 	$(VENV)/bin/tfm-run bench --model $(BENCH)/base-model/ckpt.pt --output-length 64 \
 		--json $(BENCH)/base.json --plot $(BENCH)/base.png --markdown $(BENCH)/base.md
+
+# ONNX Runtime against CTranslate2 on the base config: three interleaved rounds, one thread each (issue 18; see
+# docs/benchmarks.md for why one thread, and scripts/ct2_settings.py for CTranslate2's settings).
+bench-anchor: setup
+	mkdir -p $(BENCH)
+	$(VENV)/bin/tfm-export random-checkpoint --output $(BENCH)/base-model --force
+	$(PY) scripts/bench_interleaved.py --model $(BENCH)/base-model/ckpt.pt --work-dir $(BENCH)/il \
+		--rounds 3 --lengths 64 --batch-sizes 1,8,32 --beam-sizes 1,4 --repeats 2 --min-time 0 --threads 1 \
+		--backends ort-fp32,ct2-fp32,ort-int8-dynamic,ct2-int8,ort-fp32-contract --json $(BENCH)/il.json
 
 # The translator layout on a real tritonserver under concurrent load, beside in-process tfm-run; see docs/benchmarks.md.
 bench-serving: setup serving-env

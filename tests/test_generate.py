@@ -99,7 +99,7 @@ def test_the_command_writes_a_complete_directory(demo_onnx, tmp_path):
     result = CliRunner().invoke(export_main, ["generate", "--model", str(demo_onnx), "--output", str(out)])
     assert result.exit_code == 0, result.output
     assert "generate.onnx" in result.output and "early_stopping 0" in result.output
-    assert listing(out) == ["decoder_step.onnx", "encoder.onnx", "generate.onnx", "manifest.json", "tokenizer.json"]
+    assert listing(out) == sorted([*listing(demo_onnx), "generate.onnx"])  # every graph the directory lists
     manifest, source = (json.loads((d / "manifest.json").read_text()) for d in (out, demo_onnx))
     entry = manifest.pop("generate")
     assert manifest == source  # the model directory's own entries, graph hashes included, hold unchanged

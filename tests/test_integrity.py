@@ -13,7 +13,7 @@ import onnx
 import pytest
 import torch
 from click.testing import CliRunner
-from conftest import DEMO_CKPT, tiny_config
+from conftest import DEMO_CKPT, listing, tiny_config
 from seed_oracle import save_seed_checkpoint, seed_settings, seed_state_dict
 
 from tfm_export.artifacts.manifest import write_manifest
@@ -129,20 +129,54 @@ def test_checkpoint_tokenizer_names_stay_beside_the_checkpoint(tiny, tmp_path, n
     one_line_error(result, "is not a plain file name")
 
 
-def test_a_graph_of_another_model_rehashed_into_the_manifest_is_refused(tiny, tmp_path):
+@pytest.mark.parametrize("graph, reader", [("decoder_step_buffered", ["translate", "w5"]),  # what translate runs
+                                           ("decoder_step", ["verify"])])  # verify runs both decoders
+def test_a_graph_of_another_model_rehashed_into_the_manifest_is_refused(tiny, tmp_path, graph, reader):
     other = load_checkpoint(random_checkpoint(tiny_config(n_layers=3, n_position=16), tmp_path / "other"))
     export_model_dir(other, tmp_path / "other-model", progress=False)
     model = copy_of(tiny[1], tmp_path)
-    shutil.copy(tmp_path / "other-model" / "decoder_step.onnx", model / "decoder_step.onnx")
-    edit_manifest(model, lambda m: m["graphs"]["decoder_step"].update(sha256=file_sha256(model / "decoder_step.onnx")))
-    one_line_error(CliRunner().invoke(run_main, ["translate", "--model", str(model), "w5"]),
-                   "do not match the graph contract")
+    shutil.copy(tmp_path / "other-model" / f"{graph}.onnx", model / f"{graph}.onnx")
+    edit_manifest(model, lambda m: m["graphs"][graph].update(sha256=file_sha256(model / f"{graph}.onnx")))
+    one_line_error(run_reader(reader, model, tmp_path / "out"), "do not match the graph contract")
 
 
 def test_the_same_graph_listed_twice_is_refused(tiny, tmp_path):
     model = copy_of(tiny[1], tmp_path)
     edit_manifest(model, lambda m: m["graphs"]["decoder_step"].update(m["graphs"]["encoder"]))
-    one_line_error(CliRunner().invoke(run_main, ["translate", "--model", str(model), "w5"]), "for both graphs")
+    one_line_error(CliRunner().invoke(run_main, ["translate", "--model", str(model), "w5"]), "for two graphs")
+
+
+@pytest.mark.parametrize("reader", READERS, ids=lambda a: a[0])
+def test_a_damaged_buffered_decoder_is_refused_by_every_reader(tiny, tmp_path, reader):
+    """decoder_step_buffered.onnx is hashed like the contract's graphs; tfm-run translate runs it on the CPU."""
+    model = copy_of(tiny[1], tmp_path)
+    assert "decoder_step_buffered" in read_manifest(model)["graphs"]
+    graph = model / "decoder_step_buffered.onnx"
+    data = bytearray(graph.read_bytes())
+    data[-8:] = bytes(8)  # same size, last initializer bytes zeroed
+    graph.write_bytes(bytes(data))
+    one_line_error(run_reader(reader, model, tmp_path / "out"),
+                   "decoder_step_buffered.onnx: sha256 differs from manifest.json")
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("entry", ["decoder_step_buffered.onnx", {"file": "decoder_step_buffered.onnx"},
+                                   {"file": 7, "sha256": "0" * 64}])
+def test_a_malformed_optional_graph_entry_is_one_line(tiny, tmp_path, entry):
+    model = copy_of(tiny[1], tmp_path)
+    edit_manifest(model, lambda m: m["graphs"].update(decoder_step_buffered=entry))
+    for reader in (["translate", "w5"], ["check"], ["inspect"]):
+        one_line_error(run_reader(reader, model, tmp_path / "out"), "invalid graphs.decoder_step_buffered")
+
+
+def test_a_damaged_contract_decoder_is_refused_even_where_the_buffered_one_runs(tiny, tmp_path):
+    model = copy_of(tiny[1], tmp_path)
+    graph = model / "decoder_step.onnx"
+    data = bytearray(graph.read_bytes())
+    data[-8:] = bytes(8)
+    graph.write_bytes(bytes(data))
+    one_line_error(CliRunner().invoke(run_main, ["translate", "--model", str(model), "w5"]),
+                   "decoder_step.onnx: sha256 differs from manifest.json")
 
 
 @pytest.mark.parametrize("edit, fragment", [
@@ -347,6 +381,8 @@ def test_contradictory_or_unbounded_options_are_one_line(demo_onnx, tmp_path, ar
     (export_main, ["verify", "--atol", "nan"], "'nan' is not a number"),
     (export_main, ["verify", "--rtol", "-1"], "'--rtol'"),
     (export_main, ["verify", "--min-agreement", "nan"], "'nan' is not a number"),
+    (export_main, ["verify", "--samples", "1000000000"], "'--samples'"),
+    (export_main, ["train-demo", "--batch-size", "1000000000"], "'--batch-size'"),
 ])
 def test_absurd_sizes_and_tolerances_are_refused_before_any_work(tmp_path, main, args, fragment):
     """Before: a MemoryError traceback after minutes (bench), a crash by SIGSEGV in torch's thread pool, or a
@@ -354,6 +390,16 @@ def test_absurd_sizes_and_tolerances_are_refused_before_any_work(tmp_path, main,
     where = ["--output", str(tmp_path / "out")] if args[0] == "train-demo" else ["--model", str(DEMO_CKPT)]
     one_line_error(CliRunner().invoke(main, [*args, *where]), fragment)
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("command", ["random-checkpoint", "train-demo"])
+@pytest.mark.parametrize("output, fragment", [("", "--output is empty"), (" ", "--output is empty"),
+                                              ("x" * 300, "File name too long")])
+def test_model_writers_refuse_an_empty_or_impossible_output(tmp_path, monkeypatch, command, output, fragment):
+    """An empty --output wrote ckpt.pt into the current directory; a blank one into /."""
+    monkeypatch.chdir(tmp_path)
+    one_line_error(CliRunner().invoke(export_main, [command, "--output", output]), fragment)
+    assert listing(tmp_path) == []
 
 
 def test_the_sources_of_a_torch_and_an_onnx_run_agree_after_all_checks(demo_onnx):

@@ -78,10 +78,10 @@ def test_node_refuses_a_directory_that_is_not_a_model(node_example, tmp_path):
 def test_contract_doc_names_every_graph_tensor():
     """docs/graph-contract.md stays in step with the graph specs the exporter uses."""
     from tfm_export.core.config import ModelConfig
-    from tfm_export.core.graph_spec import graph_specs
+    from tfm_export.core.graph_spec import graph_specs, variant_specs
     doc = (REPO / "docs" / "graph-contract.md").read_text()
-    specs = graph_specs(ModelConfig(src_vocab_size=10, trg_vocab_size=10, n_layers=1))
-    for spec in specs.values():
+    config = ModelConfig(src_vocab_size=10, trg_vocab_size=10, n_layers=1)
+    for spec in (*graph_specs(config).values(), *variant_specs(config).values()):
         assert f"## {spec.graph.filename}" in doc
         for tensor in (*spec.inputs, *spec.outputs):
             assert f"`{tensor.name.replace('.0.', '.{i}.')}" in doc, tensor.name

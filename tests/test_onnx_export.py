@@ -136,8 +136,9 @@ def test_manifest_records_what_consumers_need(tiny):
     assert m["source_checkpoint"]["sha256"] == ckpt.sha256
     for graph in Graph:
         assert m["graphs"][graph.value]["sha256"] == file_sha256(directory / graph.filename)
-    assert sorted(p.name for p in directory.iterdir()) == ["decoder_step.onnx", "encoder.onnx", "manifest.json",
-                                                            "tokenizer.json"]
+    assert sorted(p.name for p in directory.iterdir()) == ["decoder_step.onnx", "decoder_step_buffered.onnx",
+                                                            "encoder.onnx", "manifest.json", "tokenizer.json"]
+    assert m["graphs"]["decoder_step_buffered"]["sha256"] == file_sha256(directory / "decoder_step_buffered.onnx")
     assert m["optimizations"]
 
 

@@ -22,10 +22,11 @@ from tfm_export.model.synthetic import random_checkpoint
 from tfm_export.runtime import decoding
 from tfm_export.runtime.iobinding_backend import OrtBoundBackend
 from tfm_export.runtime.ort_backend import OrtBackend
+from tfm_export.runtime.ort_buffered import CAPACITY_STEP, OrtBufferedBackend
 from tfm_export.runtime.torch_backend import TorchBackend
 
 MAX_LENGTH = 12
-BACKENDS = ("torch", "onnxruntime", "iobinding", "tensorrt-cache-handling")
+BACKENDS = ("torch", "onnxruntime", "iobinding", "buffered", "buffered-growing", "tensorrt-cache-handling")
 
 
 def _sources(vocab: int, count: int, seed: int) -> np.ndarray:
@@ -91,6 +92,8 @@ def open_backend(name: str, ckpt, directory):
         return OrtBackend.open(directory)
     if name == "iobinding":
         return OrtBoundBackend(OrtBackend.open(directory), "cpu")
+    if name.startswith("buffered"):  # growing: the cache buffers fill up and grow every 3 steps
+        return OrtBufferedBackend.open(directory, capacity_step=3 if name == "buffered-growing" else CAPACITY_STEP)
     from test_tensorrt import _cache_handling_backend
     return _cache_handling_backend(directory)[0]
 
@@ -168,3 +171,34 @@ def test_a_hypothesis_that_ends_early_can_win_only_through_the_length_penalty(fl
         want = reference_decoding.beam_search(ckpt.model, torch.from_numpy(src), 4, MAX_LENGTH, penalty, n_best=4)
         assert [[h.tokens for h in nb] for nb in got] == [[h.tokens for h in nb] for nb in want]
     assert EOS_ID not in {t for nb in got for h in nb for t in h.tokens}
+
+
+@pytest.fixture(scope="module")
+def wide():
+    """A flat random model whose k x vocab candidates are too many to sort whole, so beam search takes the
+    block-floor path; and one whose logits are all equal (ties across every block)."""
+    models = {}
+    for name, zero in (("flat", False), ("tied", True)):
+        torch.manual_seed(3)
+        from tfm_export.model.transformer import Transformer
+        model = Transformer(tiny_config(n_position=24, src_vocab_size=19, trg_vocab_size=1500,
+                                        proj_share_weight=False, embs_share_weight=False)).eval()
+        with torch.no_grad():
+            model.trg_word_prj.weight.mul_(0.0 if zero else 3.0)
+            model.trg_word_prj.weight[EOS_ID] = model.trg_word_prj.weight[EOS_ID:EOS_ID + 1].abs().mean(0) * 4
+        models[name] = model
+    return models
+
+
+@pytest.mark.parametrize("name", ["flat", "tied"])
+def test_beam_search_over_a_large_vocabulary_equals_the_reference(wide, name):
+    model = wide[name]
+    assert 4 * model.config.trg_vocab_size > decoding.FULL_SORT_WIDTH, "the block-floor path must be the one taken"
+    backend = CountingReorders(TorchBackend(model))
+    for k, count, seed, penalty in ((4, 5, 0, 1.0), (3, 2, 1, 0.6), (2, 3, 2, 2.0)):
+        src = _sources(19, count, seed)
+        got = decoding.beam_search(backend, src, k, MAX_LENGTH, penalty, n_best=k)
+        want = reference_decoding.beam_search(model, torch.from_numpy(src), k, MAX_LENGTH, penalty, n_best=k)
+        assert_same_nbest(got, want)
+    if name == "flat":
+        assert backend.moved > 10, "beams must reshuffle within inputs"

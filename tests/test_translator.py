@@ -305,16 +305,28 @@ def test_bad_environment_values_are_one_line(demo_onnx, monkeypatch):
 
 
 @pytest.mark.parametrize("vocab, ties", [(32000, False), (32000, True), (97, True), (5, False)])
-def test_top_candidates_equal_a_stable_descending_sort(vocab, ties):
-    """The sampled-floor selection is exact: the same indices as a full stable sort, ties by lower index."""
-    from tfm_export.runtime.decoding import _top_candidates
+@pytest.mark.parametrize("allow_eos", [False, True])
+def test_top_candidates_equal_a_stable_descending_sort(vocab, ties, allow_eos):
+    """The block-floor selection is exact: the same (beam, token) indices and values as a full stable sort of
+    every candidate score + log p (the same float operations), ties by lower index, barred tokens never."""
+    from tfm_export.runtime.decoding import _masked, _normalizers, _score, _top_candidates
     rng = np.random.default_rng(vocab)
-    cand = rng.standard_normal((6, 4 * vocab)).astype(np.float32)
+    inputs, k, count = 6, 4, 8
+    logits = rng.standard_normal((inputs * k, vocab)).astype(np.float32)
     if ties:
-        cand = np.round(cand, 1)  # many exact ties, also at the cut
-    cand[0, : 4 * vocab // 2] = -np.inf  # half the row barred, as with dead beams
-    want = np.argsort(-cand, axis=1, kind="stable")[:, :8]
-    np.testing.assert_array_equal(_top_candidates(cand, 8), want)
+        logits = np.round(logits, 1)  # many exact ties, also at the cut
+    scores = rng.standard_normal((inputs, k)).astype(np.float32)
+    if ties:
+        scores[1] = 0.0  # equal beams: equal candidates across beams too
+    scores[0, 1:] = -np.inf  # dead beams, as at the first step
+    x = logits.copy()
+    top, norm = _normalizers(x)
+    _masked(x, allow_eos)
+    cand = _score(x, top, norm, scores.reshape(-1, 1)).reshape(inputs, k * vocab)
+    want = np.argsort(-cand, axis=1, kind="stable")[:, :count]
+    got, values = _top_candidates(logits.copy(), scores, count, allow_eos)
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(values, np.take_along_axis(cand, want, axis=1))
 
 
 def test_engine_limits_bound_rows_and_lengths(demo_onnx, ort_translator):

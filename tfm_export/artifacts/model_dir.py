@@ -15,6 +15,7 @@ from typing import Any
 from ..core.config import ModelConfig
 from ..core.errors import TfmExportError
 from ..core.files import contained_file, file_sha256
+from ..core.graph_spec import Graph, GraphVariant
 from ..core.tokenizer import SPECIAL_IDS, Vocabulary, load_tokenizer
 from .manifest import (
     ENGINE_FORMAT,
@@ -59,8 +60,15 @@ def read_manifest(directory: Path) -> dict[str, Any]:
     manifest = read_declared(directory, MODEL_DIR, wrong_format)
     check_model_fields(manifest, directory / MANIFEST, REMAKE)
     graphs = manifest["graphs"]
-    if graphs["encoder"]["file"] == graphs["decoder_step"]["file"]:
-        raise ModelDirError(f"{directory / MANIFEST}: names {graphs['encoder']['file']!r} for both graphs; {REMAKE}")
+    known = {g.value for g in (*Graph, *GraphVariant)}
+    for name, entry in graphs.items():  # the optional graphs (decoder_step_buffered) are held to the same form
+        if name not in known or not isinstance(entry, dict) or not _text(entry.get("file")) \
+                or not _sha(entry.get("sha256")):
+            raise ModelDirError(f"{directory / MANIFEST}: has an invalid graphs.{name}; {REMAKE}")
+    files = [entry["file"] for entry in graphs.values()]
+    twice = next((f for f in files if files.count(f) > 1), None)
+    if twice is not None:
+        raise ModelDirError(f"{directory / MANIFEST}: names {twice!r} for two graphs; {REMAKE}")
     if manifest["precision"] == "int8" and manifest.get("int8", {}).get("mode") not in INT8_MODES:
         raise ModelDirError(f"{directory / MANIFEST}: int8.mode must be one of {', '.join(INT8_MODES)}; {REMAKE}")
     return manifest

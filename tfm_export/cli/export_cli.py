@@ -14,7 +14,15 @@ from ..core.extras import require_extra
 from ..core.files import check_output_path
 from ..core.graph_spec import DEFAULT_OPSET, SUPPORTED_OPSETS
 from ..core.machine import MAX_THREADS
-from ..graphs.parity import AGREEMENT_BEAM, DEFAULT_TOLERANCE, MIN_AGREEMENT, SAMPLES, STEPS
+from ..graphs.parity import (
+    AGREEMENT_BEAM,
+    DEFAULT_TOLERANCE,
+    MAX_SAMPLES,
+    MAX_STEPS,
+    MIN_AGREEMENT,
+    SAMPLES,
+    STEPS,
+)
 from ..runtime.translator import MAX_BEAM, RUNTIME_BACKENDS
 from ..serving.contract import DEFAULT_MAX_BATCH, DEFAULT_NAME, DEVICES, LAYOUTS
 from .common import ErrorReportingGroup, FiniteFloatRange, setup_logging, vocab_option
@@ -34,8 +42,10 @@ def main(verbose: bool) -> None:
 @main.command("train-demo")
 @click.option("--output", type=click.Path(path_type=Path, file_okay=False), default=Path("models/demo"),
               show_default=True, help="Directory for ckpt.pt and tokenizer.json.")
-@click.option("--steps", type=click.IntRange(min=1), default=TrainSettings.steps, show_default=True)
-@click.option("--batch-size", type=click.IntRange(min=1), default=TrainSettings.batch_size, show_default=True)
+@click.option("--steps", type=click.IntRange(1, TrainSettings.MAX_STEPS), default=TrainSettings.steps,
+              show_default=True)
+@click.option("--batch-size", type=click.IntRange(1, TrainSettings.MAX_BATCH_SIZE), default=TrainSettings.batch_size,
+              show_default=True)
 @click.option("--seed", type=int, default=TrainSettings.seed, show_default=True)
 @click.option("--threads", type=click.IntRange(1, MAX_THREADS), default=None,
               help="Torch CPU threads (default: all cores).")
@@ -43,6 +53,7 @@ def main(verbose: bool) -> None:
 def train_demo_cmd(output: Path, steps: int, batch_size: int, seed: int, threads: int | None, force: bool) -> None:
     """Train the demo model: English number words -> French number words (0..999,999)."""
     require_extra("export", "tfm-export train-demo")
+    check_output_path(output, "--output", directory=True)
     import torch
 
     from ..demo.train import train_demo
@@ -91,8 +102,7 @@ def random_checkpoint_cmd(output: Path, d_model: int, heads: int, layers: int, f
         raise TfmExportError(f"--d-model {d_model} is not a multiple of --heads {heads}")
     config = ModelConfig(src_vocab_size=vocab_size, trg_vocab_size=vocab_size, d_model=d_model, d_inner=ffn,
                          n_layers=layers, n_head=heads, d_k=d_model // heads, d_v=d_model // heads)
-    if output.exists() and not output.is_dir():
-        raise TfmExportError(f"{output}: exists and is not a directory")
+    check_output_path(output, "--output", directory=True)
     click.echo(f"wrote {random_checkpoint(config, output, seed, force)}")
 
 
@@ -170,9 +180,9 @@ def quantize_cmd(model_dir: Path, precision: str, mode: str | None, calibration:
               help="fp16/int8: true translations of --input, line by line, for exact match and BLEU.")
 @click.option("--report", "report_dir", type=click.Path(path_type=Path, file_okay=False), default=None,
               help="fp16/int8: write precision-report.md and error histograms (PNG) into this directory.")
-@click.option("--samples", type=click.IntRange(min=1), default=None,
+@click.option("--samples", type=click.IntRange(1, MAX_SAMPLES), default=None,
               help=f"fp32: random sources decoded by both sides (default {SAMPLES}).")
-@click.option("--steps", type=click.IntRange(min=1), default=None,
+@click.option("--steps", type=click.IntRange(1, MAX_STEPS), default=None,
               help=f"fp32: decoder steps compared with the cache fed back (default {STEPS}).")
 @click.option("--beam-size", type=click.IntRange(1, MAX_BEAM), default=AGREEMENT_BEAM, show_default=True,
               help="Beam size of the beam-search agreement check (greedy is always checked).")
@@ -236,7 +246,7 @@ def check_cmd(model_dir: Path, with_trt: bool) -> None:
     runs = check_onnxruntime(model_dir, trt=with_trt)
     click.echo(f"Polygraphy runs on generated inputs ({len(runs)} checks):")
     for run in runs:
-        click.echo(f"  {run.graph:12} {run.runner:26} {run.case:34} {run.problem or 'ok'}")
+        click.echo(f"  {run.graph:21} {run.runner:26} {run.case:34} {run.problem or 'ok'}")
     failed = [r for r in runs if r.problem]
     if report.errors() or failed:
         raise click.ClickException(f"{model_dir}: {len(report.errors())} compatibility problem(s), {len(failed)} "

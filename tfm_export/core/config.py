@@ -6,7 +6,7 @@ import argparse
 import dataclasses
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from .errors import CheckpointError
 
@@ -126,6 +126,8 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class TrainSettings:
+    MAX_STEPS: ClassVar[int] = 1_000_000  # what --steps / --batch-size may ask (a typo of 1e9 is not a plan)
+    MAX_BATCH_SIZE: ClassVar[int] = 8192
     steps: int = 2000
     batch_size: int = 128
     warmup_steps: int = 400

@@ -123,6 +123,13 @@ def check_output_path(path: Path | None, option: str, inputs: Iterable[Path] = (
     Missing parent folders are made (as for `verify --report`)."""
     if path is None:
         return
+    try:
+        _check_output_path(path, option, inputs, directory)
+    except OSError as exc:  # a name too long, a loop of links: what the checks below cannot word
+        raise TfmExportError(f"{path}: cannot be used ({exc.strerror or exc}); choose another {option}") from None
+
+
+def _check_output_path(path: Path, option: str, inputs: Iterable[Path], directory: bool) -> None:
     if not str(path).strip() or str(path) in (".", ".."):
         raise TfmExportError(f"{option} is empty or the current directory; give a file name")
     real = path.resolve()

@@ -20,15 +20,28 @@ SRC_LEN = "encoder_sequence_length"
 NEW_LEN = "decoder_sequence_length"
 PAST_LEN = "past_decoder_sequence_length"
 TOTAL_LEN = "past_decoder_sequence_length + decoder_sequence_length"
+CAPACITY = "cache_capacity"  # positions a caller-owned cache buffer holds (decoder_step_buffered)
 
 
-class Graph(str, Enum):
-    ENCODER = "encoder"
-    DECODER_STEP = "decoder_step"
-
+class _GraphFile:
     @property
     def filename(self) -> str:
         return f"{self.value}.onnx"
+
+
+class Graph(_GraphFile, str, Enum):
+    ENCODER = "encoder"
+    DECODER_STEP = "decoder_step"
+
+
+class GraphVariant(_GraphFile, str, Enum):
+    """Optional graphs a model directory may carry besides the contract's two; a runtime that ignores them
+    loses only speed."""
+
+    # One token per call; the self-attention cache stays in caller-owned buffers of fixed capacity: the graph
+    # reads them up to `cache_length` and returns only the new token's keys/values, which the caller writes
+    # at position `cache_length`. No whole-cache copy per step (decoder_step's Concat), no cache allocations.
+    DECODER_STEP_BUFFERED = "decoder_step_buffered"
 
 
 @dataclass(frozen=True)
@@ -40,7 +53,7 @@ class TensorSpec:
 
 @dataclass(frozen=True)
 class GraphSpec:
-    graph: Graph
+    graph: Graph | GraphVariant
     inputs: tuple[TensorSpec, ...]
     outputs: tuple[TensorSpec, ...]
 
@@ -63,13 +76,15 @@ class CacheNames:
     self_outputs: tuple[str, ...]  # present.{i}.decoder.*
     cross_inputs: tuple[str, ...]  # past_key_values.{i}.encoder.*
     cross_outputs: tuple[str, ...]  # present.{i}.encoder.* (encoder outputs)
+    new_outputs: tuple[str, ...] = ()  # new_key_values.{i}.decoder.* (decoder_step_buffered: the new token's)
 
 
 def cache_names(cfg: ModelConfig) -> CacheNames:
     def names(prefix: str, side: str) -> tuple[str, ...]:
         return tuple(cache_name(prefix, i, side, role) for i in range(cfg.n_layers) for role in ("key", "value"))
     return CacheNames(names("past_key_values", "decoder"), names("present", "decoder"),
-                      names("past_key_values", "encoder"), names("present", "encoder"))
+                      names("past_key_values", "encoder"), names("present", "encoder"),
+                      names("new_key_values", "decoder"))
 
 
 def cache_head_sizes(cfg: ModelConfig) -> list[int]:
@@ -92,10 +107,10 @@ def encoder_spec(cfg: ModelConfig) -> GraphSpec:
     )
 
 
-def past_inputs(cfg: ModelConfig) -> list[TensorSpec]:
+def past_inputs(cfg: ModelConfig, self_length: str = PAST_LEN) -> list[TensorSpec]:
     """Per layer: decoder key, decoder value, encoder key, encoder value (the graph's input order)."""
     names = cache_names(cfg)
-    dec, enc = _cache(names.self_inputs, cfg, PAST_LEN), _cache(names.cross_inputs, cfg, SRC_LEN)
+    dec, enc = _cache(names.self_inputs, cfg, self_length), _cache(names.cross_inputs, cfg, SRC_LEN)
     return [spec for i in range(cfg.n_layers) for spec in (*dec[2 * i:2 * i + 2], *enc[2 * i:2 * i + 2])]
 
 
@@ -110,5 +125,23 @@ def decoder_step_spec(cfg: ModelConfig) -> GraphSpec:
     )
 
 
+def buffered_step_spec(cfg: ModelConfig) -> GraphSpec:
+    """decoder_step_buffered: `cache_length` (int64 scalar) positions of each past buffer are filled; the
+    new token sits at that position. Buffer positions beyond it are ignored but must be finite."""
+    return GraphSpec(
+        GraphVariant.DECODER_STEP_BUFFERED,
+        inputs=(TensorSpec("input_ids", "int64", (BATCH, 1)),
+                TensorSpec("encoder_attention_mask", "int64", (BATCH, SRC_LEN)),
+                TensorSpec("cache_length", "int64", ()),
+                *past_inputs(cfg, CAPACITY)),
+        outputs=(TensorSpec("logits", "float32", (BATCH, 1, cfg.trg_vocab_size)),
+                 *_cache(cache_names(cfg).new_outputs, cfg, 1)),
+    )
+
+
 def graph_specs(cfg: ModelConfig) -> dict[Graph, GraphSpec]:
     return {Graph.ENCODER: encoder_spec(cfg), Graph.DECODER_STEP: decoder_step_spec(cfg)}
+
+
+def variant_specs(cfg: ModelConfig) -> dict[GraphVariant, GraphSpec]:
+    return {GraphVariant.DECODER_STEP_BUFFERED: buffered_step_spec(cfg)}

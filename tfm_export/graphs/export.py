@@ -17,8 +17,9 @@ import onnx
 import torch
 from torch.export import Dim
 
-from ..core.graph_spec import SUPPORTED_OPSETS, Graph, GraphSpec, graph_specs
+from ..core.graph_spec import SUPPORTED_OPSETS, Graph, GraphSpec, GraphVariant, graph_specs, variant_specs
 from ..model.transformer import Transformer
+from .buffered import BufferedDecoderStepGraph, buffered_example_inputs
 from .modules import DecoderStepGraph, EncoderGraph, example_inputs
 from .onnx_io import ExportError, check_contract, share_tied_weights, strip_exporter_metadata
 
@@ -30,13 +31,21 @@ def _dynamic_shapes(spec: GraphSpec) -> tuple:
     dims: dict[str, Dim] = {}
     shapes = [{axis: dims.setdefault(sym, Dim(sym.replace(" ", ""))) for axis, sym in enumerate(t.shape)
                if isinstance(sym, str)} for t in spec.inputs]
-    return (shapes[0], shapes[1], tuple(shapes[2:])) if spec.graph is Graph.DECODER_STEP else tuple(shapes)
+    past = next((i for i, t in enumerate(spec.inputs) if t.name.startswith("past_key_values")), None)
+    return tuple(shapes) if past is None else (*shapes[:past], tuple(shapes[past:]))
+
+
+def _module(model: Transformer, spec: GraphSpec) -> tuple[torch.nn.Module, tuple]:
+    """The module a graph is exported from, and its tracing inputs."""
+    if spec.graph is GraphVariant.DECODER_STEP_BUFFERED:
+        return BufferedDecoderStepGraph(model), buffered_example_inputs(model)
+    module = EncoderGraph(model) if spec.graph is Graph.ENCODER else DecoderStepGraph(model)
+    return module, example_inputs(model)[spec.graph.value]
 
 
 def export_graph(model: Transformer, spec: GraphSpec, opset: int, optimize: bool = True) -> onnx.ModelProto:
     """torch.onnx export of one graph, with the contract's input/output names and axes."""
-    module = EncoderGraph(model) if spec.graph is Graph.ENCODER else DecoderStepGraph(model)
-    args = example_inputs(model)[spec.graph.value]
+    module, args = _module(model, spec)
     with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), torch.no_grad():
         warnings.simplefilter("ignore")
         for name in ("torch", "onnxscript"):  # the exporter's progress notes and opset-conversion notices
@@ -48,12 +57,14 @@ def export_graph(model: Transformer, spec: GraphSpec, opset: int, optimize: bool
     return program.model_proto
 
 
-def export_all(model: Transformer, opset: int, optimize: bool = True) -> dict[Graph, onnx.ModelProto]:
-    """Both graphs, exported, de-duplicated and checked."""
+def export_all(model: Transformer, opset: int, optimize: bool = True,
+               variants: bool = True) -> dict[Graph | GraphVariant, onnx.ModelProto]:
+    """Both graphs (and the variants, GraphVariant), exported, de-duplicated and checked."""
     if opset not in SUPPORTED_OPSETS:
         raise ExportError(f"opset {opset} is not supported; use one of {SUPPORTED_OPSETS}")
     graphs = {}
-    for graph, spec in graph_specs(model.config).items():
+    specs = {**graph_specs(model.config), **(variant_specs(model.config) if variants else {})}
+    for graph, spec in specs.items():
         proto = export_graph(model.eval(), spec, opset, optimize)
         strip_exporter_metadata(proto)
         removed = share_tied_weights(proto)

@@ -49,8 +49,8 @@ def write_generate_dir(model_dir: Path, output: Path, early_stopping: bool = Fal
         proto = generate_graph(graphs[Graph.ENCODER], graphs[Graph.DECODER_STEP], cfg, early_stopping)
         save_graph(proto, staging / GENERATE_FILE)
         bar.update()
-        for graph in Graph:
-            source = graph_path(model_dir, manifest, graph.value)
+        for name in manifest["graphs"]:  # the contract's graphs and any other the directory lists
+            source = graph_path(model_dir, manifest, name)
             for path in (source, source.with_name(source.name + ".data")):
                 if path.is_file():
                     shutil.copyfile(path, staging / path.name)

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from ..artifacts.model_dir import graph_path, load_vocabulary, read_manifest
-from ..core.graph_spec import Graph
+from ..core.graph_spec import Graph, GraphVariant
 from .onnx_io import load_graph, tensors_of
 
 
@@ -30,7 +30,7 @@ def inspect_model(directory: Path) -> tuple[dict, list[GraphInfo]]:
     manifest = read_manifest(directory)
     load_vocabulary(directory, manifest)  # every file the manifest lists is checked, tokenizers included
     infos = []
-    for name in [g.value for g in Graph if g.value in manifest["graphs"]]:
+    for name in [g.value for g in (*Graph, *GraphVariant) if g.value in manifest["graphs"]]:
         path = graph_path(directory, manifest, name)
         proto = load_graph(directory, manifest, name)
         opset = next(o.version for o in proto.opset_import if o.domain in ("", "ai.onnx"))

@@ -33,6 +33,7 @@ DEFAULT_TOLERANCE = Tolerance()
 MIN_AGREEMENT = {"fp32": 0.99, "fp16": 0.995, "int8": 0.97}
 AGREEMENT_BEAM = 4  # beam size of the beam-search agreement checks (greedy is always checked too)
 SAMPLES, STEPS = 16, 30  # verify: random sources decoded by both sides; decoder steps with the cache fed back
+MAX_SAMPLES, MAX_STEPS = 10_000, 4096  # what --samples / --steps may ask: hours of decoding, not a hang
 
 
 @dataclass(frozen=True)

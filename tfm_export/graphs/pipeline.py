@@ -16,10 +16,11 @@ from ..artifacts.model_dir import file_hashes
 from ..artifacts.staging import staged_directory
 from ..core.errors import TfmExportError
 from ..core.files import file_sha256
-from ..core.graph_spec import DEFAULT_OPSET, Graph, graph_specs
+from ..core.graph_spec import DEFAULT_OPSET, Graph, GraphVariant, graph_specs, variant_specs
 from ..core.tokenizer import BOS_ID, EOS_ID, PAD_ID, SPECIAL_IDS, UNK_ID, tokenizer_files
 from ..model.checkpoint import Checkpoint
 from ..runtime.ort_backend import OrtBackend
+from ..runtime.ort_buffered import OrtBufferedBackend
 from ..runtime.session import open_session
 from .export import export_all
 from .inputs import random_sources, random_targets
@@ -42,10 +43,10 @@ def _metadata(ckpt: Checkpoint, opset: int, graph: Graph) -> dict[str, str]:
             "tfm_export.source_checkpoint_sha256": ckpt.sha256}
 
 
-def build_manifest(ckpt: Checkpoint, opset: int, hashes: dict[Graph, str], files: dict[str, str],
+def build_manifest(ckpt: Checkpoint, opset: int, hashes: dict[Graph | GraphVariant, str], files: dict[str, str],
                    applied: list[str]) -> dict[str, Any]:
     cfg = ckpt.config
-    specs = graph_specs(cfg)
+    specs = {**graph_specs(cfg), **variant_specs(cfg)}
     return {
         "format": MODEL_FORMAT, "format_version": MODEL_FORMAT_VERSION, "tool": "tfm-export",
         "tool_version": __version__,
@@ -56,7 +57,7 @@ def build_manifest(ckpt: Checkpoint, opset: int, hashes: dict[Graph, str], files
                    "note": "source length counts <s> and </s>; past + new decoder tokens (with <s>) "
                            "must stay <= max_target_length"},
         "tokenizer": tokenizer_files(ckpt.vocab.shared),
-        "graphs": {g.value: {**specs[g].to_dict(), "sha256": hashes[g]} for g in Graph},
+        "graphs": {g.value: {**specs[g].to_dict(), "sha256": sha256} for g, sha256 in hashes.items()},
         "files": files,
         "source_checkpoint": {"path": str(ckpt.path.resolve()), "sha256": ckpt.sha256, "format": ckpt.kind},
     }
@@ -66,10 +67,14 @@ def check_parity(ckpt: Checkpoint, directory: Path, steps: int = 3, seed: int = 
     """Export ends by comparing ONNX Runtime with PyTorch on a padded batch at the longest source and
     target the model takes, a few steps with the cache fed back. Raises beyond the default Tolerance."""
     cfg = ckpt.config
-    backend = OrtBackend(*[open_session(directory / g.filename) for g in Graph], cfg)
+    encoder = open_session(directory / Graph.ENCODER.filename)
+    backends = [OrtBackend(encoder, open_session(directory / Graph.DECODER_STEP.filename), cfg)]
+    buffered = directory / GraphVariant.DECODER_STEP_BUFFERED.filename
+    if buffered.exists():
+        backends.append(OrtBufferedBackend(encoder, open_session(buffered), cfg))
     src = random_sources(cfg.src_vocab_size, 3, cfg.n_position, seed)
     trg = random_targets(cfg.trg_vocab_size, 3, cfg.n_position, seed)
-    diffs = compare_stepwise(ckpt.model, backend, src, trg, steps)
+    diffs = [d for backend in backends for d in compare_stepwise(ckpt.model, backend, src, trg, steps)]
     failed = [d for d in diffs if not d.within(DEFAULT_TOLERANCE)]
     if failed:
         worst = failed[0]

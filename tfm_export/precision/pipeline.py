@@ -25,18 +25,21 @@ from ..artifacts.staging import staged_directory
 from ..core.config import ModelConfig
 from ..core.errors import TfmExportError
 from ..core.files import file_sha256
-from ..core.graph_spec import Graph, graph_specs
+from ..core.graph_spec import Graph, GraphVariant, graph_specs, variant_specs
 from ..core.sources import read_text_lines
 from ..core.tokenizer import Vocabulary
 from ..graphs.inputs import random_sources
 from ..graphs.onnx_io import check_contract, load_graph, save_graph, tensors_of
 from ..runtime import decoding
 from ..runtime.ort_backend import OrtBackend
+from ..runtime.ort_buffered import OrtBufferedBackend, has_buffered_decoder
 from .calibration import Traces, record_traces
 from .fp16 import to_fp16
 from .int8 import float_ops, quantize_dynamic_graph, quantize_static_graph
 
 PRECISIONS = tuple(p for p in MODEL_PRECISIONS if p != "fp32")  # what quantize makes from fp32
+NO_STATIC_BUFFERED = ("int8 static graphs are calibrated on traces of the contract's decoder_step and are meant for "
+                      "TensorRT; decoder_step_buffered is made for fp32, fp16 and int8 dynamic")
 log = logging.getLogger(__name__)
 
 
@@ -99,16 +102,19 @@ def quantize_model_dir(source: Path, output: Path, precision: str, mode: str | N
     manifest = read_manifest(source)
     mode = check_request(manifest, source, precision, mode, calibration, keep_io_types, float_embeddings)
     vocab = load_vocabulary(source, manifest)  # present and parseable, before any slow work
-    graphs = {g: load_graph(source, manifest, g.value) for g in Graph}
+    variants = [v for v in GraphVariant if v.value in manifest["graphs"]] \
+        if (precision, mode) != ("int8", "static") else []
+    graphs = {g: load_graph(source, manifest, g.value) for g in (*Graph, *variants)}
     keep = (source, *([calibration.path] if calibration else []))
     with staged_directory(output, force, keep=keep) as staging, \
-            tqdm(total=len(Graph) + 2, desc=f"{precision}", disable=not progress) as bar:
+            tqdm(total=len(graphs) + 2, desc=f"{precision}", disable=not progress) as bar:
         traces = None
         if calibration is not None:
             bar.set_postfix_str("calibration traces")
             traces = _traces(source, vocab, calibration, progress)
         bar.update()
-        specs = graph_specs(ModelConfig.from_dict(manifest["model"]))
+        config = ModelConfig.from_dict(manifest["model"])
+        specs = {**graph_specs(config), **variant_specs(config)}
         entries, kept, listed = {}, {}, []
         for graph, proto in graphs.items():
             bar.set_postfix_str(graph.value)
@@ -126,6 +132,9 @@ def quantize_model_dir(source: Path, output: Path, precision: str, mode: str | N
         new["files"] = file_hashes(staging, listed)
         if precision == "int8" and float_embeddings:
             new["int8"]["embeddings"] = "float (--float-embeddings)"
+        if has_buffered_decoder(manifest) and not variants:
+            new.setdefault("optimizations_not_applied", {})[GraphVariant.DECODER_STEP_BUFFERED.value] = \
+                NO_STATIC_BUFFERED
         write_manifest(staging, new)
         bar.set_postfix_str("smoke test")
         _smoke_test(staging, output, source)
@@ -139,7 +148,7 @@ def _traces(source: Path, vocab: Vocabulary, calibration: Calibration, progress:
 
 
 def _convert(proto: onnx.ModelProto, precision: str, mode: str, keep_io_types: bool, traces: Traces | None,
-             graph: Graph, int8_embeddings: bool) -> tuple[onnx.ModelProto, dict[str, int]]:
+             graph: Graph | GraphVariant, int8_embeddings: bool) -> tuple[onnx.ModelProto, dict[str, int]]:
     if precision == "fp16":
         return to_fp16(proto, keep_io_types)
     if mode == "static":
@@ -188,7 +197,8 @@ def _smoke_test(staging: Path, output: Path, source: Path) -> None:
     backend = OrtBackend.open(staging)
     cfg, precision = backend.config, backend.manifest["precision"]
     src = random_sources(cfg.src_vocab_size, 2, min(8, cfg.n_position), seed=0)
-    hyps = decoding.greedy(backend, src, min(4, cfg.n_position))
+    backends = [backend, *([OrtBufferedBackend.open(staging)] if has_buffered_decoder(backend.manifest) else [])]
+    hyps = [h for b in backends for h in decoding.greedy(b, src, min(4, cfg.n_position))]
     if any(not np.isfinite(h.score) for h in hyps):
         hint = "try --keep-io-types or int8" if precision == "fp16" else "try the other --mode or fp16"
         raise TfmExportError(f"{output}: not written: the {precision} graphs made from {source} give non-finite "

@@ -19,7 +19,7 @@ from ..core.generate_spec import GENERATE_FILE, MIN_ONNXRUNTIME, OP_MAX_LENGTH, 
 from ..core.hypothesis import Hypothesis
 from ..core.sources import check_source_length
 from ..core.tokenizer import PAD_ID
-from .ort_backend import session_options_for
+from .ort_backend import directory_options
 from .session import DEFAULT_OPTIONS, SessionOptions, open_session, run
 
 GENERATE = GENERATE_FILE.removesuffix(".onnx")
@@ -49,7 +49,7 @@ class GenerateBackend:
             raise TfmExportError(f"{path}: needs ONNX Runtime {'.'.join(map(str, MIN_ONNXRUNTIME))} or later (this is "
                                  f"{ort.__version__}, whose BeamSearch takes an older subgraph format); upgrade "
                                  "onnxruntime, or run the directory with --backend onnxruntime")
-        return cls(open_session(path, session_options_for(manifest, options)), ModelConfig.from_dict(manifest["model"]),
+        return cls(open_session(path, directory_options(manifest, options)), ModelConfig.from_dict(manifest["model"]),
                    bool(entry.get("early_stopping")), manifest)
 
     def search(self, src: np.ndarray, beam_size: int, max_length: int, length_penalty: float = 1.0,

@@ -39,6 +39,20 @@ def _first_difference(got: list[str], want: list[str]) -> str:
     return "a different count" if len(got) != len(want) else "a different rank"
 
 
+def directory_options(manifest: dict, options: SessionOptions) -> SessionOptions:
+    """The session options a directory's graphs run with (int8 static: see OrtBackend.open)."""
+    if manifest.get("int8", {}).get("mode") == "static" and options.device == "cpu":
+        return dataclasses.replace(options, fold_qdq=True)
+    return options
+
+
+def open_graph(directory: Path, manifest: dict, spec: GraphSpec, options: SessionOptions,
+               session_options: ort.SessionOptions | None = None) -> ort.InferenceSession:
+    """A session for one of the directory's graphs, checked against the manifest's sha256 and the contract."""
+    path = graph_path(directory, manifest, spec.graph.value)
+    return check_contract_names(open_session(path, options, session_options), spec, path)
+
+
 class OrtBackend:
     """Implements decoding.StepBackend on an encoder and a decoder_step session."""
 
@@ -63,14 +77,10 @@ class OrtBackend:
         on every call (~10x slower than fp32 on the base config); folded, the weights are dequantized once
         at load and the numbers are the same Q/DQ model's. For int8 speed on CPU, quantize --mode dynamic."""
         manifest = read_manifest(Path(directory))
-        options = session_options_for(manifest, options)
+        options = directory_options(manifest, options)
         config = ModelConfig.from_dict(manifest["model"])
         specs = graph_specs(config)
-        sessions = []
-        for graph in Graph:
-            path = graph_path(Path(directory), manifest, graph.value)
-            sessions.append(check_contract_names(open_session(path, options), specs[graph], path))
-        return cls(*sessions, config, manifest)
+        return cls(*(open_graph(Path(directory), manifest, specs[g], options) for g in Graph), config, manifest)
 
     def run_encoder(self, src: np.ndarray) -> dict[str, np.ndarray]:
         mask = (src != PAD_ID).astype(np.int64)
@@ -114,8 +124,3 @@ class OrtBackend:
         return CacheState(state.mask[rows], tuple(a[rows] for a in state.cross), past)
 
 
-def session_options_for(manifest: dict, options: SessionOptions) -> SessionOptions:
-    """int8 static (Q/DQ) graphs run on the CPU with their Q/DQ as float ops (see OrtBackend.open)."""
-    if manifest.get("int8", {}).get("mode") == "static" and options.device == "cpu":
-        return dataclasses.replace(options, fold_qdq=True)
-    return options

@@ -64,11 +64,13 @@ def require_device(options: SessionOptions) -> None:
                              "with TensorRT libraries, or drop --ort-trt")
 
 
-def open_session(path: Path, options: SessionOptions = DEFAULT_OPTIONS) -> ort.InferenceSession:
+def open_session(path: Path, options: SessionOptions = DEFAULT_OPTIONS,
+                 so: ort.SessionOptions | None = None) -> ort.InferenceSession:
+    """so: ONNX Runtime options to start from (shared initializers, say); the fields below are set on them."""
     if options.optimization not in OPT_LEVELS:
         raise TfmExportError(f"ONNX Runtime optimisation level {options.optimization!r} (TFM_ORT_OPT_LEVEL?) is not "
                              f"one of {', '.join(OPT_LEVELS)}")
-    so = ort.SessionOptions()
+    so = so or ort.SessionOptions()
     so.intra_op_num_threads = check_threads(options.intra_op_threads)
     so.inter_op_num_threads = 1
     so.graph_optimization_level = OPT_LEVELS[options.optimization]

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from ..artifacts.engine_dir import is_engine_dir
-from ..artifacts.model_dir import load_vocabulary
+from ..artifacts.model_dir import load_vocabulary, read_manifest
 from ..core.batching import length_buckets, pad_batch
 from ..core.config import ModelConfig
 from ..core.errors import InputTextError, TfmExportError
@@ -131,6 +131,7 @@ class Translator:
                           generate: bool = False) -> Translator:
         """generate: run generate.onnx (the whole search in ONNX Runtime's BeamSearch op) instead of the loop."""
         from .ort_backend import OrtBackend
+        from .ort_buffered import OrtBufferedBackend, has_buffered_decoder
         from .session import require_device
         options = dataclasses.replace(session_options, device=device)
         require_device(options)
@@ -138,6 +139,9 @@ class Translator:
             from .generate_backend import GenerateBackend
             search = GenerateBackend.open(model, options)
             return cls(search, _directory_vocab(model, search.manifest, vocab), search.config)
+        if device == "cpu" and has_buffered_decoder(read_manifest(model)):  # the cache stays in place
+            buffered = OrtBufferedBackend.open(model, options)
+            return cls(buffered, _directory_vocab(model, buffered.manifest, vocab), buffered.config)
         backend = OrtBackend.open(model, options)
         vocabulary = _directory_vocab(model, backend.manifest, vocab)
         if device == "cuda":  # keep the cache on the GPU: IO binding over torch CUDA tensors

@@ -33,7 +33,7 @@ from ..artifacts.manifest import (
 )
 from ..artifacts.model_dir import graph_path, read_manifest, tokenizer_file
 from ..artifacts.staging import staged_directory
-from ..core.graph_spec import Graph
+from ..core.graph_spec import Graph, GraphVariant
 from .contract import DEFAULT_MAX_BATCH, DEFAULT_NAME, DEVICES, LAYOUTS, native_graphs
 from .model_config import Deployment, native_model, python_model
 
@@ -70,7 +70,7 @@ class _Source:
     manifest: dict[str, Any]
     engines: bool
 
-    def graph_files(self, graph: Graph) -> list[Path]:
+    def graph_files(self, graph: Graph | GraphVariant) -> list[Path]:
         """The graph (with its external weights) or plan, checked against the manifest's sha256."""
         if self.engines:
             return [plan_path(self.directory, self.manifest, graph)]
@@ -160,7 +160,9 @@ def _files(request: RepositoryRequest, source: _Source, deployment: Deployment) 
     name, version = Path(request.name), Path(request.name) / VERSION
     copied = [source.directory / MANIFEST, *source.tokenizer_files()]
     if request.layout == "translator":
-        copied += [p for g in Graph for p in source.graph_files(g)]
+        # the optional graphs too (decoder_step_buffered): the copied manifest lists them, and the runtime uses them
+        variants = [] if source.engines else [v for v in GraphVariant if v.value in source.manifest["graphs"]]
+        copied += [p for g in (*Graph, *variants) for p in source.graph_files(g)]
     files: dict[Path, Path | str] = {version / MODEL_SUBDIR / p.name: p for p in copied}
     files[version / "model.py"] = MODEL_PY
     parameters = {"layout": request.layout, "device": deployment.device, "model_directory": MODEL_SUBDIR,

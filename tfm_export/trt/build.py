@@ -100,8 +100,8 @@ def build_engines(model_dir: Path, output: Path, precision: str | None = None, l
     keep = (model_dir, *([timing_cache] if timing_cache else []))
     check_output(output, force, keep)
     load_vocabulary(model_dir, manifest)  # the directory is whole (every file as hashed) before TensorRT is sought
-    for graph in Graph:
-        graph_path(model_dir, manifest, graph.value)
+    for graph in manifest["graphs"]:  # engines are built from the contract's two; optional graphs are checked too
+        graph_path(model_dir, manifest, graph)
     platform = current_platform()
     plan = plan_build(source_precision, mode, precision, platform.tensorrt_major, weak_typing)
     check_gpu_supported(platform)

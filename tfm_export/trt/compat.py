@@ -18,7 +18,7 @@ from onnx import numpy_helper
 
 from ..artifacts.model_dir import load_vocabulary, read_manifest
 from ..core.config import ModelConfig
-from ..core.graph_spec import Graph, GraphSpec, graph_specs
+from ..core.graph_spec import GraphSpec, graph_specs, variant_specs
 from ..graphs.onnx_io import load_graph
 from .parser_ops import RELEASES, ParserRelease
 
@@ -83,9 +83,10 @@ class _Graph:
 def check_model_dir(model_dir: Path) -> CompatReport:
     manifest = read_manifest(model_dir)
     load_vocabulary(model_dir, manifest)  # a directory that cannot translate is not ready for engines either
-    specs = graph_specs(ModelConfig.from_dict(manifest["model"]))
+    config = ModelConfig.from_dict(manifest["model"])
+    specs = {**graph_specs(config), **variant_specs(config)}
     findings = []
-    for graph in Graph:
+    for graph in [g for g in specs if g.value in manifest["graphs"]]:
         proto = load_graph(model_dir, manifest, graph.value)
         findings += graph_findings(proto, specs[graph])
     return CompatReport(model_dir, manifest["precision"], tuple(findings), tuple(r.name for r in RELEASES))

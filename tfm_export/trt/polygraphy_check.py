@@ -20,7 +20,19 @@ import onnx
 from ..artifacts.model_dir import graph_path, read_manifest
 from ..core.config import ModelConfig
 from ..core.errors import TfmExportError, first_line
-from ..core.graph_spec import BATCH, NEW_LEN, PAST_LEN, SRC_LEN, TOTAL_LEN, Graph, GraphSpec, graph_specs
+from ..core.graph_spec import (
+    BATCH,
+    CAPACITY,
+    NEW_LEN,
+    PAST_LEN,
+    SRC_LEN,
+    TOTAL_LEN,
+    Graph,
+    GraphSpec,
+    GraphVariant,
+    graph_specs,
+    variant_specs,
+)
 from ..core.tokenizer import FIRST_TOKEN_ID
 from ..graphs.onnx_io import load_graph
 from ..runtime.session import open_session, run
@@ -36,10 +48,11 @@ class Case:
     past: int
 
     def sizes(self) -> dict[str, int]:
-        return {BATCH: self.rows, SRC_LEN: self.source, NEW_LEN: 1, PAST_LEN: self.past, TOTAL_LEN: self.past + 1}
+        return {BATCH: self.rows, SRC_LEN: self.source, NEW_LEN: 1, PAST_LEN: self.past, TOTAL_LEN: self.past + 1,
+                CAPACITY: self.past + 1}  # a buffer with room for this step's token: the fullest it gets
 
-    def label(self, graph: Graph) -> str:
-        past = f", past {self.past}" if graph is Graph.DECODER_STEP else ""
+    def label(self, graph: Graph | GraphVariant) -> str:
+        past = f", past {self.past}" if graph is not Graph.ENCODER else ""
         return f"rows {self.rows}, source {self.source}{past}"
 
 
@@ -66,6 +79,8 @@ def feeds(spec: GraphSpec, case: Case, types: dict[str, np.dtype], vocab: int, s
         shape = tuple(sizes[d] if isinstance(d, str) else d for d in tensor.shape)
         if tensor.name == "input_ids":
             out[tensor.name] = rng.integers(FIRST_TOKEN_ID, vocab, shape, dtype=np.int64)
+        elif tensor.name == "cache_length":
+            out[tensor.name] = np.array(case.past, dtype=np.int64)
         elif tensor.name.endswith("attention_mask"):
             mask = np.ones(shape, dtype=np.int64)
             if shape[0] > 1:
@@ -76,7 +91,7 @@ def feeds(spec: GraphSpec, case: Case, types: dict[str, np.dtype], vocab: int, s
     return out
 
 
-def _input_types(model_dir: Path, manifest: dict[str, Any], graph: Graph) -> dict[str, np.dtype]:
+def _input_types(model_dir: Path, manifest: dict[str, Any], graph: Graph | GraphVariant) -> dict[str, np.dtype]:
     model = load_graph(model_dir, manifest, graph.value, external_data=False)
     return {v.name: np.dtype(onnx.helper.tensor_dtype_to_np_dtype(v.type.tensor_type.elem_type))
             for v in model.graph.input}
@@ -117,8 +132,8 @@ def check_onnxruntime(model_dir: Path, trt: bool = False) -> list[CheckResult]:
     runners, compared."""
     manifest = read_manifest(model_dir)
     config = ModelConfig.from_dict(manifest["model"])
-    specs, results = graph_specs(config), []
-    for graph in Graph:
+    specs, results = {**graph_specs(config), **variant_specs(config)}, []
+    for graph in [g for g in specs if g.value in manifest["graphs"]]:
         path = graph_path(model_dir, manifest, graph.value)
         spec, types = specs[graph], _input_types(model_dir, manifest, graph)
         vocab = config.src_vocab_size if graph is Graph.ENCODER else config.trg_vocab_size
@@ -156,7 +171,7 @@ def _trt_runner(path: Path, spec: GraphSpec, config: ModelConfig):
     return TrtRunner(engine, name="tensorrt")
 
 
-def _compare(graph: Graph, run_results, case_list: list[Case], precision: str) -> list[CheckResult]:
+def _compare(graph: Graph | GraphVariant, run_results, case_list: list[Case], precision: str) -> list[CheckResult]:
     from polygraphy.comparator import Comparator, CompareFunc
     atol, rtol = TRT_TOLERANCES[precision]
     accuracy = Comparator.compare_accuracy(run_results, compare_func=CompareFunc.simple(atol=atol, rtol=rtol))

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..core.errors import TfmExportError
-from ..core.graph_spec import BATCH, NEW_LEN, PAST_LEN, SRC_LEN, GraphSpec
+from ..core.graph_spec import BATCH, CAPACITY, NEW_LEN, PAST_LEN, SRC_LEN, GraphSpec
 
 Range = tuple[int, int, int]  # min, opt, max
 
@@ -57,7 +57,9 @@ class ShapeLimits:
                 SRC_LEN: (1, clamp(self.opt_source_length or 32, 1, self.max_source_length), self.max_source_length),
                 NEW_LEN: (1, 1, 1),
                 PAST_LEN: (0, clamp(32 if self.opt_past_length is None else self.opt_past_length, 0, past_max),
-                           past_max)}
+                           past_max),
+                CAPACITY: (1, clamp(32 if self.opt_past_length is None else self.opt_past_length + 1, 1, past_max + 1),
+                           past_max + 1)}
 
     def to_dict(self) -> dict[str, Any]:
         return dict(vars(self))

@@ -12,6 +12,7 @@ import torch
 from ..artifacts.model_dir import load_vocabulary, read_manifest
 from ..core.batching import pad_batch
 from ..core.errors import TfmExportError
+from ..core.graph_spec import GraphVariant
 from ..core.sources import encode_lines
 from ..core.tokenizer import PAD_ID
 from ..graphs.inputs import random_sources, random_targets
@@ -30,7 +31,9 @@ from ..graphs.parity import (
 from ..model import reference_decoding
 from ..model.checkpoint import Checkpoint, load_checkpoint
 from ..runtime import decoding
+from ..runtime.decoding import GraphBackend
 from ..runtime.ort_backend import OrtBackend
+from ..runtime.ort_buffered import OrtBufferedBackend, has_buffered_decoder
 
 
 @dataclass
@@ -70,40 +73,56 @@ def encode_texts(ckpt: Checkpoint, texts: Sequence[str]) -> np.ndarray:
     return pad_batch(list(rows.values()))
 
 
-def decode_agreement(name: str, ckpt: Checkpoint, backend: OrtBackend, src: np.ndarray, beam_size: int,
-                     max_length: int, batch_size: int = 32) -> list[Agreement]:
-    got_g, want_g, got_b, want_b = [], [], [], []
+def decode_agreement(name: str, ckpt: Checkpoint, backends: dict[str, GraphBackend], src: np.ndarray,
+                     beam_size: int, max_length: int, batch_size: int = 32) -> list[Agreement]:
+    """Greedy and beam decodes of every backend (label -> backend) against the reference decoders."""
+    want_g, want_b = [], []
+    got = {label: ([], []) for label in backends}
     for start in range(0, len(src), batch_size):
         chunk = src[start:start + batch_size]
         chunk = chunk[:, :max(1, int((chunk != PAD_ID).sum(1).max()))]  # drop all-padding columns
-        got_g += [h.tokens for h in decoding.greedy(backend, chunk, max_length)]
         want_g += [h.tokens for h in reference_decoding.greedy_decode(ckpt.model, torch.from_numpy(chunk), max_length)]
-        got_b += [h[0].tokens for h in decoding.beam_search(backend, chunk, beam_size, max_length)]
         want_b += [h[0].tokens for h in reference_decoding.beam_search(ckpt.model, torch.from_numpy(chunk),
                                                                         beam_size, max_length)]
-    return [token_agreement(f"greedy, {name}", got_g, want_g),
-            token_agreement(f"beam {beam_size}, {name}", got_b, want_b)]
+        for label, backend in backends.items():
+            got[label][0].extend(h.tokens for h in decoding.greedy(backend, chunk, max_length))
+            got[label][1].extend(h[0].tokens for h in decoding.beam_search(backend, chunk, beam_size, max_length))
+    return [agreement for label, (greedy, beam) in got.items() for agreement in
+            (token_agreement(f"greedy, {name}{label}", greedy, want_g),
+             token_agreement(f"beam {beam_size}, {name}{label}", beam, want_b))]
+
+
+def graph_backends(directory: Path) -> dict[str, GraphBackend]:
+    """The directory's decoders, each labelled for the report: the contract's decoder_step, and
+    decoder_step_buffered (what `tfm-run translate` runs on the CPU) where the directory has it."""
+    backends: dict[str, GraphBackend] = {"": OrtBackend.open(directory)}
+    if has_buffered_decoder(backends[""].manifest):
+        backends[f", {GraphVariant.DECODER_STEP_BUFFERED.value}"] = OrtBufferedBackend.open(directory)
+    return backends
 
 
 def verify(directory: Path, ckpt: Checkpoint, texts: Sequence[str] = (), samples: int = SAMPLES, steps: int = STEPS,
            beam_size: int = AGREEMENT_BEAM, max_length: int = 40, tolerance: Tolerance = DEFAULT_TOLERANCE,
            min_agreement: float = MIN_AGREEMENT["fp32"], seed: int = 0) -> VerifyReport:
     cfg = ckpt.config
-    backend = OrtBackend.open(directory)
+    backends = graph_backends(directory)
     report = VerifyReport(tolerance=tolerance, min_agreement=min_agreement)
     src_len = min(cfg.n_position, 24)
     src = random_sources(cfg.src_vocab_size, 4, src_len, seed)
     trg = random_targets(cfg.trg_vocab_size, 4, min(steps, cfg.n_position), seed)
-    report.tensors += [_renamed(d, "random") for d in compare_stepwise(ckpt.model, backend, src, trg)]
+    for label, backend in backends.items():
+        report.tensors += [_renamed(d, f"random{label}") for d in compare_stepwise(ckpt.model, backend, src, trg)]
     max_length = min(max_length, cfg.n_position)
     random_src = random_sources(cfg.src_vocab_size, samples, src_len, seed + 7)
-    report.agreements += decode_agreement(f"{samples} random sources", ckpt, backend, random_src, beam_size,
+    report.agreements += decode_agreement(f"{samples} random sources", ckpt, backends, random_src, beam_size,
                                           max_length)
     if texts:
         real = encode_texts(ckpt, texts)
         trg = random_targets(cfg.trg_vocab_size, min(4, len(real)), min(steps, cfg.n_position), seed)
-        report.tensors += [_renamed(d, "real") for d in compare_stepwise(ckpt.model, backend, real[:4], trg)]
-        report.agreements += decode_agreement(f"{len(real)} input lines", ckpt, backend, real, beam_size, max_length)
+        for label, backend in backends.items():
+            report.tensors += [_renamed(d, f"real{label}") for d in compare_stepwise(ckpt.model, backend, real[:4],
+                                                                                      trg)]
+        report.agreements += decode_agreement(f"{len(real)} input lines", ckpt, backends, real, beam_size, max_length)
     return report
 
 

@@ -1,0 +1,272 @@
+"""Repeated, interleaved rounds of the benchmark's own measurement, for ratios against CTranslate2 that
+one `tfm-run bench` pass (each backend once, one after another) cannot give on a shared, noisy machine.
+
+The artifacts are made once, as `tfm-run bench` makes them (bench.artifacts); then every round runs each
+backend in a fresh process (bench.protocol's timing loop: warm-up, then whole batches), in an order that
+rotates from round to round, so every backend sees the same drift of the machine's load. Ratios are taken
+per round (ours / anchor from the same round) and their median is reported beside the spread.
+
+Backends besides `tfm-run bench`'s names:
+  ort-fp32-contract   the contract's decoder_step (whole-cache Concat, arrays in and out) instead of
+                      decoder_step_buffered, which tfm-run translate uses when the directory has it
+  ct2-<compute_type>[+packed][+mkl][+isa=NAME]
+                      CTranslate2 with that compute type and CT2_USE_EXPERIMENTAL_PACKED_GEMM=1,
+                      CT2_USE_MKL=1, CT2_FORCE_CPU_ISA=NAME set before it is imported
+
+    python scripts/bench_interleaved.py --model build/bench/base-model/ckpt.pt --work-dir build/bench/il \
+        --rounds 3 --backends ort-fp32,ct2-float32,ort-int8-dynamic,ct2-int8 --json build/bench/il.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from tfm_export.bench import protocol
+from tfm_export.bench.artifacts import build_fp32, build_variants, calibration_for, open_model
+from tfm_export.bench.run import _sources
+
+
+def _ct2_setting(name: str) -> tuple[str, dict[str, str]]:
+    """'ct2-int8+packed+isa=AVX2' -> ('int8', {...}); 'ct2-fp32' is float32, as in tfm-run bench."""
+    parts = name[len("ct2-"):].split("+")
+    compute = {"fp32": "float32"}.get(parts[0], parts[0])
+    env = {}
+    for part in parts[1:]:
+        if part == "packed":
+            env["CT2_USE_EXPERIMENTAL_PACKED_GEMM"] = "1"
+        elif part == "mkl":
+            env["CT2_USE_MKL"] = "1"
+        elif part == "nomkl":
+            env["CT2_USE_MKL"] = "0"
+        elif part.startswith("isa="):
+            env["CT2_FORCE_CPU_ISA"] = part[4:]
+        else:
+            raise SystemExit(f"unknown CTranslate2 setting {part!r} in {name}")
+    return compute, env
+
+
+def _decoder(name: str, artifacts, threads: int):
+    from tfm_export.bench import runners
+    if name.startswith("ct2-"):
+        compute, env = _ct2_setting(name)
+        os.environ.update(env)  # before ctranslate2 is imported in this fresh process
+        return runners._ctranslate2(artifacts, compute, threads)
+    if name == "ort-fp32-contract":
+        from tfm_export.runtime.ort_backend import OrtBackend
+        from tfm_export.runtime.session import SessionOptions
+        return runners._loop(OrtBackend.open(artifacts.onnx["fp32"], SessionOptions(intra_op_threads=threads)))
+    return runners.open_decoder(name, artifacts, threads)
+
+
+def measure(name: str, artifacts, sources, lengths, settings, reference) -> dict:
+    """One backend in this (fresh) process: load, unforced greedy outputs, then every cell timed."""
+    start = time.perf_counter()
+    decode = _decoder(name, artifacts, settings.threads)
+    load_s = time.perf_counter() - start
+    outputs = [o for batch in protocol._batches(sources, 8) for o in decode(batch, 1, lengths[0], False)]
+    cells = {}
+    for length in lengths:
+        for beam in settings.beam_sizes:
+            for size in settings.batch_sizes:
+                row = protocol._time_batches(decode, protocol._batches(sources, size), beam, length, True, settings)
+                cells[f"len {length}, beam {beam}, batch {size}"] = {**row.summary, "timings_s": row.timings_s}
+    return {"name": name, "load_s": load_s, "peak_rss_mb": protocol.peak_rss_mb(), "cells": cells,
+            "agreement": None if reference is None else protocol.agreement(outputs, reference),
+            "outputs": outputs}
+
+
+def copy_bandwidth_gbs(megabytes: int = 512, repeats: int = 7) -> float:
+    """Best of `repeats` copies of a buffer far larger than the last-level cache, one slice per core in
+    threads (NumPy's copy releases the GIL), as bytes read + written per second."""
+    from concurrent.futures import ThreadPoolExecutor
+    a = np.ones(megabytes * 2**20 // 4, np.float32)
+    b = np.empty_like(a)
+    cores = os.cpu_count() or 1
+    slices = [slice(i * len(a) // cores, (i + 1) * len(a) // cores) for i in range(cores)]
+    with ThreadPoolExecutor(cores) as pool:
+        def copy() -> float:
+            start = time.perf_counter()
+            list(pool.map(lambda s: np.copyto(b[s], a[s]), slices))
+            return time.perf_counter() - start
+        best = min(copy() for _ in range(repeats))
+    return 2 * a.nbytes / best / 1e9
+
+
+def weight_bytes_per_token(checkpoint) -> int:
+    """fp32 bytes of the weights one greedy step reads at batch 1: every decoder layer's (less the
+    cross-attention key/value projections, applied once to the encoder output) and the output projection
+    (the tied embedding matrix; the input embedding reads one row of it)."""
+    params = dict(checkpoint.model.named_parameters())
+    layers = sum(p.numel() for n, p in params.items() if n.startswith("decoder.")
+                 and ".enc_attn.w_ks." not in n and ".enc_attn.w_vs." not in n and "word_emb" not in n
+                 and "position" not in n)
+    vocab, width = checkpoint.config.trg_vocab_size, checkpoint.config.d_model
+    return 4 * (layers + vocab * width)
+
+
+FIRST_CT2 = """import sys, ctranslate2
+t = ctranslate2.Translator(sys.argv[1], device="cpu", compute_type="float32", intra_threads=int(sys.argv[4]))
+out = t.translate_batch([sys.argv[2].split()], max_decoding_length=int(sys.argv[3]))
+print(" ".join(out[0].hypotheses[0]), flush=True)
+"""
+
+
+def first_output_s(command: list[str]) -> float:
+    """Process start to its first line on stdout."""
+    import subprocess
+    start = time.perf_counter()
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True) as proc:
+        line = proc.stdout.readline()
+        elapsed = time.perf_counter() - start
+        proc.wait()
+    if not line:
+        raise SystemExit(f"no output from {' '.join(command)}")
+    return elapsed
+
+
+def first_latencies(fp32: Path, ct2: Path, sentence: str, rounds: int, threads: int,
+                    length: int = 64) -> dict[str, list[float]]:
+    """`tfm-run translate` on the fp32 directory and CTranslate2's Python API in a fresh interpreter,
+    alternating; both at most `length` tokens (random weights rarely stop earlier)."""
+    ours = [str(Path(sys.executable).with_name("tfm-run")), "translate", "--model", str(fp32),
+            "--max-length", str(length), "--threads", str(threads), sentence]
+    theirs = [sys.executable, "-c", FIRST_CT2, str(ct2), sentence, str(length), str(threads)]
+    out: dict[str, list[float]] = {"tfm-run translate (fp32)": [], "ctranslate2 (float32, Python API)": []}
+    for _ in range(rounds):
+        for values, command in zip(out.values(), (ours, theirs), strict=True):
+            values.append(first_output_s(command))
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", type=Path, required=True)
+    parser.add_argument("--work-dir", type=Path, required=True)
+    parser.add_argument("--backends", default="ort-fp32,ct2-fp32,ort-int8-dynamic,ct2-int8")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--lengths", default="64,128")
+    parser.add_argument("--batch-sizes", default="1,8,32")
+    parser.add_argument("--beam-sizes", default="1,4")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--min-time", type=float, default=1.0)
+    parser.add_argument("--threads", type=int, default=0)
+    parser.add_argument("--json", type=Path, required=True)
+    parser.add_argument("--resume", type=Path, default=None, help="a .partial.json: skip the rounds it holds")
+    args = parser.parse_args()
+    backends = args.backends.split(",")
+    lengths = [int(v) for v in args.lengths.split(",")]
+    settings = protocol.BenchSettings(batch_sizes=tuple(int(v) for v in args.batch_sizes.split(",")),
+                                      beam_sizes=tuple(int(v) for v in args.beam_sizes.split(",")),
+                                      repeats=args.repeats, min_time=args.min_time, threads=args.threads)
+    model = open_model(args.model)
+    if args.resume:  # the rounds of an earlier run (its .partial.json); only what follows them is run again
+        finish(args, model, json.loads(args.resume.read_text(encoding="utf-8")))
+        return
+    args.work_dir.mkdir(parents=True, exist_ok=True)
+    say = lambda text: print(f"[{time.strftime('%H:%M:%S')}] {text}", file=sys.stderr, flush=True)  # noqa: E731
+    built = build_fp32(model, args.work_dir, say)
+    sources = _sources(None, len(built.artifacts.source_tokens), 32, model.positions)
+    inputs = [" ".join(built.artifacts.source_tokens[i] for i in row[1:-1]) for row in sources]
+    calib = calibration_for(inputs, None, [], args.work_dir / "calibration.txt", None)
+    variants = {"ort-int8-dynamic"} & set(backends)
+    build_variants(built, model, args.work_dir, calib, [*variants, "ct2-fp32"], 128, say=say)
+    bandwidth = copy_bandwidth_gbs()
+    say(f"copy bandwidth {bandwidth:.1f} GB/s")
+    context = multiprocessing.get_context("spawn")
+    reference = None
+    rounds = []
+    for r in range(args.rounds):
+        order = backends[r % len(backends):] + backends[:r % len(backends)]
+        if r % 2:
+            order = order[::-1]
+        results = {}
+        for name in order:
+            say(f"round {r + 1}: {name}")
+            with context.Pool(1) as pool:
+                results[name] = pool.apply(measure, (name, built.artifacts, sources, lengths, settings, reference))
+            if name == "ort-fp32" and reference is None:
+                reference = results[name]["outputs"]
+            say(f"  {name}: load {results[name]['load_s']:.2f} s, peak RSS {results[name]['peak_rss_mb']:.0f} MB; "
+                + "; ".join(f"{cell}: {v['tokens_per_s']:.0f} tok/s" for cell, v in results[name]["cells"].items()))
+        for result in results.values():
+            result.pop("outputs")
+        rounds.append({"order": order, "results": results, "load_average": os.getloadavg()})
+        partial = {"rounds": rounds, "copy_bandwidth_gbs": bandwidth}
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.with_suffix(".partial.json").write_text(json.dumps(partial, indent=1), encoding="utf-8")
+    finish(args, model, {"rounds": rounds, "copy_bandwidth_gbs": bandwidth, "build_s": built.build_s,
+                         "sizes_mb": built.size_mb})
+
+
+def finish(args, model, partial: dict) -> None:
+    """First-translation latency, the weights a token reads, the report."""
+    say = lambda text: print(f"[{time.strftime('%H:%M:%S')}] {text}", file=sys.stderr, flush=True)  # noqa: E731
+    say("first translation latency")
+    vocab = model.vocab.source.tokens()
+    sources = _sources(None, len(vocab), 32, model.positions)
+    first = first_latencies(args.work_dir / "onnx-fp32", args.work_dir / "ctranslate2",
+                            " ".join(vocab[i] for i in sources[0][1:-1]), args.rounds, args.threads)
+    report = {"machine": protocol.machine_info(), "model": str(args.model),
+              "settings": {k: str(v) for k, v in vars(args).items()},
+              "weight_bytes_per_token": weight_bytes_per_token(model.checkpoint), "first_output_s": first, **partial}
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(report, indent=1), encoding="utf-8")
+    summarise(report)
+
+
+def summarise(report: dict) -> None:
+    """Per cell: tokens/s of each backend (median over rounds), and per-round ratios against the anchors."""
+    names = list(report["rounds"][0]["results"])
+    cells = list(report["rounds"][0]["results"][names[0]]["cells"])
+    pairs = [(a, b) for a, b in (("ort-fp32", "ct2-fp32"), ("ort-fp32-contract", "ct2-fp32"),
+                                 ("ort-fp32", "ort-fp32-contract"), ("ort-int8-dynamic", "ct2-int8"))
+             if a in names and b in names]
+    print("| cell | " + " | ".join(f"{n} tok/s" for n in names) + " | "
+          + " | ".join(f"{a} / {b} (median; min-max)" for a, b in pairs) + " |")
+    print("|---|" + "---:|" * (len(names) + len(pairs)))
+    for cell in cells:
+        rates = {n: [r["results"][n]["cells"][cell]["tokens_per_s"] for r in report["rounds"]] for n in names}
+        ratios = []
+        for a, b in pairs:
+            values = [x / y for x, y in zip(rates[a], rates[b], strict=True)]
+            ratios.append(f"{statistics.median(values):.2f}x ({min(values):.2f}-{max(values):.2f})")
+        print(f"| {cell} | " + " | ".join(f"{statistics.median(rates[n]):.0f}" for n in names) + " | "
+              + " | ".join(ratios) + " |")
+    print()
+    print("| backend | load s (median) | peak RSS MB (median; min-max) | same greedy output as ort-fp32 |")
+    print("|---|---:|---:|---:|")
+    for n in names:
+        rss = [r["results"][n]["peak_rss_mb"] for r in report["rounds"]]
+        load = [r["results"][n]["load_s"] for r in report["rounds"]]
+        agree = [r["results"][n]["agreement"] for r in report["rounds"] if r["results"][n]["agreement"] is not None]
+        print(f"| {n} | {statistics.median(load):.2f} | {statistics.median(rss):.0f} ({min(rss):.0f}-{max(rss):.0f}) | "
+              + (f"{100 * statistics.median(agree):.1f}%" if agree else "-") + " |")
+    bandwidth, weights = report["copy_bandwidth_gbs"], report["weight_bytes_per_token"]
+    floor_ms = weights / (bandwidth * 1e9) * 1e3
+    print(f"\ncopy bandwidth (bytes read + written per s, 512 MB np.copyto, a slice per core, best of 7): "
+          f"{bandwidth:.1f} GB/s; "
+          f"weights read per greedy token at batch 1: {weights / 1e6:.1f} MB; floor {floor_ms:.2f} ms/token")
+    for n in [n for n in names if n.startswith("ort-fp32")]:
+        cells = [r["results"][n]["cells"] for r in report["rounds"]]
+        for cell in [c for c in cells[0] if c.endswith("beam 1, batch 1")]:
+            ms = statistics.median(1e3 / c[cell]["tokens_per_s"] for c in cells)
+            print(f"{n}, {cell}: {ms:.2f} ms/token = {ms / floor_ms:.2f}x the floor")
+    for name, values in report.get("first_output_s", {}).items():
+        print(f"first output line, {name}: median {statistics.median(values):.2f} s "
+              f"({', '.join(f'{v:.2f}' for v in values)})")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] == "--summarise":
+        summarise(json.loads(Path(sys.argv[2]).read_text(encoding="utf-8")))
+    else:
+        main()

@@ -1,0 +1,166 @@
+"""ONNX Runtime on the CPU with the cache kept in place: decoder_step_buffered over IO binding.
+
+The contract's decoder_step returns the whole grown cache, so each step ONNX Runtime copies every layer's
+cache (Concat), allocates it and its logits afresh, and Python converts 4 x layers arrays in and out of
+the session. Here the self-attention cache lives in NumPy buffers of fixed capacity that are bound to the
+session once (OrtValues share their memory), as are the logits and the new token's keys/values; a step
+writes the token and the cache length into bound arrays, runs, and copies each layer's new key/value into
+its buffer. Buffers grow by `capacity_step` positions when full, one tensor at a time (so growing never
+holds two copies of the cache); beams that reshuffle within their input move only the rows that change.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+
+from ..artifacts.manifest import ModelDirError
+from ..artifacts.model_dir import graph_path, read_manifest
+from ..core.config import ModelConfig
+from ..core.graph_spec import Graph, GraphVariant, cache_head_sizes, cache_names, graph_specs, variant_specs
+from ..core.sources import check_source_length, check_target_length
+from ..core.tokenizer import PAD_ID
+from .ort_backend import directory_options, open_graph
+from .session import DEFAULT_OPTIONS, SessionOptions, run
+
+CAPACITY_STEP = 16  # positions added when a cache buffer is full: attention reads at most this many unused
+
+
+def has_buffered_decoder(manifest: dict) -> bool:
+    return GraphVariant.DECODER_STEP_BUFFERED.value in manifest.get("graphs", {})
+
+
+@dataclass
+class Buffers:
+    """Everything bound to the decoder session for N rows: inputs, cache buffers and outputs."""
+
+    binding: ort.IOBinding
+    ids: np.ndarray  # (N, 1) int64, the step's token
+    length: np.ndarray  # () int64, filled cache positions
+    cache: list[np.ndarray]  # per layer key, value: (N, nh, capacity, d)
+    new: list[np.ndarray]  # per layer key, value: (N, nh, 1, d), the step's own
+    logits: np.ndarray  # (N, 1, V)
+    values: list[ort.OrtValue]  # what is bound: the session reads and writes their memory
+
+
+@dataclass(frozen=True)
+class BufferedState:
+    mask: np.ndarray  # (N, S) int64
+    cross: tuple[np.ndarray, ...]  # per layer key (N, nh, S, dk), value (N, nh, S, dv)
+    length: int  # filled cache positions
+    buffers: Buffers | None = None  # made at the first step (beam search expands the rows before it)
+
+    @property
+    def past_length(self) -> int:
+        return self.length
+
+
+class OrtBufferedBackend:
+    """decoding.StepBackend on an encoder and a decoder_step_buffered session."""
+
+    def __init__(self, encoder: ort.InferenceSession, decoder: ort.InferenceSession, config: ModelConfig,
+                 manifest: dict | None = None, capacity_step: int = CAPACITY_STEP) -> None:
+        self.encoder, self.decoder, self.config, self.manifest = encoder, decoder, config, manifest or {}
+        self.capacity_step = capacity_step
+        self.names = cache_names(config)
+        kind = next(i.type for i in decoder.get_inputs() if i.name == self.names.self_inputs[0])
+        self.cache_dtype = np.dtype(np.float16 if kind == "tensor(float16)" else np.float32)
+        self.step_calls = 0  # decoder runs, for tests that count work
+
+    @classmethod
+    def open(cls, directory: Path, options: SessionOptions = DEFAULT_OPTIONS,
+             capacity_step: int = CAPACITY_STEP) -> OrtBufferedBackend:
+        manifest = read_manifest(Path(directory))
+        if not has_buffered_decoder(manifest):
+            raise ModelDirError(f"{directory}: has no {GraphVariant.DECODER_STEP_BUFFERED.filename}; export the "
+                                "model again with `tfm-export onnx`")
+        options = directory_options(manifest, options)
+        config = ModelConfig.from_dict(manifest["model"])
+        # not run here, but checked too: a directory with any damaged graph is refused, whichever decoder runs
+        graph_path(Path(directory), manifest, Graph.DECODER_STEP.value)
+        encoder = open_graph(Path(directory), manifest, graph_specs(config)[Graph.ENCODER], options)
+        decoder = open_graph(Path(directory), manifest, variant_specs(config)[GraphVariant.DECODER_STEP_BUFFERED],
+                             options)
+        return cls(encoder, decoder, config, manifest, capacity_step)
+
+    def run_encoder(self, src: np.ndarray) -> dict[str, np.ndarray]:
+        mask = (src != PAD_ID).astype(np.int64)
+        return run(self.encoder, {"input_ids": src.astype(np.int64), "attention_mask": mask})
+
+    def encode(self, src: np.ndarray) -> BufferedState:
+        check_source_length(src.shape[1], self.config.n_position)
+        out = self.run_encoder(src)
+        return BufferedState((src != PAD_ID).astype(np.int64), tuple(out[n] for n in self.names.cross_outputs), 0)
+
+    def step(self, state: BufferedState, tokens: np.ndarray) -> tuple[BufferedState, np.ndarray]:
+        """The returned logits are a view of the bound output buffer, valid until the next step."""
+        check_target_length(state.length + 1, self.config.n_position)
+        buffers = state.buffers
+        if buffers is None or state.length == buffers.cache[0].shape[2]:
+            buffers = self._bind(state, self._grown(state))
+        buffers.ids[:, 0] = tokens
+        buffers.length[...] = state.length
+        self.decoder.run_with_iobinding(buffers.binding)
+        self.step_calls += 1
+        for cache, new in zip(buffers.cache, buffers.new, strict=True):
+            cache[:, :, state.length] = new[:, :, 0]
+        return replace(state, length=state.length + 1, buffers=buffers), buffers.logits[:, 0]
+
+    def run_step(self, state: BufferedState, input_ids: np.ndarray) -> tuple[BufferedState, np.ndarray]:
+        """(N, T) tokens, one call each (the graph takes one token per call) -> (N, T, V) logits."""
+        logits = []
+        for t in range(input_ids.shape[1]):
+            state, step_logits = self.step(state, input_ids[:, t])
+            logits.append(step_logits.copy())
+        return state, np.stack(logits, axis=1)
+
+    def reorder(self, state: BufferedState, rows: np.ndarray, same_sources: bool = False) -> BufferedState:
+        """Beams reshuffled within their inputs move only the rows that change, in place (most keep theirs);
+        any other change of rows gathers new buffers."""
+        rows = np.asarray(rows)
+        buffers = state.buffers
+        if same_sources and len(rows) == len(state.mask):
+            moved = np.flatnonzero(rows != np.arange(len(rows)))
+            if buffers is not None and len(moved):
+                for cache in buffers.cache:
+                    cache[moved] = cache[rows[moved]]  # the right side is gathered first, so overlaps are safe
+            return state
+        moved_state = BufferedState(state.mask[rows], tuple(a[rows] for a in state.cross), state.length)
+        if buffers is None:
+            return moved_state
+        return replace(moved_state, buffers=self._bind(moved_state, [c[rows] for c in buffers.cache]))
+
+    def _grown(self, state: BufferedState) -> list[np.ndarray]:
+        """The cache with room for capacity_step more positions (zeros: the graph reads unused positions, so
+        they must be finite), made one tensor at a time so that only one old tensor is alive besides them."""
+        rows, cfg = len(state.mask), self.config
+        old = state.buffers.cache if state.buffers is not None else [None] * len(self.names.self_inputs)
+        capacity = min(state.length + self.capacity_step, cfg.n_position)
+        grown = []
+        for i, size in enumerate(cache_head_sizes(cfg)):
+            buffer = np.zeros((rows, cfg.n_head, capacity, size), self.cache_dtype)
+            if old[i] is not None:
+                buffer[:, :, :state.length] = old[i][:, :, :state.length]
+                old[i] = None
+            grown.append(buffer)
+        return grown
+
+    def _bind(self, state: BufferedState, cache: list[np.ndarray]) -> Buffers:
+        """Bind a row set's inputs, cache and outputs once; steps only write into the bound arrays."""
+        rows, cfg = len(state.mask), self.config
+        binding = self.decoder.io_binding()
+        buffers = Buffers(binding, np.zeros((rows, 1), np.int64), np.zeros((), np.int64), cache,
+                          [np.zeros((rows, cfg.n_head, 1, d), self.cache_dtype) for d in cache_head_sizes(cfg)],
+                          np.zeros((rows, 1, cfg.trg_vocab_size), np.float32), [])
+        inputs = {"input_ids": buffers.ids, "encoder_attention_mask": state.mask, "cache_length": buffers.length,
+                  **dict(zip(self.names.self_inputs, cache, strict=True)),
+                  **dict(zip(self.names.cross_inputs, state.cross, strict=True))}
+        outputs = {"logits": buffers.logits, **dict(zip(self.names.new_outputs, buffers.new, strict=True))}
+        for names, bind in ((inputs, binding.bind_ortvalue_input), (outputs, binding.bind_ortvalue_output)):
+            for name, array in names.items():
+                buffers.values.append(ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(array)))
+                bind(name, buffers.values[-1])
+        return buffers
