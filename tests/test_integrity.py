@@ -241,6 +241,21 @@ def test_a_precision_the_graphs_do_not_have_is_refused(variants, tmp_path, sourc
     assert not (tmp_path / "q").exists()
 
 
+def test_a_calibration_pipe_is_read_once(demo_onnx, tmp_path):
+    """`--calibration <(...)`: the texts are read once and their sha256 taken from those bytes (hashing the pipe
+    again waited forever for a second writer)."""
+    import hashlib
+    import threading
+    pipe, data = tmp_path / "calibration", b"forty-two\nseven hundred\n"
+    os.mkfifo(pipe)
+    writer = threading.Thread(target=lambda: pipe.write_bytes(data), daemon=True)
+    writer.start()
+    result = CliRunner().invoke(export_main, ["quantize", "--model", str(demo_onnx), "--output", str(tmp_path / "q"),
+                                              "--precision", "int8", "--mode", "static", "--calibration", str(pipe)])
+    assert result.exit_code == 0, result.output
+    assert read_manifest(tmp_path / "q")["int8"]["calibration"]["sha256"] == hashlib.sha256(data).hexdigest()
+
+
 def test_deeply_nested_vocabularies_are_one_line(tmp_path):
     ckpt = seed_checkpoint(tmp_path)
     (tmp_path / "vocab.json").write_text("[" * 100_000 + "]" * 100_000)

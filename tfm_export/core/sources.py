@@ -75,6 +75,11 @@ def read_text_lines(input_file: Path | None) -> list[str]:
         data = input_file.read_bytes() if input_file else sys.stdin.buffer.read()
     except OSError as exc:
         raise InputTextError(f"{name}: cannot read input ({exc.strerror})") from None
+    return decode_text(data, name)
+
+
+def decode_text(data: bytes, name: str) -> list[str]:
+    """The lines of UTF-8 bytes read from `name`, without a byte-order mark."""
     try:
         return split_lines(data.decode("utf-8").removeprefix("\ufeff"))
     except UnicodeDecodeError as exc:

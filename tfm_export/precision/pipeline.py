@@ -8,6 +8,7 @@ and the same tokenizer files, so everything that runs the fp32 directory runs th
 from __future__ import annotations
 
 import copy
+import hashlib
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -26,7 +27,7 @@ from ..core.config import ModelConfig
 from ..core.errors import TfmExportError
 from ..core.files import file_sha256
 from ..core.graph_spec import Graph, GraphVariant, graph_specs, variant_specs
-from ..core.sources import read_text_lines
+from ..core.sources import decode_text
 from ..core.tokenizer import Vocabulary
 from ..graphs.inputs import random_sources
 from ..graphs.onnx_io import check_contract, load_graph, save_graph, tensors_of
@@ -50,6 +51,7 @@ class Calibration:
     path: Path
     texts: Sequence[str]
     max_length: int | None = None  # generated tokens per sentence while tracing; None = the model's positions
+    sha256: str | None = None  # of the bytes read (None: hash the file when the manifest is written)
 
     @classmethod
     def from_options(cls, path: Path | None, max_length: int | None = None) -> Calibration | None:
@@ -59,7 +61,11 @@ class Calibration:
                 raise TfmExportError("--calibration-max-length is only for --precision int8 --mode static, with "
                                      "--calibration")
             return None
-        return cls(path, read_text_lines(path), max_length)
+        try:  # read once: a pipe cannot be read again for the manifest's sha256
+            data = path.read_bytes()
+        except OSError as exc:
+            raise TfmExportError(f"{path}: cannot read the calibration file ({exc.strerror})") from None
+        return cls(path, decode_text(data, str(path)), max_length, hashlib.sha256(data).hexdigest())
 
 
 def check_request(manifest: dict[str, Any], directory: Path, precision: str, mode: str | None,
@@ -183,7 +189,7 @@ def _manifest(parent: dict[str, Any], source: Path, precision: str, mode: str, k
                        else "int8 per row, dequantized after the Gather"}
     if calibration is not None and traces is not None:
         new["int8"]["calibration"] = {
-            "file": str(calibration.path.resolve()), "sha256": file_sha256(calibration.path),
+            "file": str(calibration.path.resolve()), "sha256": calibration.sha256 or file_sha256(calibration.path),
             "sentences": traces.sentences,
             "unknown_token_rate": round(traces.unknown_rate, 4), "max_length": calibration.max_length,
             "calls": {g.value: traces.calls[g] for g in Graph},
