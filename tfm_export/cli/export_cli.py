@@ -15,6 +15,7 @@ from ..core.graph_spec import DEFAULT_OPSET, SUPPORTED_OPSETS
 from ..graphs.parity import AGREEMENT_BEAM, DEFAULT_TOLERANCE, MIN_AGREEMENT, SAMPLES, STEPS
 from ..runtime.translator import RUNTIME_BACKENDS
 from .common import ErrorReportingGroup, setup_logging, vocab_option, writable_output
+from .variant_options import variant_from_flags, variant_options
 
 QUANTIZED = [p for p in PRECISIONS if p != "fp32"]
 
@@ -28,21 +29,26 @@ def main(verbose: bool) -> None:
 
 
 @main.command("train-demo")
-@click.option("--output", type=click.Path(path_type=Path, file_okay=False), default=Path("models/demo"),
-              show_default=True, help="Directory for ckpt.pt and tokenizer.json.")
+@click.option("--output", type=click.Path(path_type=Path, file_okay=False), default=None,
+              help="Directory for ckpt.pt and tokenizer.json (default: models/demo for the classic model, "
+                   "models/demo-PRESET for another architecture).")
 @click.option("--steps", type=click.IntRange(min=1), default=TrainSettings.steps, show_default=True)
 @click.option("--batch-size", type=click.IntRange(min=1), default=TrainSettings.batch_size, show_default=True)
 @click.option("--seed", type=int, default=TrainSettings.seed, show_default=True)
 @click.option("--threads", type=click.IntRange(min=1), default=None, help="Torch CPU threads (default: all cores).")
-def train_demo_cmd(output: Path, steps: int, batch_size: int, seed: int, threads: int | None) -> None:
+@variant_options
+def train_demo_cmd(output: Path | None, steps: int, batch_size: int, seed: int, threads: int | None,
+                   **variant) -> None:
     """Train the demo model: English number words -> French number words (0..999,999)."""
     require_extra("export", "tfm-export train-demo")
     import torch
 
-    from ..demo.train import train_demo
+    from ..demo.train import DEMO_LAYERS, default_output, train_demo
     if threads:
         torch.set_num_threads(threads)
-    path, minutes = train_demo(output, TrainSettings(steps=steps, batch_size=batch_size, seed=seed))
+    preset, architecture = variant["preset"], variant_from_flags(variant, DEMO_LAYERS)
+    path, minutes = train_demo(output or default_output(preset, architecture),
+                               TrainSettings(steps=steps, batch_size=batch_size, seed=seed), variant=architecture)
     click.echo(f"saved {path} after {minutes:.1f} min of training")
 
 
@@ -74,16 +80,19 @@ def eval_demo(model_path: Path, vocab: tuple[Path, ...], backend: str | None, be
 @click.option("--ffn", type=click.IntRange(min=1), default=2048, show_default=True)
 @click.option("--vocab-size", type=click.IntRange(min=8), default=32000, show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
+@variant_options
 def random_checkpoint_cmd(output: Path, d_model: int, heads: int, layers: int, ffn: int, vocab_size: int,
-                          seed: int) -> None:
-    """A random-weight model (default: the base config) for benchmarks: real shapes, meaningless outputs."""
+                          seed: int, **variant) -> None:
+    """A random-weight model (default: the base config) for benchmarks: real shapes, meaningless outputs.
+    --preset and the architecture flags choose the variant."""
     require_extra("export", "tfm-export random-checkpoint")
     from ..core.config import ModelConfig
     from ..model.synthetic import random_checkpoint
     if d_model % heads:
         raise TfmExportError(f"--d-model {d_model} is not a multiple of --heads {heads}")
     config = ModelConfig(src_vocab_size=vocab_size, trg_vocab_size=vocab_size, d_model=d_model, d_inner=ffn,
-                         n_layers=layers, n_head=heads, d_k=d_model // heads, d_v=d_model // heads)
+                         n_layers=layers, n_head=heads, d_k=d_model // heads, d_v=d_model // heads,
+                         **variant_from_flags(variant, layers))
     if output.exists() and not output.is_dir():
         raise TfmExportError(f"{output}: exists and is not a directory")
     click.echo(f"wrote {random_checkpoint(config, output, seed)}")

@@ -1,6 +1,7 @@
 """PyTorch -> ONNX: the two graphs of the contract exported from the reference model, checked against the
 graph spec, written as a model directory, and proven equal to PyTorch (parity); `inspect`. The ONNX-only
-helpers (onnx_io, inputs, parity's tolerances) load no PyTorch, so later stages reuse them.
+helpers (onnx_io, inputs, parity's tolerances, roles: which nodes are RMSNorm, RoPE, relative bias) load no
+PyTorch, so later stages reuse them.
 
 May import: core, artifacts, model, runtime.
 """

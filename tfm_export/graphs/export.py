@@ -40,11 +40,47 @@ def export_graph(model: Transformer, spec: GraphSpec, opset: int, optimize: bool
     with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), torch.no_grad():
         warnings.simplefilter("ignore")
         logging.getLogger("torch").setLevel(logging.ERROR)
+        # its failed down-conversion (RMSNorm's ReduceMean) logs a traceback; _at_opset converts after it
+        logging.getLogger("onnxscript").setLevel(logging.ERROR)
         program = torch.onnx.export(
             module.eval(), args, dynamo=True, opset_version=opset, optimize=optimize, verbose=False,
             input_names=[t.name for t in spec.inputs], output_names=[t.name for t in spec.outputs],
             dynamic_shapes=_dynamic_shapes(spec))
-    return program.model_proto
+    return _at_opset(program.model_proto, opset)
+
+
+def _at_opset(proto: onnx.ModelProto, opset: int) -> onnx.ModelProto:
+    """torch.onnx exports at 18 and converts down before optimising; a ReduceMean (RMSNorm) then still reads
+    its axes through a Reshape the converter cannot see through, and the graph silently stays at 18. After
+    the optimizer has folded the axes into an initializer, ONNX's own converter succeeds."""
+    if _opset_of(proto) == opset:
+        return proto
+    try:
+        proto = onnx.version_converter.convert_version(proto, opset)
+    except (RuntimeError, onnx.checker.ValidationError) as exc:
+        raise ExportError(f"cannot express this model at opset {opset} ({str(exc).splitlines()[0][:200]}); "
+                          f"export with --opset {_opset_of(proto)}") from None
+    if _opset_of(proto) != opset:
+        raise ExportError(f"the exporter produced opset {_opset_of(proto)}, not {opset}; export with --opset "
+                          f"{_opset_of(proto)}")
+    _drop_newer_attributes(proto, opset)
+    return proto
+
+
+def _drop_newer_attributes(proto: onnx.ModelProto, opset: int) -> None:
+    """The converter carries attributes the target opset does not define (ReduceMean's opset-18
+    noop_with_empty_axes) into the converted nodes; at their default 0 they change nothing and are dropped."""
+    for node in proto.graph.node:
+        known = onnx.defs.get_schema(node.op_type, opset, node.domain).attributes
+        for attr in [a for a in node.attribute if a.name not in known]:
+            if onnx.helper.get_attribute_value(attr) != 0:
+                raise ExportError(f"{node.op_type} uses {attr.name}, which opset {opset} lacks; export with "
+                                  "--opset 18")
+            node.attribute.remove(attr)
+
+
+def _opset_of(proto: onnx.ModelProto) -> int:
+    return next(o.version for o in proto.opset_import if o.domain in ("", "ai.onnx"))
 
 
 def export_all(model: Transformer, opset: int, optimize: bool = True) -> dict[Graph, onnx.ModelProto]:

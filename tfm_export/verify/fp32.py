@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -106,4 +106,4 @@ def verify(directory: Path, ckpt: Checkpoint, texts: Sequence[str] = (), samples
 
 
 def _renamed(diff: TensorDiff, kind: str) -> TensorDiff:
-    return TensorDiff(f"{diff.name} [{kind}]", diff.max_abs, diff.max_rel, diff.scale)
+    return replace(diff, name=f"{diff.name} [{kind}]")
