@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 TORCH  := torch==2.13.0
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup demo test lint bench demo-model demo-model-modern clean
+.PHONY: setup demo test lint bench demo-model demo-model-modern clean serving-env bench-serving
 
 setup: $(STAMP)
 
@@ -33,7 +33,21 @@ demo: setup
 	$(VENV)/bin/tfm-export verify --model build/demo-int8 --input models/demo/samples.en.txt
 	$(VENV)/bin/tfm-export check --model build/demo-int8
 
+# The serving tests' tritonserver: nvidia-pytriton's bundled server, with tfm-export's runtime alone (no torch)
+# for its Python backend. A venv of its own, since pytriton pins numpy<2. If it cannot be built, those tests skip.
+SERVING_VENV  := .venv-serving
+SERVING_STAMP := $(SERVING_VENV)/.installed
+PYTRITON      := nvidia-pytriton==0.7.0
+
+serving-env: $(SERVING_STAMP)
+
+$(SERVING_STAMP): pyproject.toml
+	$(PYTHON) -m venv $(SERVING_VENV)
+	$(SERVING_VENV)/bin/python -m pip install --quiet $(PYTRITON) -e .
+	touch $@
+
 test: setup
+	-$(MAKE) serving-env
 	$(PY) -m pytest -q
 
 lint: setup
@@ -46,18 +60,24 @@ bench: setup
 	$(VENV)/bin/tfm-run bench --model models/demo/ckpt.pt --input models/demo/samples.en.txt \
 		--calibration calibration/demo.en.txt --output-length 64 \
 		--json $(BENCH)/demo.json --plot $(BENCH)/demo.png --markdown $(BENCH)/demo.md
-	$(VENV)/bin/tfm-export random-checkpoint --output $(BENCH)/base-model
+	$(VENV)/bin/tfm-export random-checkpoint --output $(BENCH)/base-model --force
 	$(VENV)/bin/tfm-run bench --model $(BENCH)/base-model/ckpt.pt --output-length 64 \
 		--json $(BENCH)/base.json --plot $(BENCH)/base.png --markdown $(BENCH)/base.md
 
+# The translator layout on a real tritonserver under concurrent load, beside in-process tfm-run; see docs/benchmarks.md.
+bench-serving: setup serving-env
+	mkdir -p $(BENCH)
+	$(PY) scripts/triton_load.py --serving-python $(SERVING_VENV)/bin/python --work-dir $(BENCH)/serving \
+		--markdown $(BENCH)/serving.md
+
 # Retrain the shipped demo model (8-14 minutes on 2 CPU cores; bit-identical weights).
 demo-model: setup
-	$(VENV)/bin/tfm-export train-demo --output models/demo
+	$(VENV)/bin/tfm-export train-demo --output models/demo --force
 	$(VENV)/bin/tfm-export eval-demo --model models/demo/ckpt.pt
 
 # Retrain the "modern" demo model (pre-norm + RMSNorm + SwiGLU + RoPE), one thread so reruns give the same weights.
 demo-model-modern: setup
-	$(VENV)/bin/tfm-export train-demo --preset modern --threads 1 --output models/demo-modern
+	$(VENV)/bin/tfm-export train-demo --preset modern --threads 1 --output models/demo-modern --force
 	$(VENV)/bin/tfm-export eval-demo --model models/demo-modern/ckpt.pt
 
 clean:

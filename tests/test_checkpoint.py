@@ -155,7 +155,7 @@ def test_missing_tokenizer_beside_own_checkpoint(tmp_path, tiny_model):
     tok = plain_word_tokenizer(["<unk>", "<blank>", "<s>", "</s>", *[f"t{i}" for i in range(9)]], "test")
     save_checkpoint(tiny_model, Vocabulary(tok, tok), tmp_path / "ckpt.pt")
     (tmp_path / "tokenizer.json").unlink()
-    with pytest.raises(VocabularyError, match="tokenizer.json: vocabulary file not found"):
+    with pytest.raises(VocabularyError, match="tokenizer.json: source tokenizer named by ckpt.pt is missing"):
         load_checkpoint(tmp_path / "ckpt.pt")
 
 

@@ -17,7 +17,8 @@ from conftest import REPO
 
 PACKAGE = REPO / "tfm_export"
 # Dependency order; packages in one tuple are siblings and may not import each other.
-ORDER = ("core", "artifacts", "model", "runtime", "graphs", "precision", "trt", ("verify", "bench", "demo"), "cli")
+ORDER = ("core", "artifacts", "model", "runtime", "graphs", "precision", "trt", ("verify", "bench", "demo", "serving"),
+         "cli")
 HEAVY = {"torch", "onnx", "onnxruntime", "onnxscript", "polygraphy", "tensorrt", "ctranslate2", "transformers"}
 # Third-party modules a package may not import at all, lazily or not.
 BANNED = {"core": HEAVY, "artifacts": HEAVY, "runtime": HEAVY - {"torch", "onnxruntime", "tensorrt"},

@@ -84,6 +84,7 @@ def test_attention_matches_hand_computation_with_mask():
     dict(scale_emb_or_prj="none"),
     dict(embs_share_weight=False, src_vocab_size=9, trg_vocab_size=12),  # split vocabularies
     dict(proj_share_weight=False, embs_share_weight=False, scale_emb_or_prj="emb"),  # scaling off when unshared
+    dict(proj_share_weight=False, embs_share_weight=False, scale_emb_or_prj="prj"),  # the seed's default flags
     dict(d_k=5, d_v=3, n_head=3),  # n_head * d_k != d_model
 ])
 def test_model_equals_numpy_oracle_of_seed(overrides):
@@ -129,7 +130,7 @@ def test_config_round_trips_through_json():
 @pytest.mark.parametrize("bad, message", [
     (dict(scale_emb_or_prj="both"), "scale_emb_or_prj"),
     (dict(src_vocab_size=9), "embs_share_weight needs"),
-    (dict(n_head=0), "n_head must be a positive integer"),
+    (dict(n_head=0), "n_head must be a whole number in 1.."),
 ])
 def test_config_rejects_impossible_settings(bad, message):
     with pytest.raises(CheckpointError, match=message):

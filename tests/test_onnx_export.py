@@ -239,8 +239,13 @@ def test_output_dir_rules(tiny, tmp_path):
     with pytest.raises(ModelDirError, match="out: directory is not empty; pass --force"):
         export_model_dir(ckpt, out, progress=False)
     assert listing(out) == ["keep.txt"]
-    export_model_dir(ckpt, out, force=True, progress=False)
-    assert "keep.txt" not in listing(out) and "manifest.json" in listing(out)
+    with pytest.raises(ModelDirError, match="out: is not a tfm-export directory .* even --force will not replace it"):
+        export_model_dir(ckpt, out, force=True, progress=False)  # --force replaces artifacts, never the user's files
+    assert listing(out) == ["keep.txt"]
+    (out / "keep.txt").unlink()
+    export_model_dir(ckpt, out, progress=False)
+    export_model_dir(ckpt, out, force=True, progress=False)  # an export of ours is replaced
+    assert "manifest.json" in listing(out)
     with pytest.raises(ModelDirError, match="parent directory of --output does not exist"):
         export_model_dir(ckpt, tmp_path / "no" / "such" / "dir", progress=False)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # no staging directories left behind
@@ -301,7 +306,7 @@ def test_graph_changed_after_export_is_refused(tiny, tmp_path):
     with pytest.raises(ModelDirError, match="encoder.onnx: sha256 differs from manifest.json"):
         OrtBackend.open(copy)
     (other / "decoder_step.onnx").unlink()
-    with pytest.raises(ModelDirError, match="decoder_step.onnx: graph file missing"):
+    with pytest.raises(ModelDirError, match="decoder_step.onnx: graph file of decoder_step is missing"):
         OrtBackend.open(other)
 
 

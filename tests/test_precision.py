@@ -255,7 +255,7 @@ def test_options_that_do_not_fit_are_refused(demo_onnx, tmp_path, args, message)
 
 
 @pytest.mark.parametrize("damage, message", [
-    (lambda m: m["tokenizer"].update(source="../elsewhere.json"), "has an invalid tokenizer.source"),
+    (lambda m: m["tokenizer"].update(source="../elsewhere.json"), "'../elsewhere.json' is not a plain file name"),
     (lambda m: m.update(precision=None), "has an invalid precision"),
     (lambda m: m.update(optimizations=None), "has an invalid optimizations"),
 ])
@@ -418,3 +418,80 @@ def test_output_inside_or_equal_to_the_model_directory_is_refused(demo_onnx):
         result = _quantize(["--model", str(demo_onnx), "--precision", "fp16", "--output", str(output), "--force"])
         assert result.exit_code == 1 and message in result.output, result.output
     assert listing(demo_onnx) == before
+
+
+# --- the maths under the converters, against hand computations -----------------------------------------------
+
+def test_fp16_residual_adds_are_float_in_the_graph_itself(variants):
+    """Not the manifest's own count: every Add that feeds a LayerNormalization computes in fp32 in the graph, and
+    so do its inputs (a cast-down-and-up round trip in front of it would round what was kept)."""
+    for graph in Graph:
+        proto = onnx.shape_inference.infer_shapes(_graph(variants["fp16"], graph))
+        types = {v.name: v.type.tensor_type.elem_type for v in [*proto.graph.input, *proto.graph.value_info]}
+        types.update({i.name: i.data_type for i in proto.graph.initializer})
+        readers: dict[str, list[onnx.NodeProto]] = {}
+        for node in proto.graph.node:
+            for name in node.input:
+                readers.setdefault(name, []).append(node)
+
+        def feeds_layer_norm(name: str) -> bool:  # directly or through a float -> float Cast (a copy)
+            return any(r.op_type == "LayerNormalization" or (
+                r.op_type == "Cast" and types.get(r.output[0]) == onnx.TensorProto.FLOAT
+                and feeds_layer_norm(r.output[0])) for r in readers.get(name, []))
+        residual = [n for n in proto.graph.node if n.op_type == "Add" and feeds_layer_norm(n.output[0])]
+        assert len(residual) >= 4, graph
+        for node in residual:
+            assert types[node.output[0]] == onnx.TensorProto.FLOAT, node.name
+            assert all(types.get(i, onnx.TensorProto.FLOAT) == onnx.TensorProto.FLOAT for i in node.input), node.name
+
+
+@pytest.mark.parametrize("mode", ["int8-static", "int8-dynamic"])
+def test_int8_embedding_rows_dequantize_within_half_a_step_of_the_float_table(variants, mode):
+    """table_int8[i] * scale[i] is within scale[i] / 2 of the fp32 table, and scale[i] is max |row i| / 127."""
+    from tfm_export.artifacts.model_dir import read_manifest
+    from tfm_export.graphs.onnx_io import load_graph
+    fp32 = load_graph(variants["fp32"], read_manifest(variants["fp32"]), "encoder")
+    quantized = _graph(variants[mode], Graph.ENCODER).graph
+    values = {i.name: numpy_helper.to_array(i) for i in quantized.initializer}
+    producers = {out: node for node in quantized.node for out in node.output}
+    gathered = [n.input[0] for n in quantized.node if n.op_type == "Gather" and n.input[1] == "input_ids"]
+    if len(gathered) == 1:  # Gather(DequantizeLinear(table_int8, scale), ids): TensorRT's layout
+        dequantize = producers[gathered[0]]
+        assert dequantize.op_type == "DequantizeLinear", dequantize.op_type
+        q, scale = values[dequantize.input[0]], values[dequantize.input[1]]
+        rows_axis = next((a.i for a in dequantize.attribute if a.name == "axis"), 1)
+    else:  # Gather(table_int8, ids) * Gather(scale, ids): only the gathered rows are dequantized
+        q = next(values[t] for t in gathered if values[t].dtype == np.int8)
+        scale = next(values[t] for t in gathered if values[t].dtype == np.float32)
+        rows_axis = 0
+    assert q.dtype == np.int8 and scale.dtype == np.float32
+    fp32_gather = next(n for n in fp32.graph.node if n.op_type == "Gather" and n.input[1] == "input_ids")
+    table = next(numpy_helper.to_array(i) for i in fp32.graph.initializer if i.name == fp32_gather.input[0])
+    assert q.shape == table.shape and scale.shape == (q.shape[rows_axis],)
+    reference = table if rows_axis == 0 else table.T
+    q = q if rows_axis == 0 else q.T
+    dequantized = q * np.expand_dims(scale, 1)
+    assert np.allclose(scale, np.abs(reference).max(axis=1) / 127, rtol=1e-6)
+    assert (np.abs(dequantized - reference) <= np.expand_dims(scale, 1) / 2 + 1e-7).all()
+
+
+def test_calibration_keeps_a_uniform_sample_of_the_calls():
+    """Reservoir sampling: of 20 recorded calls, 4 are kept; over many runs every call is kept about as often
+    (4/20), early and late ones alike, and a kept feed is a copy (the loop reorders the cache in place)."""
+    import random
+
+    from tfm_export.precision.calibration import Traces
+    counts = np.zeros(20)
+    for seed in range(3000):
+        traces = Traces(max_feeds=4, _rng=random.Random(seed))
+        for call in range(20):
+            traces.add(Graph.ENCODER, {"x": np.array([call])})
+        kept = [int(f["x"][0]) for f in traces.feeds[Graph.ENCODER]]
+        assert len(kept) == 4 == len(set(kept)) and traces.calls[Graph.ENCODER] == 20
+        counts[kept] += 1
+    assert np.abs(counts / 3000 - 0.2).max() < 0.03
+    feed = {"x": np.zeros(2)}
+    traces = Traces(max_feeds=2)
+    traces.add(Graph.DECODER_STEP, feed)
+    feed["x"][0] = 5
+    assert traces.feeds[Graph.DECODER_STEP][0]["x"][0] == 0

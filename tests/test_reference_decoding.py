@@ -83,9 +83,11 @@ def test_beam_finds_at_least_greedy_score(model):
 
 
 def test_max_length_cuts_hypotheses(model):
+    """max_length counts </s>: a finished hypothesis has at most max_length - 1 tokens, a cut one exactly
+    max_length; with a limit of 2 some are cut."""
     hyps = greedy_decode(model, BATCH, max_length=2)
-    assert all(len(h.tokens) <= 2 for h in hyps)
-    assert any(not h.finished for h in hyps) or all(h.finished for h in hyps)
+    assert all(len(h.tokens) + h.finished <= 2 for h in hyps)
+    assert all(len(h.tokens) == 2 for h in hyps if not h.finished) and any(not h.finished for h in hyps)
 
 
 def test_source_longer_than_positions_is_rejected(model):

@@ -15,7 +15,7 @@ from conftest import DEMO_CKPT, listing
 from onnx import helper, numpy_helper
 
 from tfm_export.artifacts.engine_dir import read_engine_manifest
-from tfm_export.artifacts.manifest import ENGINE_FORMAT, write_manifest
+from tfm_export.artifacts.manifest import ENGINE_FORMAT, ENGINE_FORMAT_VERSION, write_manifest
 from tfm_export.artifacts.model_dir import read_manifest
 from tfm_export.cli.export_cli import main as export_main
 from tfm_export.cli.run_cli import main as run_main
@@ -310,7 +310,8 @@ def _fake_engine_dir(directory: Path, demo_onnx: Path) -> Path:
     directory.mkdir()
     manifest = read_manifest(demo_onnx)
     (directory / "manifest.json").write_text(json.dumps({
-        "format": ENGINE_FORMAT, "format_version": 1, "model": manifest["model"], "tokenizer": manifest["tokenizer"],
+        "format": ENGINE_FORMAT, "format_version": ENGINE_FORMAT_VERSION, "model": manifest["model"],
+        "tokenizer": manifest["tokenizer"], "files": manifest["files"],
         "limits": {"max_batch": 8, "max_source_length": 200, "max_target_length": 200}, "precision": "fp16",
         "tensorrt": {"tensorrt": "10.3.0.30", "gpu": "Orin", "compute_capability": "8.7"}, "engines": {},
         "source": {}}))
@@ -407,4 +408,4 @@ def test_check_refuses_a_directory_without_its_tokenizer(demo_onnx, tmp_path):
     shutil.copytree(demo_onnx, copy)
     (copy / "tokenizer.json").unlink()
     result = CliRunner().invoke(export_main, ["check", "--model", str(copy)])
-    assert result.exit_code == 1 and "tokenizer file 'tokenizer.json' is not a file" in result.output
+    assert result.exit_code == 1 and "tokenizer.json: source tokenizer is missing" in result.output

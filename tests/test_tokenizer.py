@@ -50,6 +50,7 @@ def test_plain_vocab_splits_on_whitespace_and_maps_unknowns(tmp_path):
 @pytest.mark.parametrize("content, message", [
     ("", "vocabulary file is empty"),
     ('["<s>", "<unk>", "<blank>", "</s>"]', r"special token <unk> has id 1, expected 0"),
+    ('["<unk>", "<blank>", "<s>", "x", "</s>"]', r"special token </s> has id 4, expected 3"),
     ('{"<unk>": 0, "<blank>": 1, "<s>": 2, "</s>": 5}', "without gaps"),
     ("<unk>\n<blank>\n<s>\n</s>\nx\nx\n", "token 'x' appears twice"),
     ('{"model": {"type": "Nope"}}', "not a valid tokenizers JSON file"),

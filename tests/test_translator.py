@@ -13,6 +13,7 @@ from conftest import DEMO_CKPT, listing, unwritable_dir
 from tfm_export import DecodeOptions, Translator
 from tfm_export.cli.run_cli import main as run_main
 from tfm_export.core.errors import TfmExportError
+from tfm_export.core.files import file_sha256
 from tfm_export.demo import numbers as demo_numbers
 from tfm_export.runtime.ort_backend import OrtBackend
 
@@ -136,7 +137,7 @@ def _broken_dirs(demo_onnx, tmp_path):
 
 @pytest.mark.parametrize("args, message", [
     (["--model", "{tmp}/nowhere", "x"], "nowhere: model not found"),
-    (["--model", "{tmp}/missing-graph", "x"], "decoder_step.onnx: graph file missing"),
+    (["--model", "{tmp}/missing-graph", "x"], "decoder_step.onnx: graph file of decoder_step is missing"),
     (["--model", "{tmp}/changed", "x"], "encoder.onnx: sha256 differs from manifest.json"),
     (["--model", "{demo}", "--input", "{tmp}/bad.txt"], "bad.txt: line 2 is not valid UTF-8"),
     (["--model", "{demo}", "--input", "{tmp}/empty.txt"], "empty.txt: is empty; nothing to translate"),
@@ -169,7 +170,7 @@ def test_unknown_backend_and_unwritable_output(demo_onnx, tmp_path):
     with unwritable_dir(tmp_path / "ro") as ro:
         result = runner.invoke(run_main, ["translate", "--model", str(demo_onnx), "--output", str(ro / "o.txt"),
                                           "forty-two"])
-        assert result.exit_code == 1 and "cannot write output" in result.output and listing(ro) == []
+        assert result.exit_code == 1 and "not writable; choose another --output" in result.output and listing(ro) == []
 
 
 def test_truncate_cuts_and_translates(ort_translator, caplog):
@@ -287,8 +288,11 @@ def test_tokenizer_that_does_not_fit_the_graphs(demo_onnx, tmp_path):
     shutil.copytree(demo_onnx, copy)
     words = ["<unk>", "<blank>", "<s>", "</s>", *[f"w{i}" for i in range(200)]]
     (copy / "tokenizer.json").write_text(json.dumps(words))
+    manifest = json.loads((copy / "manifest.json").read_text())  # hashed in: only the size is wrong
+    manifest["files"]["tokenizer.json"] = file_sha256(copy / "tokenizer.json")
+    (copy / "manifest.json").write_text(json.dumps(manifest))
     result = CliRunner().invoke(run_main, ["translate", "--model", str(copy), "w150"])
-    assert result.exit_code == 1 and "has 204 tokens but the graphs take 88" in result.output
+    assert result.exit_code == 1 and "has 204 tokens but the model's source vocabulary has 88" in result.output
 
 
 def test_bad_environment_values_are_one_line(demo_onnx, monkeypatch):

@@ -116,13 +116,13 @@ def test_config_serialises_classic_as_before_and_variants_completely():
     (dict(activation="tanh"), "activation must be one of relu, gelu, swish, glu, geglu, swiglu"),
     (dict(positions="alibi"), "positions must be one of sinusoid, learned, rope, relative"),
     (dict(positions="rope", d_k=5), "d_k must be even (got 5)"),
-    (dict(placement="deepnorm", deepnorm_alpha=0.0), "deepnorm_alpha must be a positive number, got 0.0"),
-    (dict(placement="deepnorm", deepnorm_alpha=-2), "deepnorm_alpha must be a positive number"),
+    (dict(placement="deepnorm", deepnorm_alpha=0.0), "deepnorm_alpha must be a positive finite number, got 0.0"),
+    (dict(placement="deepnorm", deepnorm_alpha=-2), "deepnorm_alpha must be a positive finite number"),
     (dict(deepnorm_alpha=2.0), "deepnorm_alpha only applies with placement 'deepnorm'"),
     (dict(rope_base=500.0), "rope_base only applies with positions 'rope'"),
     (dict(positions="relative", relative_buckets=7), "relative_buckets must be even and at least 4"),
     (dict(embedding_norm="yes"), "embedding_norm must be true or false"),
-    (dict(norm_eps=0), "norm_eps must be a positive number"),
+    (dict(norm_eps=0), "norm_eps must be a positive finite number"),
 ])
 def test_impossible_variant_configs_are_refused(bad, message):
     with pytest.raises(CheckpointError, match=message.replace("(", r"\(").replace(")", r"\)")):
@@ -169,7 +169,7 @@ def test_random_checkpoint_takes_presets_and_single_flags(tmp_path):
 @pytest.mark.parametrize("flags, message", [
     (["--norm", "foo"], "norm must be one of layernorm, rmsnorm, got 'foo'"),
     (["--preset", "modern", "--d-model", "24", "--heads", "8"], "d_k must be even (got 3)"),
-    (["--placement", "deepnorm", "--deepnorm-alpha", "0"], "deepnorm_alpha must be a positive number"),
+    (["--placement", "deepnorm", "--deepnorm-alpha", "0"], "deepnorm_alpha must be a positive finite number"),
     (["--positions", "relative", "--relative-buckets", "3"], "relative_buckets must be even"),
 ])
 def test_bad_architecture_flags_are_one_line_errors_and_write_nothing(tmp_path, flags, message):
@@ -177,6 +177,17 @@ def test_bad_architecture_flags_are_one_line_errors_and_write_nothing(tmp_path, 
                                               "16", "--heads", "2", "--vocab-size", "12", *flags])
     assert result.exit_code == 1 and message in result.output and "Traceback" not in result.output
     assert not (tmp_path / "m").exists()
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--positions", "alibi"], "positions must be one of sinusoid, learned, rope, relative, got 'alibi'"),
+    (["--placement", "deepnorm", "--deepnorm-alpha", "-1"], "deepnorm_alpha must be a positive finite number"),
+])
+def test_train_demo_refuses_bad_architecture_flags_before_training(tmp_path, flags, message):
+    result = CliRunner().invoke(export_main, ["train-demo", "--output", str(tmp_path / "m"), "--steps", "1",
+                                              "--preset", "modern", *flags])
+    assert result.exit_code == 1 and message in result.output and "Traceback" not in result.output
+    assert len(result.output.strip().splitlines()) == 1 and not (tmp_path / "m").exists()
 
 
 ctranslate2 = pytest.importorskip("ctranslate2")

@@ -44,8 +44,8 @@ class Model {
         decoder_(nullptr),
         source_(dir + "/" + manifest_["tokenizer"]["source"].string),
         target_(dir + "/" + manifest_["tokenizer"]["target"].string) {
-    if (manifest_["format"].string != "tfm-export-model" || manifest_["format_version"].as_int() != 1)
-      throw std::runtime_error(dir + ": not a tfm-export model directory (format version 1)");
+    if (manifest_["format"].string != "tfm-export-model" || manifest_["format_version"].as_int() != 2)
+      throw std::runtime_error(dir + ": not a tfm-export model directory (format version 2)");
     Ort::SessionOptions options;
     options.SetGraphOptimizationLevel(GraphOptimizationLevel::ORT_ENABLE_ALL);
     const auto& graphs = manifest_["graphs"];

@@ -12,8 +12,8 @@ const { Tokenizer } = require('./tokenizer');
 
 async function loadModel(dir) {
   const manifest = JSON.parse(fs.readFileSync(path.join(dir, 'manifest.json'), 'utf8'));
-  if (manifest.format !== 'tfm-export-model' || manifest.format_version !== 1) {
-    throw new Error(`${dir}: not a tfm-export model directory (format version 1)`);
+  if (manifest.format !== 'tfm-export-model' || manifest.format_version !== 2) {
+    throw new Error(`${dir}: not a tfm-export model directory (format version 2)`);
   }
   const options = { graphOptimizationLevel: 'all' };
   return {

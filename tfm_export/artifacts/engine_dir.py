@@ -10,10 +10,17 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ..core.errors import TfmExportError
-from ..core.files import file_sha256
 from ..core.graph_spec import Graph
-from .manifest import ENGINE_FORMAT, ENGINE_FORMAT_VERSION, MANIFEST, DirectoryKind, manifest_format, read_declared
+from .manifest import (
+    ENGINE_FORMAT,
+    ENGINE_FORMAT_VERSION,
+    MANIFEST,
+    DirectoryKind,
+    ModelDirError,
+    manifest_format,
+    read_declared,
+)
+from .model_dir import check_model_fields, verified_file
 
 
 def plan_name(graph: Graph) -> str:
@@ -25,25 +32,31 @@ def is_engine_dir(directory: Path) -> bool:
     return manifest_format(directory) == ENGINE_FORMAT
 
 
-ENGINE_DIR = DirectoryKind("engine directory", ENGINE_FORMAT, ENGINE_FORMAT_VERSION,
-                           "build the engines again with `tfm-export trt`",
-                           required=("model", "tokenizer", "limits", "precision", "tensorrt", "engines", "source"))
+REBUILD = "build the engines again with `tfm-export trt`"
+ENGINE_DIR = DirectoryKind("engine directory", ENGINE_FORMAT, ENGINE_FORMAT_VERSION, REBUILD,
+                           required=("model", "tokenizer.source", "tokenizer.target", "limits.max_batch",
+                                     "limits.max_source_length", "limits.max_target_length", "precision", "tensorrt",
+                                     "engines", "files", "source"),
+                           checks={"model": lambda v: isinstance(v, dict), "engines": lambda v: isinstance(v, dict),
+                                   "tensorrt": lambda v: isinstance(v, dict), "files": lambda v: isinstance(v, dict),
+                                   "limits.max_batch": lambda v: isinstance(v, int) and v > 0,
+                                   "limits.max_source_length": lambda v: isinstance(v, int),
+                                   "limits.max_target_length": lambda v: isinstance(v, int)})
 
 
 def read_engine_manifest(directory: Path) -> dict[str, Any]:
     def wrong_format(declared: Any) -> str | None:
         return (f"{directory / MANIFEST}: not a {ENGINE_FORMAT} manifest (a model directory runs on --backend "
                 "onnxruntime; build engines from it with `tfm-export trt`)")
-    return read_declared(directory, ENGINE_DIR, wrong_format)
+    manifest = read_declared(directory, ENGINE_DIR, wrong_format)
+    check_model_fields(manifest, directory / MANIFEST, REBUILD)
+    return manifest
 
 
 def plan_path(directory: Path, manifest: dict[str, Any], graph: Graph) -> Path:
-    """The plan file, checked against the manifest's sha256 (a swapped plan is refused, not run)."""
-    entry = manifest["engines"].get(graph.value, {})
-    path = directory / entry.get("file", plan_name(graph))
-    if not path.is_file():
-        raise TfmExportError(f"{path}: engine file missing; build the engines again with `tfm-export trt`")
-    if file_sha256(path) != entry.get("sha256"):
-        raise TfmExportError(f"{path}: sha256 differs from manifest.json (file changed or damaged, or from another "
-                             "build); build the engines again with `tfm-export trt`")
-    return path
+    """The plan file, inside the directory and checked against the manifest's sha256 (a swapped plan is refused,
+    not run)."""
+    entry = manifest["engines"].get(graph.value)
+    if not isinstance(entry, dict):
+        raise ModelDirError(f"{directory / MANIFEST}: lists no {graph.value} engine; {REBUILD}")
+    return verified_file(directory, entry.get("file"), entry.get("sha256"), f"{graph.value} engine", REBUILD)

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core.errors import TfmExportError
+from ..core.files import read_json
 
 MANIFEST = "manifest.json"
 
@@ -30,8 +31,11 @@ class DirectoryKind:
     checks: dict[str, Callable[[Any], bool]] = field(default_factory=dict)  # dotted key -> valid value?
 
 
-MODEL_FORMAT, MODEL_FORMAT_VERSION = "tfm-export-model", 1
-ENGINE_FORMAT, ENGINE_FORMAT_VERSION = "tfm-export-engines", 1
+# Version 2: `files` records the sha256 of every file besides graphs and plans (tokenizers, external weights).
+MODEL_FORMAT, MODEL_FORMAT_VERSION = "tfm-export-model", 2
+ENGINE_FORMAT, ENGINE_FORMAT_VERSION = "tfm-export-engines", 2
+# A Triton model repository (tritonserver reads only its subdirectories; the manifest marks the repository ours).
+REPOSITORY_FORMAT, REPOSITORY_FORMAT_VERSION = "tfm-export-triton-repository", 1
 
 
 def write_manifest(directory: Path, manifest: dict[str, Any]) -> None:
@@ -41,8 +45,8 @@ def write_manifest(directory: Path, manifest: dict[str, Any]) -> None:
 def manifest_format(directory: Path) -> str | None:
     """The format a directory's manifest declares, or None when there is no readable manifest."""
     try:
-        data = json.loads((directory / MANIFEST).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        data = read_json(directory / MANIFEST, ModelDirError, "")
+    except (OSError, ModelDirError):
         return None
     return data.get("format") if isinstance(data, dict) else None
 
@@ -56,11 +60,9 @@ def read_declared(directory: Path, kind: DirectoryKind, wrong_format: Callable[[
         raise ModelDirError(f"{directory}: is a file, not a {kind.what}; {kind.remake}")
     path = directory / MANIFEST
     try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
+        manifest = read_json(path, ModelDirError, kind.remake)
     except FileNotFoundError:
         raise ModelDirError(f"{path}: missing; this is not a tfm-export {kind.what}") from None
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise ModelDirError(f"{path}: unreadable manifest ({exc}); {kind.remake}") from None
     declared = manifest.get("format") if isinstance(manifest, dict) else None
     if declared != kind.format:
         raise ModelDirError(wrong_format(declared) or f"{path}: not a {kind.format} manifest; {kind.remake}")

@@ -7,11 +7,15 @@ Directories are written through `staging` (hidden sibling, atomic rename), so on
 
 from __future__ import annotations
 
+import shutil
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from ..core.files import file_sha256
-from ..core.tokenizer import Vocabulary, load_tokenizer
+from ..core.config import ModelConfig
+from ..core.errors import TfmExportError
+from ..core.files import contained_file, file_sha256
+from ..core.tokenizer import SPECIAL_IDS, Vocabulary, load_tokenizer
 from .manifest import (
     ENGINE_FORMAT,
     MANIFEST,
@@ -24,58 +28,102 @@ from .manifest import (
 
 PRECISIONS = ("fp32", "fp16", "int8")
 INT8_MODES = ("static", "dynamic")  # manifest int8.mode: calibrated Q/DQ graphs, or run-time activation ranges
-_file_name = lambda v: isinstance(v, str) and v != "" and Path(v).name == v  # noqa: E731
+REMAKE = "export the model again with `tfm-export onnx`"
+_positive = lambda v: isinstance(v, int) and not isinstance(v, bool) and v > 0  # noqa: E731
+_sha = lambda v: isinstance(v, str) and len(v) == 64  # noqa: E731
+_text = lambda v: isinstance(v, str)  # noqa: E731
 MODEL_DIR = DirectoryKind(
-    "model directory", MODEL_FORMAT, MODEL_FORMAT_VERSION, "export the model again with `tfm-export onnx`",
-    required=("model", "tokenizer.source", "tokenizer.target", "limits.max_source_length", "precision", "opset",
-              "graphs.encoder.file", "graphs.encoder.sha256", "graphs.decoder_step.file",
-              "graphs.decoder_step.sha256", "source_checkpoint.sha256", "optimizations"),
-    checks={"precision": lambda v: v in PRECISIONS,
-            "optimizations": lambda v: isinstance(v, list),
-            "tokenizer.source": _file_name, "tokenizer.target": _file_name,
-            "graphs.encoder.file": _file_name, "graphs.decoder_step.file": _file_name,
-            "limits.max_source_length": lambda v: isinstance(v, int) and v > 0})
+    "model directory", MODEL_FORMAT, MODEL_FORMAT_VERSION, REMAKE,
+    required=("model", "tokenizer.source", "tokenizer.target", "limits.max_source_length",
+              "limits.max_target_length", "special_tokens", "precision", "opset", "graphs.encoder.file",
+              "graphs.encoder.sha256", "graphs.decoder_step.file", "graphs.decoder_step.sha256", "files",
+              "source_checkpoint.sha256", "optimizations"),
+    checks={"model": lambda v: isinstance(v, dict), "precision": lambda v: v in PRECISIONS,
+            "opset": _positive, "optimizations": lambda v: isinstance(v, list),
+            "tokenizer.source": _text, "tokenizer.target": _text,
+            "graphs.encoder.file": _text, "graphs.decoder_step.file": _text,
+            "graphs.encoder.sha256": _sha, "graphs.decoder_step.sha256": _sha,
+            "files": lambda v: isinstance(v, dict) and all(isinstance(k, str) and _sha(h) for k, h in v.items()),
+            "limits.max_source_length": _positive, "limits.max_target_length": _positive,
+            "special_tokens": lambda v: v == SPECIAL_IDS})
 
 
 def read_manifest(directory: Path) -> dict[str, Any]:
-    """A model directory's manifest (an engine directory is named as such: it runs, but is no model)."""
+    """A model directory's manifest, every field this tool reads checked (an engine directory is named as
+    such: it runs, but is no model)."""
     def wrong_format(declared: Any) -> str | None:
         if declared == ENGINE_FORMAT:
             return (f"{directory}: holds TensorRT engines, not ONNX graphs; run it with `tfm-run translate "
                     "--model DIR`, or give the model directory they were built from")
         return None
-    return read_declared(directory, MODEL_DIR, wrong_format)
+    manifest = read_declared(directory, MODEL_DIR, wrong_format)
+    check_model_fields(manifest, directory / MANIFEST, REMAKE)
+    graphs = manifest["graphs"]
+    if graphs["encoder"]["file"] == graphs["decoder_step"]["file"]:
+        raise ModelDirError(f"{directory / MANIFEST}: names {graphs['encoder']['file']!r} for both graphs; {REMAKE}")
+    if manifest["precision"] == "int8" and manifest.get("int8", {}).get("mode") not in INT8_MODES:
+        raise ModelDirError(f"{directory / MANIFEST}: int8.mode must be one of {', '.join(INT8_MODES)}; {REMAKE}")
+    return manifest
 
 
-def graph_path(directory: Path, manifest: dict[str, Any], graph: str, check_hash: bool = True) -> Path:
-    """The graph's file, checked against the manifest's sha256 (a swapped or damaged file is refused)."""
+def check_model_fields(manifest: dict[str, Any], path: Path, remake: str) -> ModelConfig:
+    """The model config and the length limits a model or engine manifest declares, consistent with each other."""
+    try:
+        config = ModelConfig.from_dict(manifest["model"])
+    except TfmExportError as exc:
+        raise ModelDirError(f"{path}: {exc}; {remake}") from None
+    limits = manifest["limits"]
+    for key in ("max_source_length", "max_target_length"):
+        if not 1 <= limits[key] <= config.n_position:
+            raise ModelDirError(f"{path}: limits.{key} {limits[key]} is outside 1..{config.n_position} (the model's "
+                                f"positions); {remake}")
+    return config
+
+
+def file_hashes(directory: Path, names: Iterable[str]) -> dict[str, str]:
+    """sha256 of the files a manifest lists besides its graphs (tokenizers, external weights)."""
+    return {name: file_sha256(directory / name) for name in sorted(set(names))}
+
+
+def verified_file(directory: Path, name: object, expected: object, what: str, remake: str = REMAKE) -> Path:
+    """A file the manifest names: inside the directory, and with the sha256 the manifest records for it (a
+    swapped or damaged file is refused on every read)."""
+    path = contained_file(directory, name, ModelDirError, what, remake)
+    if not isinstance(expected, str) or file_sha256(path) != expected:
+        raise ModelDirError(f"{path}: sha256 differs from {MANIFEST} (file changed or damaged); {remake}")
+    return path
+
+
+def graph_path(directory: Path, manifest: dict[str, Any], graph: str) -> Path:
+    """The graph's file (and its external weights, if it has them), checked against the manifest's sha256."""
     entry = manifest["graphs"][graph]
-    path = directory / entry["file"]
-    if not path.is_file():
-        raise ModelDirError(f"{path}: graph file missing from the model directory; export the model again")
-    if check_hash and file_sha256(path) != entry["sha256"]:
-        raise ModelDirError(f"{path}: sha256 differs from manifest.json (file changed or damaged); "
-                            "export the model again")
+    path = verified_file(directory, entry["file"], entry["sha256"], f"graph file of {graph}")
+    data = f"{entry['file']}.data"
+    if data in manifest["files"] or (directory / data).exists():
+        verified_file(directory, data, manifest["files"].get(data), f"external weights of {graph}")
     return path
 
 
-def tokenizer_file(directory: Path, name: str) -> Path:
-    """A tokenizer file the manifest names: a plain file name inside the directory, present."""
-    path = directory / name
-    if Path(name).name != name or not path.is_file():
-        raise ModelDirError(f"{directory / MANIFEST}: tokenizer file {name!r} is not a file in the model "
-                            "directory; export the model again")
-    return path
+def tokenizer_file(directory: Path, manifest: dict[str, Any], side: str) -> Path:
+    """The source or target tokenizer file, inside the directory and as hashed."""
+    name = manifest["tokenizer"][side]
+    return verified_file(directory, name, manifest["files"].get(name), f"{side} tokenizer")
+
+
+def copy_tokenizers(directory: Path, manifest: dict[str, Any], target: Path) -> list[str]:
+    """The directory's tokenizer files (checked) copied into `target`; returns their names."""
+    names = []
+    for side in ("source", "target"):
+        path = tokenizer_file(directory, manifest, side)
+        shutil.copyfile(path, target / path.name)
+        names.append(path.name)
+    return names
 
 
 def load_vocabulary(directory: Path, manifest: dict[str, Any]) -> Vocabulary:
     """The tokenizers a model or engine directory carries, checked against the vocabulary sizes of its graphs."""
-    files, model = manifest["tokenizer"], manifest["model"]
-    source = load_tokenizer(tokenizer_file(directory, files["source"]))
-    target = source if files["target"] == files["source"] else load_tokenizer(tokenizer_file(directory,
-                                                                                             files["target"]))
-    for tok, size in ((source, model["src_vocab_size"]), (target, model["trg_vocab_size"])):
-        if tok.vocab_size != size:
-            raise ModelDirError(f"{tok.origin}: has {tok.vocab_size} tokens but the graphs take {size}; "
-                                "this tokenizer does not belong to these graphs")
+    model, shared = manifest["model"], manifest["tokenizer"]["target"] == manifest["tokenizer"]["source"]
+    source = load_tokenizer(tokenizer_file(directory, manifest, "source"), model["src_vocab_size"], "source")
+    target = source if shared else load_tokenizer(tokenizer_file(directory, manifest, "target"),
+                                                  model["trg_vocab_size"], "target")
     return Vocabulary(source, target)

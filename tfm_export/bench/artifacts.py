@@ -61,6 +61,9 @@ def open_model(path: Path) -> BenchModel:
         ckpt = load_checkpoint(path)
         return BenchModel(path, ckpt, None, ckpt.config.n_position, ckpt.vocab)
     manifest = read_manifest(path)
+    if manifest["precision"] != "fp32":
+        raise TfmExportError(f"{path}: is a {manifest['precision']} directory; bench --model takes a checkpoint or an "
+                             "fp32 model directory and makes the fp16/int8 variants itself")
     source = Path(manifest["source_checkpoint"].get("path", ""))
     ckpt = load_checkpoint(source) if source.is_file() else None
     return BenchModel(path, ckpt, path, ModelConfig.from_dict(manifest["model"]).n_position,

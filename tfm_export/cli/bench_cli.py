@@ -10,7 +10,7 @@ from ..bench.protocol import BenchSettings
 from ..bench.runners import TIMED_BACKENDS
 from ..core.errors import TfmExportError
 from ..core.extras import require_extra
-from .common import writable_output
+from ..core.files import check_output_path
 
 
 def _ints(text: str, name: str, maximum: int | None = None) -> tuple[int, ...]:
@@ -82,7 +82,7 @@ def bench(model_path: Path, backends: str, batch_sizes: str, beam_sizes: str, ou
                              _ints(beam_sizes, "--beam-sizes", maximum=64), output_length, repeats, min_time, threads,
                              full_recompute_max_rows=full_recompute_max_rows)
     for path, option in ((json_path, "--json"), (plot_path, "--plot"), (markdown_path, "--markdown")):
-        writable_output(path, option)
+        check_output_path(path, option, inputs=[p for p in (model_path, input_file, calibration) if p])
     request = BenchRequest(model_path, settings, input_file, sentences, calibration, work_dir)
     run = run_benchmark(request, say=lambda step: click.echo(f"[bench] {step}", err=True))
     for line in run.lines():

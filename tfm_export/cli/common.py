@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import os
 import signal
 import sys
 from pathlib import Path
@@ -12,25 +11,31 @@ from typing import Any
 import click
 
 from ..core.errors import TfmExportError
+from .entry import terminated
+
+
+class OneLineUsageError(click.ClickException):
+    """A bad option value as one line (click's own usage errors print the usage block first); exit code 2."""
+
+    exit_code = 2
 
 
 class ErrorReportingGroup(click.Group):
-    """Turns a TfmExportError (bad input) into `error: ...` on stderr and exit code 1."""
+    """Turns a TfmExportError (bad input) into `Error: ...` on stderr and exit code 1, and a bad option into
+    one line with exit code 2."""
 
     def invoke(self, ctx: click.Context) -> Any:
-        signal.signal(signal.SIGTERM, _terminated)  # so staged outputs are removed, as on Ctrl-C
+        signal.signal(signal.SIGTERM, terminated)  # as entry.py does, for callers of the groups themselves
         try:
             return super().invoke(ctx)
         except TfmExportError as exc:
             raise click.ClickException(str(exc)) from None
+        except click.UsageError as exc:
+            command = f" (see {exc.ctx.command_path} --help)" if exc.ctx is not None else ""
+            raise OneLineUsageError(exc.format_message() + command) from None
         except KeyboardInterrupt:
             click.echo("interrupted", err=True)
             sys.exit(130)
-
-
-def _terminated(signum: int, frame: Any) -> None:
-    """SIGTERM (kill, timeout, a cancelled CI job) unwinds like Ctrl-C: every staging directory is removed."""
-    raise KeyboardInterrupt
 
 
 def setup_logging(verbose: bool) -> None:
@@ -42,22 +47,3 @@ vocab_option = click.option(
     "--vocab", "vocab", multiple=True, type=click.Path(path_type=Path, dir_okay=False),
     help="Vocabulary: a tokenizers JSON, a JSON list/dict or one token per line. Needed for seed-format "
          "checkpoints; give it twice (source, then target) for split vocabularies.")
-
-
-def writable_output(path: Path | None, option: str, directory: bool = False) -> None:
-    """Fail before any slow work when an output cannot be written: missing parent folders are made (as
-    for `verify --report`), the place must be writable and of the right kind."""
-    if path is None:
-        return
-    folder = path if directory else path.parent
-    if (path.is_dir() and not directory) or (path.exists() and directory and not path.is_dir()):
-        raise TfmExportError(f"{path}: is a {'directory' if path.is_dir() else 'file'}; choose another {option}")
-    blocking = next((p for p in (folder, *folder.parents) if p.exists() and not p.is_dir()), None)
-    if blocking is not None:
-        raise TfmExportError(f"{blocking}: is a file, not a folder; choose another {option}")
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise TfmExportError(f"{folder}: cannot create it ({exc.strerror}); choose another {option}") from None
-    if not os.access(folder, os.W_OK | os.X_OK):
-        raise TfmExportError(f"{folder}: not writable; choose another {option}")

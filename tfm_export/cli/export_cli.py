@@ -11,10 +11,12 @@ from ..artifacts.model_dir import INT8_MODES, PRECISIONS
 from ..core.config import TrainSettings
 from ..core.errors import TfmExportError
 from ..core.extras import require_extra
+from ..core.files import check_output_path
 from ..core.graph_spec import DEFAULT_OPSET, SUPPORTED_OPSETS
 from ..graphs.parity import AGREEMENT_BEAM, DEFAULT_TOLERANCE, MIN_AGREEMENT, SAMPLES, STEPS
 from ..runtime.translator import RUNTIME_BACKENDS
-from .common import ErrorReportingGroup, setup_logging, vocab_option, writable_output
+from ..serving.contract import DEFAULT_MAX_BATCH, DEFAULT_NAME, DEVICES, LAYOUTS
+from .common import ErrorReportingGroup, setup_logging, vocab_option
 from .variant_options import variant_from_flags, variant_options
 
 QUANTIZED = [p for p in PRECISIONS if p != "fp32"]
@@ -36,8 +38,9 @@ def main(verbose: bool) -> None:
 @click.option("--batch-size", type=click.IntRange(min=1), default=TrainSettings.batch_size, show_default=True)
 @click.option("--seed", type=int, default=TrainSettings.seed, show_default=True)
 @click.option("--threads", type=click.IntRange(min=1), default=None, help="Torch CPU threads (default: all cores).")
+@click.option("--force", is_flag=True, help="Replace a checkpoint or tokenizer already in --output.")
 @variant_options
-def train_demo_cmd(output: Path | None, steps: int, batch_size: int, seed: int, threads: int | None,
+def train_demo_cmd(output: Path | None, steps: int, batch_size: int, seed: int, threads: int | None, force: bool,
                    **variant) -> None:
     """Train the demo model: English number words -> French number words (0..999,999)."""
     require_extra("export", "tfm-export train-demo")
@@ -48,7 +51,8 @@ def train_demo_cmd(output: Path | None, steps: int, batch_size: int, seed: int, 
         torch.set_num_threads(threads)
     preset, architecture = variant["preset"], variant_from_flags(variant, DEMO_LAYERS)
     path, minutes = train_demo(output or default_output(preset, architecture),
-                               TrainSettings(steps=steps, batch_size=batch_size, seed=seed), variant=architecture)
+                               TrainSettings(steps=steps, batch_size=batch_size, seed=seed), force=force,
+                               variant=architecture)
     click.echo(f"saved {path} after {minutes:.1f} min of training")
 
 
@@ -80,9 +84,10 @@ def eval_demo(model_path: Path, vocab: tuple[Path, ...], backend: str | None, be
 @click.option("--ffn", type=click.IntRange(min=1), default=2048, show_default=True)
 @click.option("--vocab-size", type=click.IntRange(min=8), default=32000, show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--force", is_flag=True, help="Replace a checkpoint or tokenizer already in --output.")
 @variant_options
 def random_checkpoint_cmd(output: Path, d_model: int, heads: int, layers: int, ffn: int, vocab_size: int,
-                          seed: int, **variant) -> None:
+                          seed: int, force: bool, **variant) -> None:
     """A random-weight model (default: the base config) for benchmarks: real shapes, meaningless outputs.
     --preset and the architecture flags choose the variant."""
     require_extra("export", "tfm-export random-checkpoint")
@@ -95,7 +100,7 @@ def random_checkpoint_cmd(output: Path, d_model: int, heads: int, layers: int, f
                          **variant_from_flags(variant, layers))
     if output.exists() and not output.is_dir():
         raise TfmExportError(f"{output}: exists and is not a directory")
-    click.echo(f"wrote {random_checkpoint(config, output, seed)}")
+    click.echo(f"wrote {random_checkpoint(config, output, seed, force)}")
 
 
 @main.command("onnx")
@@ -116,7 +121,8 @@ def onnx_cmd(checkpoint: Path, vocab: tuple[Path, ...], output: Path, opset: str
     from ..graphs.pipeline import export_model_dir
     from ..model.checkpoint import load_checkpoint
     ckpt = load_checkpoint(checkpoint, list(vocab))
-    manifest = export_model_dir(ckpt, output, int(opset), optimize=not no_optimize, force=force)
+    manifest = export_model_dir(ckpt, output, int(opset), optimize=not no_optimize, force=force,
+                                progress=sys.stderr.isatty())
     click.echo(f"wrote {output}: {', '.join(g['file'] for g in manifest['graphs'].values())}, manifest.json "
                f"(opset {manifest['opset']}, {manifest['precision']}, max {manifest['limits']['max_source_length']} "
                "positions)")
@@ -194,7 +200,8 @@ def verify_cmd(model_dir: Path, checkpoint: Path | None, reference: Path | None,
     from ..verify.directory import VerifyRequest, verify_model_dir
     request = VerifyRequest(model_dir, input_file, beam_size, min_agreement, checkpoint, vocab, samples, steps, atol,
                             rtol, reference, references_file, report_dir)
-    outcome = verify_model_dir(request, lambda path: writable_output(path, "--report", directory=True))
+    inputs = [p for p in (model_dir, checkpoint, reference, input_file, references_file, *vocab) if p]
+    outcome = verify_model_dir(request, lambda path: check_output_path(path, "--report", inputs, directory=True))
     for line in outcome.lines:
         click.echo(line)
     if outcome.failures:
@@ -286,7 +293,7 @@ def trt_cmd(model_dir: Path, fp16: bool, int8: bool, output: Path, max_batch: in
     if fp16 and int8:
         raise TfmExportError("--fp16 and --int8 exclude each other: an engine has one precision")
     precision = "fp16" if fp16 else "int8" if int8 else None
-    writable_output(timing_cache, "--timing-cache")
+    check_output_path(timing_cache, "--timing-cache", inputs=[model_dir])
     limits = ShapeLimits(max_batch, max_source_length, max_target_length, opt_batch, opt_source_length,
                          opt_past_length)
     manifest = build_engines(model_dir, output, precision, limits, timing_cache, workspace_mib, weak_typing, force,
@@ -294,3 +301,36 @@ def trt_cmd(model_dir: Path, fp16: bool, int8: bool, output: Path, max_batch: in
     info = manifest["tensorrt"]
     click.echo(f"wrote {output}: {manifest['precision']} engines ({info['precision_source']}), TensorRT "
                f"{info['tensorrt']}, {info['gpu']} (compute capability {info['compute_capability']})")
+
+
+@main.command("triton")
+@click.option("--model", "model_dir", type=click.Path(path_type=Path), required=True,
+              help="A model directory (tfm-export onnx/quantize) or an engine directory (tfm-export trt).")
+@click.option("--output", type=click.Path(path_type=Path, file_okay=False), required=True,
+              help="Model repository to create (serve it with tritonserver --model-repository OUTPUT).")
+@click.option("--name", default=DEFAULT_NAME, show_default=True,
+              help="Model name clients call; the bls layout adds NAME_encoder and NAME_decoder_step.")
+@click.option("--layout", type=click.Choice(LAYOUTS), default=LAYOUTS[0], show_default=True,
+              help="translator: one Python-backend model running tfm-export's Translator. bls: encoder and "
+                   "decoder_step as native models (onnxruntime, or TensorRT for engines) and a Python model running "
+                   "the decoding loop through them.")
+@click.option("--max-batch", type=click.IntRange(min=1), default=None,
+              help="Most rows (sentences x beams) per execution; the dynamic batcher gathers up to this many "
+                   "sentences, and beam_size may not exceed it (default: the engines' profile, else "
+                   f"{DEFAULT_MAX_BATCH}).")
+@click.option("--instances", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Model instances per device (each a process of its own).")
+@click.option("--device", type=click.Choice(DEVICES), default=None,
+              help="Where instances run (default: gpu for engines, cpu for a model directory).")
+@click.option("--force", is_flag=True, help="Replace a non-empty output directory.")
+def triton_cmd(model_dir: Path, output: Path, name: str, layout: str, max_batch: int | None, instances: int,
+               device: str | None, force: bool) -> None:
+    """Write a Triton Inference Server model repository that serves this model (text in, text out)."""
+    require_extra("serving", "tfm-export triton")
+    from ..serving.repository import RepositoryRequest, write_repository
+    repository = write_repository(RepositoryRequest(model_dir, output, name, layout, max_batch, instances, device,
+                                                    force))
+    deployment = repository.deployment
+    click.echo(f"wrote {output}: {layout} layout, models {', '.join(repository.models)} (max batch "
+               f"{deployment.max_batch} rows, {deployment.instances} instance(s) on {deployment.device}); serve it "
+               f"with tritonserver --model-repository {output}")

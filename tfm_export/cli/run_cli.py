@@ -9,11 +9,18 @@ from pathlib import Path
 import click
 from tqdm import tqdm
 
-from ..core.errors import InputTextError
-from ..core.files import write_text_atomically
+from ..core.errors import InputTextError, TfmExportError
+from ..core.files import check_output_path, write_text_atomically
 from ..core.sources import read_text_lines
-from ..runtime.session import OPT_LEVELS, SessionOptions
-from ..runtime.translator import RUNTIME_BACKENDS, DecodeOptions, Translation, Translator
+from ..runtime.session import MAX_THREADS, OPT_LEVELS, SessionOptions
+from ..runtime.translator import (
+    LENGTH_PENALTY_RANGE,
+    MAX_BEAM,
+    RUNTIME_BACKENDS,
+    DecodeOptions,
+    Translation,
+    Translator,
+)
 from .bench_cli import bench
 from .common import ErrorReportingGroup, setup_logging, vocab_option
 
@@ -27,6 +34,8 @@ def main(verbose: bool) -> None:
 
 def read_lines(input_file: Path | None, texts: tuple[str, ...]) -> list[str]:
     """TEXT arguments, else the input file, else stdin; one sentence per line."""
+    if texts and input_file is not None:
+        raise InputTextError("give TEXT arguments or --input FILE, not both")
     if texts:
         for number, text in enumerate(texts, 1):
             try:
@@ -51,12 +60,20 @@ def format_line(source: str, result: Translation, fmt: str) -> str:
 
 
 def write_output(lines: list[str], output: Path | None) -> None:
-    """stdout, or a file written whole (a failed run leaves no partial output)."""
+    """stdout, or a file written whole (a failed run leaves no partial output). A closed or full stdout is an
+    error, never a silent exit 0 with the translations lost."""
     text = "".join(line + "\n" for line in lines)
-    if output is None:
-        click.echo(text, nl=False)
+    if output is not None:
+        write_text_atomically(output, text, "output")
         return
-    write_text_atomically(output, text, "output")
+    if sys.stdout is None:
+        raise TfmExportError("stdout is closed, so the translations cannot be written; pass --output FILE")
+    try:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except (OSError, ValueError) as exc:
+        raise TfmExportError(f"cannot write the translations to stdout ({getattr(exc, 'strerror', None) or exc}); "
+                             "pass --output FILE") from None
 
 
 @main.command()
@@ -69,9 +86,9 @@ def write_output(lines: list[str], output: Path | None) -> None:
                    "torch for a checkpoint.")
 @click.option("--device", type=click.Choice(["cpu", "cuda"]), default=None,
               help="Default: cuda for TensorRT engines, cpu otherwise.")
-@click.option("--beam-size", type=click.IntRange(1, 64), default=1, show_default=True, help="1 = greedy.")
-@click.option("--length-penalty", type=float, default=1.0, show_default=True,
-              help="Beam hypotheses are ranked by score / length ** this.")
+@click.option("--beam-size", type=click.IntRange(1, MAX_BEAM), default=1, show_default=True, help="1 = greedy.")
+@click.option("--length-penalty", type=click.FloatRange(*LENGTH_PENALTY_RANGE), default=1.0, show_default=True,
+              help="Beam hypotheses are ranked by score / length ** this (0: by summed log-probability).")
 @click.option("--max-length", type=click.IntRange(min=1), default=None,
               help="Most tokens to generate (default: the model's positions).")
 @click.option("--n-best", type=click.IntRange(min=1), default=1, show_default=True,
@@ -85,7 +102,7 @@ def write_output(lines: list[str], output: Path | None) -> None:
               help="Write translations here instead of stdout.")
 @click.option("--format", "fmt", type=click.Choice(["text", "jsonl"]), default="text", show_default=True,
               help="jsonl adds tokens, ids, score and time per sentence.")
-@click.option("--threads", type=click.IntRange(min=0), default=0, envvar="TFM_THREADS", show_default=True,
+@click.option("--threads", type=click.IntRange(0, MAX_THREADS), default=0, envvar="TFM_THREADS", show_default=True,
               help="CPU threads for ONNX Runtime (0 = its default) or PyTorch. Env: TFM_THREADS.")
 @click.option("--ort-opt-level", type=click.Choice(list(OPT_LEVELS)), default="all", envvar="TFM_ORT_OPT_LEVEL",
               show_default=True, help="ONNX Runtime graph optimisation level. Env: TFM_ORT_OPT_LEVEL.")
@@ -101,6 +118,7 @@ def translate(texts: tuple[str, ...], model_path: Path, vocab: tuple[Path, ...],
     Empty lines give empty lines. A line longer than the model's positions is an error naming the line
     (or is cut, with a warning, under --truncate).
     """
+    check_output_path(output, "--output", inputs=[p for p in (input_file, model_path, *vocab) if p])
     lines = read_lines(input_file, texts)
     session = SessionOptions(intra_op_threads=threads, optimization=ort_opt_level, memory_arena=not no_memory_arena,
                              tensorrt_ep=ort_trt)

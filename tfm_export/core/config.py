@@ -12,6 +12,15 @@ from .errors import CheckpointError
 from .variants import CLASSIC, variant_problems
 
 SCALE_MODES = ("emb", "prj", "none")
+# Largest value each size may take: generous for real models, small enough that a damaged or hostile config
+# is refused instead of allocating terabytes (NLLB's vocabulary is 256k, long-context models 32k positions).
+SIZE_LIMITS = {"src_vocab_size": 1 << 22, "trg_vocab_size": 1 << 22, "d_model": 1 << 16, "d_inner": 1 << 18,
+               "n_layers": 256, "n_head": 1024, "d_k": 1 << 12, "d_v": 1 << 12, "n_position": 1 << 16}
+FLAGS = ("proj_share_weight", "embs_share_weight")
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 @dataclass(frozen=True)
@@ -53,14 +62,23 @@ class ModelConfig:
             raise CheckpointError("invalid model config: " + "; ".join(problems))
 
     def problems(self) -> list[str]:
-        found = [
-            f"{name} must be a positive integer, got {getattr(self, name)!r}"
-            for name in ("src_vocab_size", "trg_vocab_size", "d_model", "d_inner", "n_layers",
-                         "n_head", "d_k", "d_v", "n_position")
-            if not isinstance(getattr(self, name), int) or getattr(self, name) <= 0
-        ]
+        """Every field of the wrong type or out of range (checked before any tensor is allocated)."""
+        found = [f"{name} must be a whole number in 1..{limit:,}, got {getattr(self, name)!r}"
+                 for name, limit in SIZE_LIMITS.items()
+                 if not _is_int(getattr(self, name)) or not 1 <= getattr(self, name) <= limit]
+        found += [f"{name} must be true or false, got {getattr(self, name)!r}" for name in FLAGS
+                  if not isinstance(getattr(self, name), bool)]
+        if not isinstance(self.dropout, (int, float)) or isinstance(self.dropout, bool) \
+                or not 0 <= self.dropout < 1:
+            found.append(f"dropout must be a number in [0, 1), got {self.dropout!r}")
         if self.scale_emb_or_prj not in SCALE_MODES:
             found.append(f"scale_emb_or_prj must be one of {SCALE_MODES}, got {self.scale_emb_or_prj!r}")
+        if found:
+            return found
+        for side, pad, vocab in (("src", self.src_pad_idx, self.src_vocab_size),
+                                 ("trg", self.trg_pad_idx, self.trg_vocab_size)):
+            if not _is_int(pad) or not 0 <= pad < vocab:
+                found.append(f"{side}_pad_idx must be a token id in 0..{vocab - 1}, got {pad!r}")
         if self.embs_share_weight and self.src_vocab_size != self.trg_vocab_size:
             found.append("embs_share_weight needs src_vocab_size == trg_vocab_size "
                          f"({self.src_vocab_size} != {self.trg_vocab_size})")
@@ -124,9 +142,9 @@ class ModelConfig:
             src_pad_idx=fields["src_pad_idx"], trg_pad_idx=fields["trg_pad_idx"],
             d_model=fields["d_model"], d_inner=fields["d_inner_hid"], n_layers=fields["n_layers"],
             n_head=fields["n_head"], d_k=fields["d_k"], d_v=fields["d_v"],
-            dropout=float(fields.get("dropout", 0.1)),
-            proj_share_weight=bool(fields.get("proj_share_weight", False)),
-            embs_share_weight=bool(fields.get("embs_share_weight", False)),
+            dropout=fields.get("dropout", 0.1),
+            proj_share_weight=fields.get("proj_share_weight", False),
+            embs_share_weight=fields.get("embs_share_weight", False),
             # Seed versions before the option existed behaved like its later default, 'prj'.
             scale_emb_or_prj=fields.get("scale_emb_or_prj", "prj"),
         )

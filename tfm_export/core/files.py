@@ -1,17 +1,27 @@
-"""Hashing and atomic writes: the one way every command puts a file where the user asked.
+"""Reading and writing files the way every command must: hashing, files named by a manifest or
+checkpoint kept inside their directory, bounded JSON, and outputs written whole or not at all.
 
-Kept free of PyTorch and ONNX so the runtime can use it.
+Writes go to a fresh temporary file (created exclusively, so a link planted at a guessable name is
+never followed) beside the target and are renamed into place; a target that is a symbolic link is
+written through (the file it points to is replaced, the link stays); a target that is a device, pipe
+or socket (/dev/null, /dev/stdout, a FIFO) is written directly, never renamed over. Kept free of
+PyTorch and ONNX so the runtime can use it.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
+import stat
 import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
+from typing import Any
 
 from .errors import TfmExportError, first_line
+
+MAX_JSON_BYTES = 512 << 20  # manifests are kilobytes; the largest tokenizers JSON files are tens of megabytes
 
 
 def file_sha256(path: Path) -> str:
@@ -22,19 +32,68 @@ def file_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
+def contained_file(directory: Path, name: object, error: type[TfmExportError], what: str, remedy: str) -> Path:
+    """`directory / name` when `name` is a plain file name whose real path (links followed) lies inside
+    `directory`: a checkpoint or manifest never makes a command read anything outside its own directory."""
+    if not isinstance(name, str) or not name or Path(name).name != name or name in (".", ".."):
+        raise error(f"{directory}: {what} {name!r} is not a plain file name in the directory; {remedy}")
+    path = directory / name
+    root = directory.resolve()
+    if root not in path.resolve().parents:
+        raise error(f"{path}: {what} points outside {directory} (a link?); {remedy}")
+    if not path.is_file():
+        raise error(f"{path}: {what} is missing or not a file; {remedy}")
+    return path
+
+
+def read_json(path: Path, error: type[TfmExportError], remedy: str, max_bytes: int = MAX_JSON_BYTES) -> Any:
+    """A JSON file's value; too large, not UTF-8, malformed or absurdly nested is one line, not a traceback."""
+    try:
+        size = path.stat().st_size
+        if size > max_bytes:
+            raise error(f"{path}: {size:,} bytes, more than the {max_bytes:,} a JSON file here may have; {remedy}")
+        return json.loads(path.read_bytes().decode("utf-8"))
+    except FileNotFoundError:
+        raise
+    except UnicodeDecodeError:
+        raise error(f"{path}: not UTF-8 text; {remedy}") from None
+    except RecursionError:
+        raise error(f"{path}: JSON nested too deeply to read; {remedy}") from None
+    except (OSError, ValueError) as exc:
+        raise error(f"{path}: unreadable JSON ({first_line(exc, 120)}); {remedy}") from None
+
+
+def _is_special(path: Path) -> bool:
+    """A device, pipe or socket: written in place, never replaced by a regular file."""
+    try:
+        mode = path.stat().st_mode
+    except OSError:
+        return False
+    return not stat.S_ISREG(mode) and not stat.S_ISDIR(mode)
+
+
 def write_atomically(files: Mapping[Path, Callable[[Path], object]], what: str = "output",
                      error: type[TfmExportError] = TfmExportError) -> None:
     """Each writer fills a fresh temporary file beside its target, then all are renamed into place: a
-    failure (full disk, Ctrl-C) leaves every target as it was and no temporary file behind."""
+    failure (full disk, Ctrl-C) leaves every target as it was and no temporary file behind. Links are
+    written through; devices and pipes are written directly."""
     temps: dict[Path, Path] = {}
     try:
         for target, write in files.items():
-            fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+            real = target.resolve() if target.is_symlink() else target
+            if _is_special(real):
+                write(real)
+                continue
+            if real.is_dir():
+                raise error(f"{target}: is a directory; cannot write {what} there, choose a file path")
+            fd, tmp = tempfile.mkstemp(dir=real.parent, prefix=f".{real.name}.", suffix=".tmp")
             os.close(fd)
-            temps[target] = Path(tmp)
-            write(temps[target])
-        for target, tmp in temps.items():
-            os.replace(tmp, target)
+            temps[real] = Path(tmp)
+            write(temps[real])
+        for real, tmp in temps.items():
+            os.replace(tmp, real)
+    except TfmExportError:
+        raise
     except Exception as exc:  # OSError, torch's RuntimeError on a full disk, a library's plain Exception
         reason = getattr(exc, "strerror", None) or first_line(exc)
         target = next(iter(files))
@@ -47,3 +106,33 @@ def write_atomically(files: Mapping[Path, Callable[[Path], object]], what: str =
 def write_text_atomically(path: Path, text: str, what: str = "output") -> None:
     """A UTF-8 text file, written whole or not at all."""
     write_atomically({path: lambda tmp: tmp.write_text(text, encoding="utf-8")}, what)
+
+
+def check_output_path(path: Path | None, option: str, inputs: Iterable[Path] = (), directory: bool = False) -> None:
+    """Fail before any slow work when an output cannot or must not be written: empty, of the wrong kind, in
+    a place that cannot be made or written, or one of the command's inputs (or inside an input directory).
+    Missing parent folders are made (as for `verify --report`)."""
+    if path is None:
+        return
+    if not str(path).strip() or str(path) in (".", ".."):
+        raise TfmExportError(f"{option} is empty or the current directory; give a file name")
+    real = path.resolve()
+    for given in inputs:
+        source = Path(given).resolve()
+        if real == source or (source.is_dir() and source in real.parents):
+            raise TfmExportError(f"{path}: is the input {given} (or inside it); writing there would destroy it, "
+                                 f"choose another {option}")
+    if _is_special(real) and not directory:
+        return
+    folder = path if directory else path.parent
+    if (real.is_dir() and not directory) or (path.exists() and directory and not real.is_dir()):
+        raise TfmExportError(f"{path}: is a {'directory' if real.is_dir() else 'file'}; choose another {option}")
+    blocking = next((p for p in (folder, *folder.parents) if p.exists() and not p.is_dir()), None)
+    if blocking is not None:
+        raise TfmExportError(f"{blocking}: is a file, not a folder; choose another {option}")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise TfmExportError(f"{folder}: cannot create it ({exc.strerror}); choose another {option}") from None
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise TfmExportError(f"{folder}: not writable; choose another {option}")

@@ -66,14 +66,17 @@ def split_lines(text: str) -> list[str]:
 
 
 def read_text_lines(input_file: Path | None) -> list[str]:
-    """Lines of a UTF-8 file, or of stdin when no file is given; bad bytes are a one-line error."""
+    """Lines of a UTF-8 file, or of stdin when no file is given; bad bytes are a one-line error. A byte-order
+    mark is not text: left in, it would become part of the first sentence."""
     name = str(input_file) if input_file else "<stdin>"
+    if input_file is None and sys.stdin is None:
+        raise InputTextError("stdin is closed; give TEXT arguments or --input FILE")
     try:
         data = input_file.read_bytes() if input_file else sys.stdin.buffer.read()
     except OSError as exc:
         raise InputTextError(f"{name}: cannot read input ({exc.strerror})") from None
     try:
-        return split_lines(data.decode("utf-8"))
+        return split_lines(data.decode("utf-8").removeprefix("\ufeff"))
     except UnicodeDecodeError as exc:
         line = data[:exc.start].count(b"\n") + 1
         raise InputTextError(f"{name}: line {line} is not valid UTF-8; convert the file to UTF-8") from None

@@ -7,18 +7,23 @@ vocabulary becomes a WordLevel tokenizer that splits on whitespace and maps unkn
 
 from __future__ import annotations
 
+import contextlib
 import json
-from collections.abc import Iterable
+import os
+import tempfile
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
-from .errors import VocabularyError
+from .errors import InputTextError, VocabularyError, first_line
 
 UNK, PAD, BOS, EOS = "<unk>", "<blank>", "<s>", "</s>"
 SPECIAL_TOKENS = (UNK, PAD, BOS, EOS)  # ids 0, 1, 2, 3 as in the seed's vocabularies
 UNK_ID, PAD_ID, BOS_ID, EOS_ID = range(4)
+SPECIAL_IDS = {"unk": UNK_ID, "pad": PAD_ID, "bos": BOS_ID, "eos": EOS_ID}  # as manifests record them
+MAX_VOCABULARY_BYTES = 512 << 20  # the largest real tokenizers JSON files are tens of megabytes
 FIRST_TOKEN_ID = len(SPECIAL_TOKENS)  # the first ordinary (non-special) token id
 TOKENIZER_FILE = "tokenizer.json"
 
@@ -28,6 +33,33 @@ def tokenizer_files(shared: bool) -> dict[str, str]:
     if shared:
         return {"source": TOKENIZER_FILE, "target": TOKENIZER_FILE}
     return {"source": "source_" + TOKENIZER_FILE, "target": "target_" + TOKENIZER_FILE}
+
+
+_SINK: list = []  # one temporary file per process, reused
+
+
+@contextlib.contextmanager
+def _native_stderr_held() -> Iterator[None]:
+    """Hold what native code writes to file descriptor 2 while it runs: a Rust panic prints its message (and,
+    with RUST_BACKTRACE set, a backtrace) there before Python sees the exception. Without an exception the held
+    bytes are passed on to stderr; with one they are dropped, the exception says what happened."""
+    if not _SINK:
+        _SINK.append(tempfile.TemporaryFile())
+    sink = _SINK[0]
+    sink.seek(0)
+    sink.truncate()
+    saved = os.dup(2)
+    os.dup2(sink.fileno(), 2)
+    failed = True
+    try:
+        yield
+        failed = False
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        if not failed and sink.tell():
+            sink.seek(0)
+            os.write(2, sink.read())
 
 
 class TextTokenizer:
@@ -47,8 +79,17 @@ class TextTokenizer:
         return self.tokenizer.get_vocab_size(with_added_tokens=True)
 
     def encode(self, text: str) -> list[int]:
-        """Token ids of `text`, without <s>/</s>."""
-        return self.tokenizer.encode(text, add_special_tokens=False).ids
+        """Token ids of `text`, without <s>/</s>. A tokenizer whose rules fail on the text (the Rust side panics,
+        e.g. a regex past its backtracking limit) is one line about the text, not a crash with a Rust backtrace."""
+        try:
+            with _native_stderr_held():
+                return self.tokenizer.encode(text, add_special_tokens=False).ids
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as exc:  # noqa: BLE001 (pyo3's PanicException derives from BaseException)
+            raise InputTextError(f"{self.origin}: the tokenizer failed on a {len(text):,}-character text "
+                                 f"({first_line(exc, 120)}); shorten or split the text, or fix the tokenizer") \
+                from None
 
     def decode(self, ids: Iterable[int]) -> str:
         return self.tokenizer.decode(list(ids), skip_special_tokens=True)
@@ -117,25 +158,51 @@ def _tokens_from_json(data: object, origin: str) -> list[str]:
     raise VocabularyError(f"{origin}: expected a JSON list of tokens or a token->id object")
 
 
-def load_tokenizer(path: str | Path) -> TextTokenizer:
-    """Read a `tokenizers` JSON file or a plain vocabulary file."""
+def load_tokenizer(path: str | Path, expected_size: int | None = None, side: str = "") -> TextTokenizer:
+    """Read a `tokenizers` JSON file or a plain vocabulary file; with `expected_size`, a vocabulary of another
+    size is refused before a tokenizer is built from it."""
     path = Path(path)
+    text = _read_vocabulary(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        data = json.loads(text)
+    except json.JSONDecodeError:
+        tokens = [line.strip() for line in text.split("\n") if line.strip()]
+        _check_size(path, len(tokens), expected_size, side)
+        return plain_word_tokenizer(tokens, str(path))
+    except RecursionError:
+        raise VocabularyError(f"{path}: JSON nested too deeply to be a vocabulary") from None
+    if isinstance(data, dict) and "model" in data:  # a `tokenizers` JSON file
+        try:
+            tok = TextTokenizer(Tokenizer.from_str(text), str(path))
+        except VocabularyError:
+            raise
+        except Exception as exc:  # the Rust side raises plain Exception
+            raise VocabularyError(f"{path}: not a valid tokenizers JSON file ({first_line(exc, 200)})") from None
+        _check_size(path, tok.vocab_size, expected_size, side)
+        return tok
+    tokens = _tokens_from_json(data, str(path))
+    _check_size(path, len(tokens), expected_size, side)
+    return plain_word_tokenizer(tokens, str(path))
+
+
+def _read_vocabulary(path: Path) -> str:
+    try:
+        size = path.stat().st_size
+        if size > MAX_VOCABULARY_BYTES:
+            raise VocabularyError(f"{path}: {size:,} bytes is more than a vocabulary file may have "
+                                  f"({MAX_VOCABULARY_BYTES:,}); pass the model's tokenizer.json or vocabulary list")
+        text = path.read_bytes().decode("utf-8")
     except FileNotFoundError:
         raise VocabularyError(f"{path}: vocabulary file not found; pass --vocab with the "
                               "model's tokenizer.json or vocabulary list") from None
     except (OSError, UnicodeDecodeError) as exc:
-        raise VocabularyError(f"{path}: cannot read vocabulary ({exc})") from None
+        raise VocabularyError(f"{path}: cannot read vocabulary ({first_line(exc, 200)})") from None
     if not text.strip():
         raise VocabularyError(f"{path}: vocabulary file is empty")
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError:
-        return plain_word_tokenizer([line.strip() for line in text.split("\n") if line.strip()], str(path))
-    if isinstance(data, dict) and "model" in data:  # a `tokenizers` JSON file
-        try:
-            return TextTokenizer(Tokenizer.from_str(text), str(path))
-        except Exception as exc:  # the Rust side raises plain Exception
-            raise VocabularyError(f"{path}: not a valid tokenizers JSON file ({exc})") from None
-    return plain_word_tokenizer(_tokens_from_json(data, str(path)), str(path))
+    return text
+
+
+def _check_size(path: Path, size: int, expected: int | None, side: str) -> None:
+    if expected is not None and size != expected:
+        raise VocabularyError(f"{path}: has {size} tokens but the model's {side + ' ' if side else ''}vocabulary "
+                              f"has {expected}; pass the vocabulary the model was trained with")

@@ -8,6 +8,7 @@ options existed (old artifacts stay byte-identical; see ModelConfig.to_dict).
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 NORMS = ("layernorm", "rmsnorm")
@@ -32,6 +33,8 @@ CLASSIC: dict[str, Any] = {
     "relative_buckets": 32,
     "relative_max_distance": 128,
 }
+# Largest value of each integer option: a hostile config is refused instead of allocating a huge bias table.
+INTEGER_LIMITS = {"relative_buckets": 1 << 12, "relative_max_distance": 1 << 16}
 CHOICES = {"norm": NORMS, "placement": PLACEMENTS, "activation": ACTIVATIONS, "positions": POSITIONS}
 # Options that only mean something under one value of another option: (option, value it needs).
 APPLIES_WITH = {"deepnorm_alpha": ("placement", "deepnorm"), "rope_base": ("positions", "rope"),
@@ -62,13 +65,13 @@ def variant_problems(values: dict[str, Any], d_k: int) -> list[str]:
              for name, choices in CHOICES.items() if values[name] not in choices]
     found += [f"{name} must be true or false, got {values[name]!r}"
               for name in ("embedding_norm", "ffn_bias", "attention_bias") if not isinstance(values[name], bool)]
-    found += [f"{name} must be a positive number, got {values[name]!r}"
+    found += [f"{name} must be a positive finite number, got {values[name]!r}"
               for name in ("norm_eps", "deepnorm_alpha", "rope_base")
               if isinstance(values[name], bool) or not isinstance(values[name], int | float)
-              or not values[name] > 0]
-    found += [f"{name} must be a positive integer, got {values[name]!r}"
-              for name in ("relative_buckets", "relative_max_distance")
-              if isinstance(values[name], bool) or not isinstance(values[name], int) or values[name] <= 0]
+              or not 0 < values[name] < math.inf]
+    found += [f"{name} must be a whole number in 1..{limit:,}, got {values[name]!r}"
+              for name, limit in INTEGER_LIMITS.items()
+              if isinstance(values[name], bool) or not isinstance(values[name], int) or not 1 <= values[name] <= limit]
     found += [f"{name} only applies with {option} '{needed}' (this config has {option} {values[option]!r}); "
               "leave it at its default" for name, (option, needed) in APPLIES_WITH.items()
               if values[option] != needed and values[name] != CLASSIC[name]]

@@ -14,7 +14,7 @@ from ..core.config import ModelConfig
 from ..core.errors import CheckpointError
 from ..core.tokenizer import Vocabulary, train_word_tokenizer
 from ..core.variants import CLASSIC, GATED_ACTIVATIONS
-from ..model.checkpoint import save_checkpoint
+from ..model.checkpoint import CHECKPOINT_FILE, check_checkpoint_output, save_checkpoint
 from ..model.train import TrainSettings, train
 from ..model.transformer import Transformer
 from . import numbers as demo_numbers
@@ -44,9 +44,12 @@ def demo_pair(rng: random.Random) -> tuple[str, str]:
     return demo_numbers.english(n), demo_numbers.french(n)
 
 
-def train_demo(output: Path, settings: TrainSettings, progress: bool = True,
+def train_demo(output: Path, settings: TrainSettings, progress: bool = True, force: bool = False,
                variant: dict[str, Any] | None = None) -> tuple[Path, float]:
-    """Build the demo tokenizer and model, train, save; returns the checkpoint path and minutes taken."""
+    """Build the demo tokenizer and model, train, save; returns the checkpoint path and minutes taken. An
+    existing checkpoint in `output` is replaced only with force (checked before training). `variant`: the
+    architecture options (core.variants), classic when not given."""
+    check_checkpoint_output(output / CHECKPOINT_FILE, True, force)
     torch.manual_seed(settings.seed)
     tok = train_word_tokenizer(demo_numbers.corpus_for_vocabulary())
     vocab = Vocabulary(tok, tok)
@@ -58,6 +61,6 @@ def train_demo(output: Path, settings: TrainSettings, progress: bool = True,
         output.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise CheckpointError(f"{output}: cannot create the output directory ({exc.strerror})") from None
-    path = save_checkpoint(model.eval(), vocab, output / "ckpt.pt",
+    path = save_checkpoint(model.eval(), vocab, output / CHECKPOINT_FILE, force=force,
                            extra={"training": {**settings.__dict__, "minutes": round(minutes, 2)}})
     return path, minutes

@@ -39,9 +39,10 @@ def export_graph(model: Transformer, spec: GraphSpec, opset: int, optimize: bool
     args = example_inputs(model)[spec.graph.value]
     with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), torch.no_grad():
         warnings.simplefilter("ignore")
-        logging.getLogger("torch").setLevel(logging.ERROR)
-        # its failed down-conversion (RMSNorm's ReduceMean) logs a traceback; _at_opset converts after it
-        logging.getLogger("onnxscript").setLevel(logging.ERROR)
+        # the exporter's progress notes and opset-conversion notices; its failed down-conversion (RMSNorm's
+        # ReduceMean) logs a traceback, and _at_opset converts after it
+        for name in ("torch", "onnxscript"):
+            logging.getLogger(name).setLevel(logging.ERROR)
         program = torch.onnx.export(
             module.eval(), args, dynamo=True, opset_version=opset, optimize=optimize, verbose=False,
             input_names=[t.name for t in spec.inputs], output_names=[t.name for t in spec.outputs],

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..artifacts.model_dir import graph_path, read_manifest
+from ..artifacts.model_dir import graph_path, load_vocabulary, read_manifest
 from ..core.graph_spec import Graph
 from ..core.variants import CLASSIC, describe
 from .onnx_io import load_graph, tensors_of
@@ -31,6 +31,7 @@ class GraphInfo:
 
 def inspect_model(directory: Path) -> tuple[dict, list[GraphInfo]]:
     manifest = read_manifest(directory)
+    load_vocabulary(directory, manifest)  # every file the manifest lists is checked, tokenizers included
     infos = []
     for name in [g.value for g in Graph if g.value in manifest["graphs"]]:
         path = graph_path(directory, manifest, name)

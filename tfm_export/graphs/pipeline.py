@@ -12,11 +12,12 @@ from tqdm import tqdm
 
 from .. import __version__
 from ..artifacts.manifest import MODEL_FORMAT, MODEL_FORMAT_VERSION, write_manifest
+from ..artifacts.model_dir import file_hashes
 from ..artifacts.staging import staged_directory
 from ..core.errors import TfmExportError
 from ..core.files import file_sha256
 from ..core.graph_spec import DEFAULT_OPSET, Graph, graph_specs
-from ..core.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, tokenizer_files
+from ..core.tokenizer import BOS_ID, EOS_ID, PAD_ID, SPECIAL_IDS, UNK_ID, tokenizer_files
 from ..model.checkpoint import Checkpoint
 from ..runtime.ort_backend import OrtBackend
 from ..runtime.session import open_session
@@ -41,7 +42,8 @@ def _metadata(ckpt: Checkpoint, opset: int, graph: Graph) -> dict[str, str]:
             "tfm_export.source_checkpoint_sha256": ckpt.sha256}
 
 
-def build_manifest(ckpt: Checkpoint, opset: int, hashes: dict[Graph, str], applied: list[str]) -> dict[str, Any]:
+def build_manifest(ckpt: Checkpoint, opset: int, hashes: dict[Graph, str], files: dict[str, str],
+                   applied: list[str]) -> dict[str, Any]:
     cfg = ckpt.config
     specs = graph_specs(cfg)
     return {
@@ -49,12 +51,13 @@ def build_manifest(ckpt: Checkpoint, opset: int, hashes: dict[Graph, str], appli
         "tool_version": __version__,
         "model": cfg.to_dict(), "precision": "fp32", "opset": opset, "optimizations": applied,
         "optimizations_not_applied": {"onnxruntime.transformers fusions": NOT_SAVED_REASON},
-        "special_tokens": {"unk": UNK_ID, "pad": PAD_ID, "bos": BOS_ID, "eos": EOS_ID},
+        "special_tokens": SPECIAL_IDS,
         "limits": {"max_source_length": cfg.n_position, "max_target_length": cfg.n_position,
                    "note": "source length counts <s> and </s>; past + new decoder tokens (with <s>) "
                            "must stay <= max_target_length"},
         "tokenizer": tokenizer_files(ckpt.vocab.shared),
         "graphs": {g.value: {**specs[g].to_dict(), "sha256": hashes[g]} for g in Graph},
+        "files": files,
         "source_checkpoint": {"path": str(ckpt.path.resolve()), "sha256": ckpt.sha256, "format": ckpt.kind},
     }
 
@@ -85,14 +88,15 @@ def export_model_dir(ckpt: Checkpoint, output: Path, opset: int = DEFAULT_OPSET,
         bar.set_postfix_str("torch.onnx")
         graphs = export_all(ckpt.model, opset, optimize)
         bar.update()
-        hashes = {}
+        hashes, listed = {}, []
         for graph, proto in graphs.items():
             onnx.helper.set_model_props(proto, _metadata(ckpt, opset, graph))
-            save_graph(proto, staging / graph.filename)
+            listed += [p.name for p in save_graph(proto, staging / graph.filename)[1:]]  # external weights
             hashes[graph] = file_sha256(staging / graph.filename)
         bar.update()
         for side, name in tokenizer_files(ckpt.vocab.shared).items():
             getattr(ckpt.vocab, side).save(staging / name)
+            listed.append(name)
         bar.set_postfix_str("parity")
         worst = check_parity(ckpt, staging)
         log.info("parity with PyTorch: max abs difference %.2e", worst)
@@ -100,7 +104,7 @@ def export_model_dir(ckpt: Checkpoint, output: Path, opset: int = DEFAULT_OPSET,
         applied = ["tied weights stored once"]
         if optimize:
             applied.insert(0, "torch.onnx/onnxscript optimizer: constant folding, dead code elimination")
-        manifest = build_manifest(ckpt, opset, hashes, applied)
+        manifest = build_manifest(ckpt, opset, hashes, file_hashes(staging, listed), applied)
         write_manifest(staging, manifest)
         bar.update()
     return manifest

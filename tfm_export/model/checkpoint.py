@@ -22,11 +22,12 @@ import torch
 
 from ..core.config import ModelConfig
 from ..core.errors import CheckpointError, VocabularyError, first_line
-from ..core.files import file_sha256, write_atomically
+from ..core.files import contained_file, file_sha256, write_atomically
 from ..core.tokenizer import Vocabulary, load_tokenizer, tokenizer_files
 from .transformer import Transformer
 
 FORMAT_NAME = "tfm-export-checkpoint"
+CHECKPOINT_FILE = "ckpt.pt"  # what random-checkpoint and train-demo write into their --output directory
 FORMAT_VERSION = 1
 ALLOWED_GLOBALS = (argparse.Namespace,)
 SEED_KEYS = {"settings", "model"}
@@ -151,9 +152,12 @@ def _format_of(data: dict[str, Any], path: Path) -> tuple[str, Callable[[], Mode
                           f"expected 'settings' and 'model' from the seed's train.py, or a {FORMAT_NAME})")
 
 
-def validate_state_dict(state: dict[str, Any], model: Transformer, path: Path) -> None:
-    """Every expected weight present with its shape, nothing surplus, shared weights equal."""
-    expected = model.state_dict()
+def validate_state_dict(state: dict[str, Any], config: ModelConfig, path: Path) -> None:
+    """Every expected weight present with its shape, nothing surplus, float and finite, shared weights equal.
+    The expected shapes come from a model built on the meta device, so a config that claims sizes the
+    weights do not have is refused before anything of that size is allocated."""
+    with torch.device("meta"):
+        expected = Transformer(config).state_dict()
     problems = [f"missing {k}" for k in expected if k not in state]
     problems += [f"unexpected {k}" for k in state if k not in expected]
     problems += [f"{k} is a {type(state[k]).__name__}, not a tensor"
@@ -164,19 +168,27 @@ def validate_state_dict(state: dict[str, Any], model: Transformer, path: Path) -
         if k in state and isinstance(state[k], torch.Tensor) and state[k].shape != v.shape
     ]
     if not problems:
-        cfg = model.config
-        problems = [f"{a} and {b} should be one shared tensor but differ"
-                    for flag, (a, b) in SHARED_WEIGHTS.items()
-                    if getattr(cfg, flag) and not torch.equal(state[a], state[b])]
+        problems = _value_problems({k: state[k] for k in expected}, config)
     if problems:
         shown = "; ".join(problems[:8]) + (f"; and {len(problems) - 8} more" if len(problems) > 8 else "")
         raise CheckpointError(f"{path}: weights do not fit the model config: {shown}")
 
 
+def _value_problems(state: dict[str, torch.Tensor], config: ModelConfig) -> list[str]:
+    """Integer or non-finite weights would decode to garbage with exit 0: name the tensor instead."""
+    problems = [f"{k} holds {t.dtype} values, not floating point" for k, t in state.items()
+                if not t.is_floating_point()]
+    problems += [f"{k} holds NaN or infinite values" for k, t in state.items()
+                 if t.is_floating_point() and not bool(torch.isfinite(t).all())]
+    return problems or [f"{a} and {b} should be one shared tensor but differ"
+                        for flag, (a, b) in SHARED_WEIGHTS.items()
+                        if getattr(config, flag) and not torch.equal(state[a], state[b])]
+
+
 def build_model(config: ModelConfig, state: dict[str, torch.Tensor], path: Path) -> Transformer:
+    validate_state_dict(state, config, path)
     torch.manual_seed(0)  # the init is overwritten; seeding keeps construction deterministic
     model = Transformer(config)
-    validate_state_dict(state, model, path)
     model.load_state_dict(state)
     return model.eval()
 
@@ -184,23 +196,21 @@ def build_model(config: ModelConfig, state: dict[str, torch.Tensor], path: Path)
 def _vocab_from_files(files: list[Path], config: ModelConfig) -> Vocabulary:
     if len(files) not in (1, 2):
         raise VocabularyError("give --vocab once (shared vocabulary) or twice (source, then target)")
-    source = load_tokenizer(files[0])
-    vocab = Vocabulary(source, load_tokenizer(files[1]) if len(files) == 2 else source)
-    for side, tok, size in (("source", vocab.source, config.src_vocab_size),
-                            ("target", vocab.target, config.trg_vocab_size)):
-        if tok.vocab_size != size:
-            raise VocabularyError(
-                f"{tok.origin}: has {tok.vocab_size} tokens but the model's {side} vocabulary has {size}; "
-                "pass the vocabulary the model was trained with")
-    return vocab
+    if len(files) == 1 and config.src_vocab_size != config.trg_vocab_size:
+        raise VocabularyError(f"{files[0]}: one vocabulary for a model whose source and target vocabularies differ "
+                              f"({config.src_vocab_size} and {config.trg_vocab_size}); give --vocab twice")
+    source = load_tokenizer(files[0], config.src_vocab_size, "source")
+    return Vocabulary(source, load_tokenizer(files[1], config.trg_vocab_size, "target") if len(files) == 2 else source)
 
 
 def _stored_vocab_files(data: dict[str, Any], path: Path) -> list[Path]:
-    names = data.get("tokenizer") or {}
-    files = [path.parent / names[side] for side in ("source", "target") if side in names]
-    if not files:
-        raise VocabularyError(f"{path}: checkpoint names no tokenizer; pass --vocab FILE")
-    return files[:1] if len(set(files)) == 1 else files
+    """The tokenizer files the checkpoint names: plain names of files beside it, never a path elsewhere."""
+    names = data.get("tokenizer")
+    if not isinstance(names, dict) or not {"source", "target"} <= names.keys():
+        raise VocabularyError(f"{path}: checkpoint names no source and target tokenizer; pass --vocab FILE")
+    files = [contained_file(path.parent, names[side], VocabularyError, f"{side} tokenizer named by {path.name}",
+                            "pass --vocab FILE") for side in ("source", "target")]
+    return files[:1] if files[0] == files[1] else files
 
 
 def load_checkpoint(path: str | Path, vocab: list[Path] | None = None) -> Checkpoint:
@@ -219,12 +229,23 @@ def load_checkpoint(path: str | Path, vocab: list[Path] | None = None) -> Checkp
     return Checkpoint(path, kind, config, model, _vocab_from_files(files, config), file_sha256(path))
 
 
+def check_checkpoint_output(path: Path, shared: bool, force: bool) -> None:
+    """Before slow work (training): a checkpoint or tokenizer already there is replaced only with --force."""
+    if path.parent.exists() and not path.parent.is_dir():
+        raise CheckpointError(f"{path.parent}: exists and is not a directory; choose another --output")
+    present = [p for p in (path, *(path.parent / n for n in set(tokenizer_files(shared).values()))) if p.exists()]
+    if present and not force:
+        raise CheckpointError(f"{present[0]}: already exists; pass --force to replace it or choose another --output")
+
+
 def save_checkpoint(model: Transformer, vocab: Vocabulary, path: str | Path,
-                    extra: dict[str, Any] | None = None) -> Path:
-    """Save the project's format: config + state_dict + tokenizer file names, tokenizers beside it."""
+                    extra: dict[str, Any] | None = None, force: bool = True) -> Path:
+    """Save the project's format: config + state_dict + tokenizer file names, tokenizers beside it.
+    force=False refuses to replace an existing checkpoint or tokenizer (what the commands pass by default)."""
     path = Path(path)
     if not path.parent.is_dir():
         raise CheckpointError(f"{path.parent}: output directory does not exist")
+    check_checkpoint_output(path, vocab.shared, force)
     names = tokenizer_files(vocab.shared)
     payload = {"format": FORMAT_NAME, "format_version": FORMAT_VERSION, "config": model.config.to_dict(),
                "model": model.state_dict(), "tokenizer": names, **(extra or {})}

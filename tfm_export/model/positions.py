@@ -26,12 +26,17 @@ def sinusoid_table(n_position: int, d_hid: int) -> Tensor:
     return torch.tensor(table, dtype=torch.float32).unsqueeze(0)
 
 
+def _on_meta() -> bool:
+    """A model built on the meta device (checkpoint validation) needs shapes only: skip the tables' maths."""
+    return torch.get_default_device().type == "meta"
+
+
 class PositionalEncoding(nn.Module):
     """The seed's fixed table (a buffer), or a learned one of the same name and shape (a parameter)."""
 
     def __init__(self, d_hid: int, n_position: int = 200, learned: bool = False) -> None:
         super().__init__()
-        table = sinusoid_table(n_position, d_hid)
+        table = torch.empty(1, n_position, d_hid) if _on_meta() else sinusoid_table(n_position, d_hid)
         if learned:
             self.pos_table = nn.Parameter(table)  # Transformer's init overwrites it
         else:
@@ -56,6 +61,10 @@ class RotaryEmbedding(nn.Module):
 
     def __init__(self, d_k: int, n_position: int, base: float) -> None:
         super().__init__()
+        if _on_meta():
+            self.register_buffer("cos", torch.empty(n_position, d_k), persistent=False)
+            self.register_buffer("sin", torch.empty(n_position, d_k), persistent=False)
+            return
         inv_freq = base ** (-np.arange(0, d_k, 2, dtype=np.float64) / d_k)  # (d/2,)
         angles = np.repeat(np.arange(n_position, dtype=np.float64)[:, None] * inv_freq[None, :], 2, axis=1)
         self.register_buffer("cos", torch.tensor(np.cos(angles), dtype=torch.float32), persistent=False)
@@ -95,6 +104,9 @@ class RelativePositionBias(nn.Module):
         self.weight = nn.Parameter(torch.zeros(num_buckets, n_head))  # Transformer's init overwrites it
         self.max_distance = max_distance
         self.offset = n_position - 1  # table index of distance 0
+        if _on_meta():
+            self.register_buffer("buckets", torch.empty(2 * n_position - 1, dtype=torch.int64), persistent=False)
+            return
         relative = np.arange(-self.offset, n_position, dtype=np.int64)
         table = relative_buckets(relative, bidirectional, num_buckets, max_distance)
         self.register_buffer("buckets", torch.from_numpy(table), persistent=False)

@@ -12,21 +12,27 @@ from pathlib import Path
 import torch
 
 from ..core.config import ModelConfig
+from ..core.errors import CheckpointError
 from ..core.tokenizer import Vocabulary, plain_word_tokenizer
-from .checkpoint import save_checkpoint
+from .checkpoint import CHECKPOINT_FILE, check_checkpoint_output, save_checkpoint
 from .transformer import Transformer
 
 SPECIALS = ["<unk>", "<blank>", "<s>", "</s>"]
 
 
-def random_checkpoint(config: ModelConfig, directory: Path, seed: int = 0) -> Path:
-    """ckpt.pt + tokenizer.json (tokens w0, w1, ...) in `directory`; one shared vocabulary."""
+def random_checkpoint(config: ModelConfig, directory: Path, seed: int = 0, force: bool = False) -> Path:
+    """ckpt.pt + tokenizer.json (tokens w0, w1, ...) in `directory`; one shared vocabulary. An existing
+    checkpoint there is replaced only with force."""
+    check_checkpoint_output(directory / CHECKPOINT_FILE, True, force)
     torch.manual_seed(seed)
     model = Transformer(config).eval()
     words = [f"w{i}" for i in range(max(config.src_vocab_size, config.trg_vocab_size) - len(SPECIALS))]
     tok = plain_word_tokenizer([*SPECIALS, *words], "random")
-    directory.mkdir(parents=True, exist_ok=True)
-    return save_checkpoint(model, Vocabulary(tok, tok), directory / "ckpt.pt")
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise CheckpointError(f"{directory}: cannot create the output directory ({exc.strerror})") from None
+    return save_checkpoint(model, Vocabulary(tok, tok), directory / CHECKPOINT_FILE, force=force)
 
 
 def random_texts(config: ModelConfig, count: int, min_words: int = 5, max_words: int = 30,

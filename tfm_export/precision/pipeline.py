@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import copy
 import logging
-import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +19,7 @@ import onnx
 from tqdm import tqdm
 
 from ..artifacts.manifest import write_manifest
-from ..artifacts.model_dir import INT8_MODES, load_vocabulary, read_manifest, tokenizer_file
+from ..artifacts.model_dir import INT8_MODES, copy_tokenizers, file_hashes, load_vocabulary, read_manifest
 from ..artifacts.model_dir import PRECISIONS as MODEL_PRECISIONS
 from ..artifacts.staging import staged_directory
 from ..core.config import ModelConfig
@@ -110,21 +109,21 @@ def quantize_model_dir(source: Path, output: Path, precision: str, mode: str | N
             traces = _traces(source, vocab, calibration, progress)
         bar.update()
         specs = graph_specs(ModelConfig.from_dict(manifest["model"]))
-        entries, kept = {}, {}
+        entries, kept, listed = {}, {}, []
         for graph, proto in graphs.items():
             bar.set_postfix_str(graph.value)
             converted, kept[graph.value] = _convert(proto, precision, mode, keep_io_types, traces, graph,
                                                     not float_embeddings)
             _set_precision_metadata(converted, precision)
             checked = check_contract(converted, specs[graph])
-            save_graph(converted, staging / graph.filename)
+            listed += [p.name for p in save_graph(converted, staging / graph.filename)[1:]]
             entries[graph.value] = {**manifest["graphs"][graph.value], "sha256": file_sha256(staging / graph.filename),
                                     "inputs": tensors_of(checked.graph.input),
                                     "outputs": tensors_of(checked.graph.output)}
             bar.update()
-        for name in set(manifest["tokenizer"].values()):
-            shutil.copyfile(tokenizer_file(source, name), staging / name)
+        listed += copy_tokenizers(source, manifest, staging)
         new = _manifest(manifest, source, precision, mode, keep_io_types, entries, kept, calibration, traces)
+        new["files"] = file_hashes(staging, listed)
         if precision == "int8" and float_embeddings:
             new["int8"]["embeddings"] = "float (--float-embeddings)"
         write_manifest(staging, new)

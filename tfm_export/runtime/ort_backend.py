@@ -8,13 +8,35 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
+from ..artifacts.manifest import ModelDirError
 from ..artifacts.model_dir import graph_path, read_manifest
 from ..core.config import ModelConfig
-from ..core.graph_spec import Graph, cache_head_sizes, cache_names
+from ..core.graph_spec import Graph, GraphSpec, cache_head_sizes, cache_names, graph_specs
 from ..core.sources import check_source_length, check_target_length
 from ..core.tokenizer import PAD_ID
 from .cache import CacheState
 from .session import DEFAULT_OPTIONS, SessionOptions, open_session, run
+
+
+def check_contract_names(session: ort.InferenceSession, spec: GraphSpec, path: Path) -> ort.InferenceSession:
+    """A graph whose inputs/outputs are not the ones the manifest's model config implies (a graph of another
+    model put in the directory) is refused here, not met as a KeyError mid-decode."""
+    for kind, got, want in (("inputs", session.get_inputs(), spec.inputs), ("outputs", session.get_outputs(),
+                                                                             spec.outputs)):
+        names, expected = [v.name for v in got], [t.name for t in want]
+        ranks, expected_ranks = [len(v.shape) for v in got], [len(t.shape) for t in want]
+        if names != expected or ranks != expected_ranks:
+            raise ModelDirError(f"{path}: its {kind} do not match the graph contract for this manifest's model "
+                                f"(got {len(names)}, expected {len(expected)}: {_first_difference(names, expected)}); "
+                                "export the model again")
+    return session
+
+
+def _first_difference(got: list[str], want: list[str]) -> str:
+    for a, b in zip(got, want, strict=False):
+        if a != b:
+            return f"{a!r} where {b!r} belongs"
+    return "a different count" if len(got) != len(want) else "a different rank"
 
 
 class OrtBackend:
@@ -43,8 +65,13 @@ class OrtBackend:
         manifest = read_manifest(Path(directory))
         if manifest.get("int8", {}).get("mode") == "static" and options.device == "cpu":
             options = dataclasses.replace(options, fold_qdq=True)
-        sessions = [open_session(graph_path(Path(directory), manifest, g.value), options) for g in Graph]
-        return cls(*sessions, ModelConfig.from_dict(manifest["model"]), manifest)
+        config = ModelConfig.from_dict(manifest["model"])
+        specs = graph_specs(config)
+        sessions = []
+        for graph in Graph:
+            path = graph_path(Path(directory), manifest, graph.value)
+            sessions.append(check_contract_names(open_session(path, options), specs[graph], path))
+        return cls(*sessions, config, manifest)
 
     def run_encoder(self, src: np.ndarray) -> dict[str, np.ndarray]:
         mask = (src != PAD_ID).astype(np.int64)

@@ -30,6 +30,17 @@ class SessionOptions:
 
 
 DEFAULT_OPTIONS = SessionOptions()
+MAX_THREADS = 4 * (os.cpu_count() or 1)  # beyond this a thread pool only thrashes (or, for torch, crashes)
+
+
+def check_threads(threads: int | str, what: str = "thread count") -> int:
+    """A thread count in 0..MAX_THREADS (0 = the library's default), from a flag or TFM_THREADS."""
+    if not str(threads).isdigit():
+        raise TfmExportError(f"{what} {threads!r} (TFM_THREADS?) is not a whole number")
+    if int(threads) > MAX_THREADS:
+        raise TfmExportError(f"{what} {threads} is more than {MAX_THREADS} (4x this machine's {os.cpu_count()} "
+                             "cores); give at most that, or 0 for the default")
+    return int(threads)
 CUDA_PROVIDER, TENSORRT_PROVIDER = "CUDAExecutionProvider", "TensorrtExecutionProvider"
 
 
@@ -57,10 +68,8 @@ def open_session(path: Path, options: SessionOptions = DEFAULT_OPTIONS) -> ort.I
     if options.optimization not in OPT_LEVELS:
         raise TfmExportError(f"ONNX Runtime optimisation level {options.optimization!r} (TFM_ORT_OPT_LEVEL?) is not "
                              f"one of {', '.join(OPT_LEVELS)}")
-    if not str(options.intra_op_threads).isdigit():
-        raise TfmExportError(f"thread count {options.intra_op_threads!r} (TFM_THREADS?) is not a whole number")
     so = ort.SessionOptions()
-    so.intra_op_num_threads = int(options.intra_op_threads)
+    so.intra_op_num_threads = check_threads(options.intra_op_threads)
     so.inter_op_num_threads = 1
     so.graph_optimization_level = OPT_LEVELS[options.optimization]
     so.enable_cpu_mem_arena = options.memory_arena

@@ -26,7 +26,7 @@ from ..core.sources import encode_lines
 from ..core.tokenizer import Vocabulary
 from . import decoding
 from .decoding import StepBackend
-from .session import DEFAULT_OPTIONS, SessionOptions
+from .session import DEFAULT_OPTIONS, SessionOptions, check_threads
 
 RUNTIME_BACKENDS = ("onnxruntime", "torch", "tensorrt")
 log = logging.getLogger(__name__)
@@ -40,6 +40,10 @@ class Translation:
     score: float  # summed log-probability
     time_ms: float  # its batch's decode time divided by the batch size
     n_best: tuple[tuple[str, float], ...] = ()  # (text, score), best first, when more than one was asked for
+
+
+MAX_BEAM = 64
+LENGTH_PENALTY_RANGE = (-10.0, 10.0)  # score / length ** penalty: beyond this every ranking is degenerate
 
 
 @dataclass(frozen=True)
@@ -77,6 +81,9 @@ class Translator:
         backend = backend or _default_backend(model)
         if backend not in RUNTIME_BACKENDS:
             raise TfmExportError(f"unknown backend {backend!r}; choose one of {', '.join(RUNTIME_BACKENDS)}")
+        if session_options.tensorrt_ep and backend != "onnxruntime":
+            raise TfmExportError(f"--ort-trt is ONNX Runtime's TensorRT provider; it does not apply to --backend "
+                                 f"{backend}")
         if backend == "tensorrt":
             return cls._load_tensorrt(model, vocab, device or "cuda")
         device = device or "cpu"
@@ -99,7 +106,7 @@ class Translator:
         from .torch_backend import TorchBackend
         if model.is_dir():
             raise TfmExportError(f"{model}: is a model directory; the torch backend takes a checkpoint file")
-        if int(threads or 0):
+        if check_threads(threads):
             torch.set_num_threads(int(threads))
         if device == "cuda" and not torch.cuda.is_available():
             raise TfmExportError("--device cuda: PyTorch sees no CUDA GPU on this machine; use --device cpu")
@@ -157,6 +164,11 @@ class Translator:
         """Options that cannot work, before any line is decoded; returns the sentences per batch (engines
         take at most max_rows rows, sentences x beams)."""
         limit = self.max_target
+        low, high = LENGTH_PENALTY_RANGE
+        if not low <= options.length_penalty <= high:  # NaN fails this too
+            raise InputTextError(f"--length-penalty {options.length_penalty} is outside {low:g}..{high:g}")
+        if not 1 <= options.beam_size <= MAX_BEAM or options.batch_size < 1:
+            raise InputTextError(f"--beam-size must be 1..{MAX_BEAM} and --batch-size at least 1")
         if options.max_length is not None and not 1 <= options.max_length <= limit:
             what = "the engines' --max-target-length" if limit < self.config.n_position else "the model's positions"
             raise InputTextError(f"--max-length {options.max_length} is outside 1..{limit} ({what})")

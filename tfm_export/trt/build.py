@@ -23,7 +23,14 @@ from tqdm import tqdm
 from .. import __version__
 from ..artifacts.engine_dir import plan_name, read_engine_manifest
 from ..artifacts.manifest import ENGINE_FORMAT, ENGINE_FORMAT_VERSION, write_manifest
-from ..artifacts.model_dir import PRECISIONS, graph_path, read_manifest, tokenizer_file
+from ..artifacts.model_dir import (
+    PRECISIONS,
+    copy_tokenizers,
+    file_hashes,
+    graph_path,
+    load_vocabulary,
+    read_manifest,
+)
 from ..artifacts.staging import check_output, staged_directory
 from ..core.config import ModelConfig
 from ..core.errors import TfmExportError, first_line
@@ -92,6 +99,9 @@ def build_engines(model_dir: Path, output: Path, precision: str | None = None, l
     plan_build(source_precision, mode, precision, 10, weak_typing)  # the request's own mistakes first
     keep = (model_dir, *([timing_cache] if timing_cache else []))
     check_output(output, force, keep)
+    load_vocabulary(model_dir, manifest)  # the directory is whole (every file as hashed) before TensorRT is sought
+    for graph in Graph:
+        graph_path(model_dir, manifest, graph.value)
     platform = current_platform()
     plan = plan_build(source_precision, mode, precision, platform.tensorrt_major, weak_typing)
     check_gpu_supported(platform)
@@ -114,10 +124,9 @@ def build_engines(model_dir: Path, output: Path, precision: str | None = None, l
             engines[graph.value] = _write_plan(graph, source, source_manifest, profile_shapes(specs[graph], limits),
                                                plan, workspace_mib, cache, staging)
             bar.update()
-        for name in set(manifest["tokenizer"].values()):
-            shutil.copyfile(tokenizer_file(model_dir, name), staging / name)
+        tokenizers = file_hashes(staging, copy_tokenizers(model_dir, manifest, staging))
         write_manifest(staging, _engine_manifest(manifest, model_dir, source_manifest, plan, platform, limits,
-                                                 engines))
+                                                 engines, tokenizers))
         if timing_cache:
             write_atomically({timing_cache: lambda tmp: shutil.copyfile(cache, tmp)}, "the timing cache")
     return read_engine_manifest(output)
@@ -193,7 +202,8 @@ def layer_precisions(info: dict[str, Any]) -> set[str]:
 
 
 def _engine_manifest(parent: dict[str, Any], model_dir: Path, source: dict[str, Any], plan: BuildPlan,
-                     platform: Platform, limits: ShapeLimits, engines: dict[str, Any]) -> dict[str, Any]:
+                     platform: Platform, limits: ShapeLimits, engines: dict[str, Any],
+                     files: dict[str, str]) -> dict[str, Any]:
     return {
         "format": ENGINE_FORMAT, "format_version": ENGINE_FORMAT_VERSION, "tool": "tfm-export",
         "tool_version": __version__, "model": parent["model"], "special_tokens": parent["special_tokens"],
@@ -203,7 +213,7 @@ def _engine_manifest(parent: dict[str, Any], model_dir: Path, source: dict[str, 
         "tensorrt": {**platform.to_dict(), "precision_source": plan.precision_source,
                      "strongly_typed": plan.strongly_typed, "builder_flags": list(plan.flags),
                      "shape_limits": limits.to_dict()},
-        "engines": engines,
+        "engines": engines, "files": files,
         "source": {"path": str(model_dir.resolve()), "precision": source["precision"],
                    "made_fp16_graphs": plan.make_fp16,
                    "graphs_sha256": {g: e["sha256"] for g, e in source["graphs"].items()}},

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..artifacts.model_dir import read_manifest
+from ..artifacts.model_dir import load_vocabulary, read_manifest
 from ..core.batching import pad_batch
 from ..core.errors import TfmExportError
 from ..core.sources import encode_lines
@@ -49,7 +49,9 @@ class VerifyReport:
 
 def checkpoint_for(directory: Path, given: Path | None, vocab: Sequence[Path]) -> Checkpoint:
     """The checkpoint to compare with: the one given, else the one the manifest says was exported."""
-    source = read_manifest(directory)["source_checkpoint"]
+    manifest = read_manifest(directory)
+    load_vocabulary(directory, manifest)  # the directory must be whole, its tokenizer included
+    source = manifest["source_checkpoint"]
     path = given or Path(source.get("path", ""))
     if not given and not path.is_file():
         raise TfmExportError(f"{directory}: the exported checkpoint {source.get('path')} is not here; "

@@ -1,0 +1,313 @@
+"""Untrusted files: what a checkpoint or manifest names stays inside its directory, every listed file is
+hashed and checked on every read, and damaged or hostile content is one line, never a traceback or a
+silent wrong answer."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import onnx
+import pytest
+import torch
+from click.testing import CliRunner
+from conftest import DEMO_CKPT, tiny_config
+from seed_oracle import save_seed_checkpoint, seed_settings, seed_state_dict
+
+from tfm_export.artifacts.manifest import write_manifest
+from tfm_export.artifacts.model_dir import read_manifest
+from tfm_export.cli.export_cli import main as export_main
+from tfm_export.cli.run_cli import main as run_main
+from tfm_export.core.errors import TfmExportError
+from tfm_export.core.files import file_sha256
+from tfm_export.graphs.onnx_io import save_graph
+from tfm_export.graphs.pipeline import export_model_dir
+from tfm_export.model.checkpoint import load_checkpoint
+from tfm_export.model.synthetic import random_checkpoint
+from tfm_export.runtime.translator import Translator
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tiny")
+    ckpt = load_checkpoint(random_checkpoint(tiny_config(n_position=16), root / "ckpt"))
+    export_model_dir(ckpt, root / "model", progress=False)
+    return ckpt, root / "model"
+
+
+def copy_of(directory: Path, tmp_path: Path, name: str = "copy") -> Path:
+    shutil.copytree(directory, tmp_path / name)
+    return tmp_path / name
+
+
+def edit_manifest(directory: Path, edit) -> None:
+    manifest = json.loads((directory / "manifest.json").read_text())
+    edit(manifest)
+    (directory / "manifest.json").write_text(json.dumps(manifest))
+
+
+def one_line_error(result, *fragments: str) -> None:
+    assert result.exit_code != 0, result.output
+    assert len(result.output.strip().splitlines()) == 1 and "Traceback" not in result.output, result.output
+    for fragment in fragments:
+        assert fragment in result.output, result.output
+
+
+READERS = [["translate", "w5"], ["quantize", "--precision", "int8", "--mode", "dynamic", "--output", "{out}"],
+           ["check"], ["inspect"], ["verify"], ["trt", "--fp16", "--output", "{out}"]]
+
+
+def run_reader(args: list[str], model: Path, out: Path):
+    command, *rest = args
+    rest = [a.format(out=out) for a in rest]
+    if command == "translate":
+        return CliRunner().invoke(run_main, ["translate", "--model", str(model), *rest])
+    return CliRunner().invoke(export_main, [command, "--model", str(model), *rest])
+
+
+# --- integrity: every listed file hashed, checked by every reader ------------------------------------------------
+
+@pytest.mark.parametrize("reader", READERS, ids=lambda a: a[0])
+def test_a_swapped_tokenizer_is_refused_by_every_reader(tiny, tmp_path, reader):
+    """Same size, other words: without the hash it would translate with exit 0, into the wrong words."""
+    model = copy_of(tiny[1], tmp_path)
+    vocab = json.loads((model / "tokenizer.json").read_text())
+    words = vocab["model"]["vocab"]
+    a, b = "w1", "w2"
+    words[a], words[b] = words[b], words[a]
+    (model / "tokenizer.json").write_text(json.dumps(vocab))
+    one_line_error(run_reader(reader, model, tmp_path / "out"), "tokenizer.json: sha256 differs from manifest.json")
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("reader", READERS, ids=lambda a: a[0])
+def test_damaged_external_weights_are_refused_by_every_reader(tiny, tmp_path, reader):
+    """Graphs above 2 GB keep their weights in `*.onnx.data`; zeroed weights there must not translate."""
+    model = copy_of(tiny[1], tmp_path)
+    manifest = read_manifest(model)
+    proto = onnx.load(str(model / "decoder_step.onnx"))
+    written = save_graph(proto, model / "decoder_step.onnx", external_above=0)
+    assert [p.name for p in written] == ["decoder_step.onnx", "decoder_step.onnx.data"]
+    manifest["graphs"]["decoder_step"]["sha256"] = file_sha256(model / "decoder_step.onnx")
+    manifest["files"]["decoder_step.onnx.data"] = file_sha256(model / "decoder_step.onnx.data")
+    write_manifest(model, manifest)
+    assert len(Translator.load(model).translate(["w5 w6"])) == 1  # consistent: it runs
+    data = model / "decoder_step.onnx.data"
+    data.write_bytes(bytes(data.stat().st_size))
+    one_line_error(run_reader(reader, model, tmp_path / "out"),
+                   "decoder_step.onnx.data: sha256 differs from manifest.json")
+
+
+@pytest.mark.parametrize("name", ["../outside.json", "/etc/passwd", "sub/tokenizer.json", "", None, 7])
+def test_manifest_file_names_stay_inside_the_directory(tiny, tmp_path, name):
+    model = copy_of(tiny[1], tmp_path)
+    (tmp_path / "outside.json").write_text((model / "tokenizer.json").read_text())
+    edit_manifest(model, lambda m: m["tokenizer"].update(source=name, target=name))
+    one_line_error(CliRunner().invoke(run_main, ["translate", "--model", str(model), "w5"]))
+
+
+def test_a_link_inside_the_directory_pointing_outside_is_refused(tiny, tmp_path):
+    model = copy_of(tiny[1], tmp_path)
+    outside = tmp_path / "elsewhere.json"
+    shutil.move(model / "tokenizer.json", outside)
+    os.symlink(outside, model / "tokenizer.json")
+    one_line_error(CliRunner().invoke(run_main, ["translate", "--model", str(model), "w5"]), "points outside")
+
+
+@pytest.mark.parametrize("name", ["../outside/tokenizer.json", "/etc/passwd", "/dev/zero"])
+def test_checkpoint_tokenizer_names_stay_beside_the_checkpoint(tiny, tmp_path, name):
+    data = torch.load(tiny[0].path, weights_only=True)
+    data["tokenizer"] = {"source": name, "target": name}
+    (tmp_path / "outside").mkdir()
+    shutil.copy(tiny[0].path.parent / "tokenizer.json", tmp_path / "outside" / "tokenizer.json")
+    (tmp_path / "ckpt").mkdir()
+    torch.save(data, tmp_path / "ckpt" / "ckpt.pt")
+    result = CliRunner().invoke(run_main, ["translate", "--model", str(tmp_path / "ckpt" / "ckpt.pt"), "w5"])
+    one_line_error(result, "is not a plain file name")
+
+
+def test_a_graph_of_another_model_rehashed_into_the_manifest_is_refused(tiny, tmp_path):
+    other = load_checkpoint(random_checkpoint(tiny_config(n_layers=3, n_position=16), tmp_path / "other"))
+    export_model_dir(other, tmp_path / "other-model", progress=False)
+    model = copy_of(tiny[1], tmp_path)
+    shutil.copy(tmp_path / "other-model" / "decoder_step.onnx", model / "decoder_step.onnx")
+    edit_manifest(model, lambda m: m["graphs"]["decoder_step"].update(sha256=file_sha256(model / "decoder_step.onnx")))
+    one_line_error(CliRunner().invoke(run_main, ["translate", "--model", str(model), "w5"]),
+                   "do not match the graph contract")
+
+
+def test_the_same_graph_listed_twice_is_refused(tiny, tmp_path):
+    model = copy_of(tiny[1], tmp_path)
+    edit_manifest(model, lambda m: m["graphs"]["decoder_step"].update(m["graphs"]["encoder"]))
+    one_line_error(CliRunner().invoke(run_main, ["translate", "--model", str(model), "w5"]), "for both graphs")
+
+
+@pytest.mark.parametrize("edit, fragment", [
+    (lambda m: m["limits"].update(max_target_length="200"), "invalid limits.max_target_length"),
+    (lambda m: m["model"].update(d_model=[512]), "d_model must be a whole number"),
+    (lambda m: m["model"].update(n_position=10 ** 9), "n_position must be a whole number in 1..65,536"),
+    (lambda m: m.update(model="big"), "invalid model"),
+    (lambda m: m.update(special_tokens={"unk": 0, "pad": 1, "bos": 2, "eos": 5}), "invalid special_tokens"),
+    (lambda m: m["limits"].update(max_source_length=10 ** 6), "outside 1..16"),
+    (lambda m: m.pop("files"), "lacks files"),
+    (lambda m: m.update(format_version=1), "format version 1 is not supported"),
+])
+def test_damaged_manifest_fields_are_one_line_for_every_reader(tiny, tmp_path, edit, fragment):
+    model = copy_of(tiny[1], tmp_path)
+    edit_manifest(model, edit)
+    for reader in (["translate", "w5"], ["check"], ["inspect"]):
+        one_line_error(run_reader(reader, model, tmp_path / "out"), fragment)
+
+
+@pytest.mark.parametrize("content", [b"[" * 100_000 + b"]" * 100_000, b"\xff\xfe not utf-8", b"[1, 2]", b"null"])
+def test_hostile_manifest_json_is_one_line(tiny, tmp_path, content):
+    model = copy_of(tiny[1], tmp_path)
+    (model / "manifest.json").write_bytes(content)
+    for reader in (["translate", "w5"], ["check"], ["inspect"], READERS[1]):
+        one_line_error(run_reader(reader, model, tmp_path / "out"), "manifest.json")
+
+
+def seed_checkpoint(directory: Path) -> Path:
+    """A checkpoint as the seed's train.py saves it: no vocabulary inside, so --vocab must supply one."""
+    opt = seed_settings()
+    save_seed_checkpoint(directory / "seed.chkpt", opt, seed_state_dict(opt))
+    return directory / "seed.chkpt"
+
+
+def test_deeply_nested_vocabularies_are_one_line(tmp_path):
+    ckpt = seed_checkpoint(tmp_path)
+    (tmp_path / "vocab.json").write_text("[" * 100_000 + "]" * 100_000)
+    result = CliRunner().invoke(run_main, ["translate", "--model", str(ckpt), "--vocab", str(tmp_path / "vocab.json"),
+                                           "x"])
+    one_line_error(result, "nested too deeply")
+
+
+def test_a_huge_vocabulary_is_refused_by_its_size_before_a_tokenizer_is_built(tmp_path):
+    ckpt = seed_checkpoint(tmp_path)
+    (tmp_path / "vocab.txt").write_text("\n".join(f"word{i}" for i in range(400_000)))
+    result = CliRunner().invoke(run_main, ["translate", "--model", str(ckpt), "--vocab", str(tmp_path / "vocab.txt"),
+                                           "x"])
+    one_line_error(result, "has 400000 tokens but the model's source vocabulary has")
+
+
+def test_a_tokenizer_that_does_not_parse_stops_check_quantize_and_inspect(tiny, tmp_path):
+    model = copy_of(tiny[1], tmp_path)
+    (model / "tokenizer.json").write_text('{"model": {"type": "Nope"}}')
+    edit_manifest(model, lambda m: m["files"].update({"tokenizer.json": file_sha256(model / "tokenizer.json")}))
+    for reader in (["check"], ["inspect"], ["quantize", "--precision", "fp16", "--output", "{out}"]):
+        one_line_error(run_reader(reader, model, tmp_path / "out"), "not a valid tokenizers JSON file")
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_pathological_tokenizer_regex_is_one_line_not_a_rust_backtrace(tiny, tmp_path, capfd):
+    model = copy_of(tiny[1], tmp_path)
+    tokenizer = json.loads((model / "tokenizer.json").read_text())
+    tokenizer["pre_tokenizer"] = {"type": "Split", "pattern": {"Regex": "(a|a?)+$"}, "behavior": "Isolated",
+                                  "invert": False}
+    (model / "tokenizer.json").write_text(json.dumps(tokenizer))
+    edit_manifest(model, lambda m: m["files"].update({"tokenizer.json": file_sha256(model / "tokenizer.json")}))
+    result = CliRunner().invoke(run_main, ["translate", "--model", str(model), "a" * 60 + "b"])
+    one_line_error(result, "the tokenizer failed on a 61-character text")
+    assert "panicked" not in capfd.readouterr().err
+
+
+# --- weights and configs ----------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("damage, fragment", [
+    (lambda t: t.__setitem__((0, 0), float("nan")), "holds NaN or infinite values"),
+    (lambda t: t.__setitem__((0, 0), float("inf")), "holds NaN or infinite values"),
+])
+def test_non_finite_weights_are_refused_by_name(tmp_path, damage, fragment):
+    data = torch.load(DEMO_CKPT, weights_only=True)
+    damage(data["model"]["encoder.layer_stack.1.pos_ffn.w_2.weight"])
+    torch.save(data, tmp_path / "ckpt.pt")
+    shutil.copy(DEMO_CKPT.parent / "tokenizer.json", tmp_path)
+    with pytest.raises(TfmExportError, match=f"encoder.layer_stack.1.pos_ffn.w_2.weight {fragment}"):
+        load_checkpoint(tmp_path / "ckpt.pt")
+
+
+def test_integer_weights_are_refused_by_name(tmp_path):
+    data = torch.load(DEMO_CKPT, weights_only=True)
+    data["model"]["decoder.layer_norm.weight"] = data["model"]["decoder.layer_norm.weight"].to(torch.int32)
+    torch.save(data, tmp_path / "ckpt.pt")
+    shutil.copy(DEMO_CKPT.parent / "tokenizer.json", tmp_path)
+    with pytest.raises(TfmExportError, match="decoder.layer_norm.weight holds torch.int32 values"):
+        load_checkpoint(tmp_path / "ckpt.pt")
+
+
+@pytest.mark.parametrize("field, value, fragment", [
+    ("dropout", "lots", "dropout must be a number in [0, 1)"), ("dropout", 2.0, "dropout must be a number"),
+    ("dropout", float("nan"), "dropout must be a number"), ("src_pad_idx", 99, "src_pad_idx must be a token id"),
+    ("trg_pad_idx", "1", "trg_pad_idx must be a token id"), ("d_model", True, "d_model must be a whole number"),
+    ("d_model", 10 ** 12, "d_model must be a whole number in 1..65,536"), ("n_layers", 2.0, "n_layers must be"),
+    ("n_position", 10 ** 9, "n_position must be a whole number"), ("proj_share_weight", "yes", "true or false"),
+])
+def test_checkpoint_settings_of_the_wrong_type_or_range_are_one_line(tiny, tmp_path, field, value, fragment):
+    data = torch.load(tiny[0].path, weights_only=True)
+    data["config"][field] = value
+    torch.save(data, tmp_path / "ckpt.pt")
+    shutil.copy(tiny[0].path.parent / "tokenizer.json", tmp_path)
+    result = CliRunner().invoke(export_main, ["onnx", "--checkpoint", str(tmp_path / "ckpt.pt"), "--output",
+                                              str(tmp_path / "out")])
+    one_line_error(result, fragment)
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_config_claiming_sizes_its_weights_lack_allocates_nothing_of_that_size(tiny, tmp_path):
+    """d_model 65,536 with the tiny model's weights: refused by shape (built on the meta device), not by
+    trying to allocate a model of that size."""
+    data = torch.load(tiny[0].path, weights_only=True)
+    data["config"].update(d_model=65536, d_inner=1 << 18, n_position=65536)
+    torch.save(data, tmp_path / "ckpt.pt")
+    shutil.copy(tiny[0].path.parent / "tokenizer.json", tmp_path)
+    with pytest.raises(TfmExportError, match="has shape .* the config needs"):
+        load_checkpoint(tmp_path / "ckpt.pt")
+
+
+def test_check_on_a_manifest_claiming_a_billion_positions_is_refused_at_once(tiny, tmp_path):
+    model = copy_of(tiny[1], tmp_path)
+    edit_manifest(model, lambda m: m["model"].update(n_position=10 ** 9))
+    one_line_error(run_reader(["check"], model, tmp_path / "out"), "n_position must be a whole number")
+
+
+def test_a_bom_is_not_part_of_the_first_sentence(demo_onnx, tmp_path):
+    (tmp_path / "in.txt").write_bytes("\ufeffforty-two\nforty-two\n".encode())
+    result = CliRunner().invoke(run_main, ["translate", "--model", str(demo_onnx), "--input", str(tmp_path / "in.txt")])
+    assert result.exit_code == 0 and result.output == "quarante-deux\nquarante-deux\n"
+
+
+def test_int8_directories_are_not_benchmarked_as_fp32(variants, tmp_path):
+    result = CliRunner().invoke(run_main, ["bench", "--model", str(variants["int8-dynamic"]), "--backends",
+                                           "ort-fp32"])
+    one_line_error(result, "is a int8 directory; bench --model takes a checkpoint or an fp32 model directory")
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["--length-penalty", "nan"], "--length-penalty nan is outside -10..10"),
+    (["--length-penalty", "inf"], "'--length-penalty'"), (["--length-penalty", "1e308"], "'--length-penalty'"),
+    (["--length-penalty", "-1e308"], "'--length-penalty'"), (["--threads", "4096"], "'--threads'"),
+    (["--backend", "torch", "--threads", "100000"], "'--threads'"),
+    (["--ort-trt", "--backend", "torch", "--model-is-ckpt"], "--ort-trt is ONNX Runtime's TensorRT provider"),
+    (["--input", "{input}"], "give TEXT arguments or --input FILE, not both"),
+    (["--output", ""], "--output is empty"), (["--output", "{model}/manifest.json"], "is the input"),
+    (["--output", "{input}", "--input", "{input}", "--no-text"], "is the input"),
+])
+def test_contradictory_or_unbounded_options_are_one_line(demo_onnx, tmp_path, args, fragment):
+    (tmp_path / "in.txt").write_text("forty-two\n")
+    model = str(DEMO_CKPT) if "--model-is-ckpt" in args else str(demo_onnx)
+    text = [] if "--no-text" in args else ["forty-two"]
+    args = [a.format(input=tmp_path / "in.txt", model=demo_onnx) for a in args if a not in ("--model-is-ckpt",
+                                                                                             "--no-text")]
+    result = CliRunner().invoke(run_main, ["translate", "--model", model, *args, *text])
+    one_line_error(result, fragment)
+    assert (tmp_path / "in.txt").read_text() == "forty-two\n"
+
+
+def test_the_sources_of_a_torch_and_an_onnx_run_agree_after_all_checks(demo_onnx):
+    """The hardening changes no answer: the graphs still translate as PyTorch does."""
+    texts = ["forty-two", "seven hundred and seventy-one thousand and eighty", ""]
+    onnx_out = [t.text for t in Translator.load(demo_onnx).translate(texts)]
+    torch_out = [t.text for t in Translator.load(DEMO_CKPT).translate(texts)]
+    assert onnx_out == torch_out and onnx_out[0] == "quarante-deux"

@@ -1,0 +1,170 @@
+"""Every fast decoder against the full-recompute reference decoders, on a random model whose beams reshuffle
+every step: tokens, scores, finished flags and whole n-best lists, at several length penalties, with ties.
+
+The demo model is too peaked for this (its beams rarely reorder, so a broken reorder or ranking survives
+there); these models are random and flat, and each test first checks that what it tests actually happens.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from conftest import tiny_config
+
+from tfm_export.core.batching import pad_batch
+from tfm_export.core.hypothesis import Hypothesis
+from tfm_export.core.tokenizer import BOS_ID, EOS_ID, FIRST_TOKEN_ID
+from tfm_export.graphs.pipeline import export_model_dir
+from tfm_export.model import reference_decoding
+from tfm_export.model.checkpoint import load_checkpoint, save_checkpoint
+from tfm_export.model.synthetic import random_checkpoint
+from tfm_export.runtime import decoding
+from tfm_export.runtime.iobinding_backend import OrtBoundBackend
+from tfm_export.runtime.ort_backend import OrtBackend
+from tfm_export.runtime.torch_backend import TorchBackend
+
+MAX_LENGTH = 12
+BACKENDS = ("torch", "onnxruntime", "iobinding", "tensorrt-cache-handling")
+
+
+def _sources(vocab: int, count: int, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    rows = [[BOS_ID, *rng.integers(FIRST_TOKEN_ID, vocab, rng.integers(1, 9)).tolist(), EOS_ID] for _ in range(count)]
+    return pad_batch(rows)
+
+
+@pytest.fixture(scope="module")
+def flat(tmp_path_factory):
+    """A random model with flat next-token distributions and </s> a little more likely than a word (its row of
+    the tied projection doubled), so hypotheses both end and get cut at every length penalty; and its export."""
+    root = tmp_path_factory.mktemp("flat")
+    cfg = tiny_config(n_position=24, src_vocab_size=19, trg_vocab_size=19)
+    random = load_checkpoint(random_checkpoint(cfg, root / "random", seed=5))
+    with torch.no_grad():
+        random.model.trg_word_prj.weight[EOS_ID] *= 2
+    (root / "ckpt").mkdir()
+    ckpt = load_checkpoint(save_checkpoint(random.model, random.vocab, root / "ckpt" / "ckpt.pt"))
+    export_model_dir(ckpt, root / "model", progress=False)
+    return ckpt, root / "model"
+
+
+@pytest.fixture(scope="module")
+def tied(tmp_path_factory):
+    """A model whose output projection is zero: every logit equal, so every step is a tie at every cut."""
+    root = tmp_path_factory.mktemp("tied")
+    torch.manual_seed(0)
+    base = load_checkpoint(random_checkpoint(tiny_config(src_vocab_size=13, trg_vocab_size=13), root / "a"))
+    from tfm_export.model.transformer import Transformer
+    model = Transformer(tiny_config(src_vocab_size=13, trg_vocab_size=13, proj_share_weight=False)).eval()
+    with torch.no_grad():
+        model.trg_word_prj.weight.zero_()
+    (root / "b").mkdir()
+    ckpt = load_checkpoint(save_checkpoint(model, base.vocab, root / "b" / "ckpt.pt"))
+    export_model_dir(ckpt, root / "model", progress=False)
+    return ckpt, root / "model"
+
+
+class CountingReorders:
+    """A backend wrapper that counts beam reshuffles within inputs (rows that move), to prove the tests
+    exercise the cache reorder instead of passing because beams never moved."""
+
+    def __init__(self, backend) -> None:
+        self.backend, self.moved = backend, 0
+
+    def encode(self, src):
+        return self.backend.encode(src)
+
+    def step(self, state, tokens):
+        return self.backend.step(state, tokens)
+
+    def reorder(self, state, rows, same_sources=False):
+        if same_sources:
+            self.moved += int((np.asarray(rows) != np.arange(len(rows))).sum())
+        return self.backend.reorder(state, rows, same_sources)
+
+
+def open_backend(name: str, ckpt, directory):
+    if name == "torch":
+        return TorchBackend(ckpt.model)
+    if name == "onnxruntime":
+        return OrtBackend.open(directory)
+    if name == "iobinding":
+        return OrtBoundBackend(OrtBackend.open(directory), "cpu")
+    from test_tensorrt import _cache_handling_backend
+    return _cache_handling_backend(directory)[0]
+
+
+def assert_same_nbest(got: list[list[Hypothesis]], want: list[list[Hypothesis]]) -> None:
+    assert [[h.tokens for h in nb] for nb in got] == [[h.tokens for h in nb] for nb in want]
+    assert [[h.finished for h in nb] for nb in got] == [[h.finished for h in nb] for nb in want]
+    assert np.allclose([h.score for nb in got for h in nb], [h.score for nb in want for h in nb], atol=1e-4)
+
+
+@pytest.mark.parametrize("backend_name", BACKENDS)
+@pytest.mark.parametrize("length_penalty", [0.0, 0.6, 1.0, 2.0])
+def test_beam_search_equals_the_reference_where_beams_reshuffle(flat, backend_name, length_penalty):
+    ckpt, directory = flat
+    backend = CountingReorders(open_backend(backend_name, ckpt, directory))
+    finished = []
+    for k, count, seed in ((4, 7, 0), (3, 1, 1), (2, 5, 2)):
+        src = _sources(ckpt.config.src_vocab_size, count, seed)
+        got = decoding.beam_search(backend, src, k, MAX_LENGTH, length_penalty, n_best=k)
+        want = reference_decoding.beam_search(ckpt.model, torch.from_numpy(src), k, MAX_LENGTH, length_penalty,
+                                              n_best=k)
+        assert_same_nbest(got, want)
+        finished += [h.finished for nb in want for h in nb]
+    assert any(finished) and not all(finished), "the test needs hypotheses that end and ones that are cut"
+    assert backend.moved > 20, "beams must reshuffle within inputs, or the cache reorder goes untested"
+
+
+@pytest.mark.parametrize("backend_name", BACKENDS)
+def test_greedy_equals_the_reference_as_rows_finish(flat, backend_name):
+    ckpt, directory = flat
+    backend = open_backend(backend_name, ckpt, directory)
+    src = _sources(ckpt.config.src_vocab_size, 32, 7)
+    got = decoding.greedy(backend, src, MAX_LENGTH)
+    want = reference_decoding.greedy_decode(ckpt.model, torch.from_numpy(src), MAX_LENGTH)
+    assert_same_nbest([[h] for h in got], [[h] for h in want])
+    lengths = {len(h.tokens) for h in want if h.finished}
+    assert len(lengths) >= 2 and not all(h.finished for h in want), "rows must leave the batch at different steps"
+
+
+@pytest.mark.parametrize("backend_name", BACKENDS)
+def test_exact_ties_go_to_the_lower_beam_and_token_everywhere(tied, backend_name):
+    ckpt, directory = tied
+    backend = open_backend(backend_name, ckpt, directory)
+    src = np.array([[2, 5, 6, 3], [2, 7, 3, 1]])
+    for k in (3, 5):
+        got = decoding.beam_search(backend, src, k, 6, 0.6, n_best=k)
+        want = reference_decoding.beam_search(ckpt.model, torch.from_numpy(src), k, 6, 0.6, n_best=k)
+        assert_same_nbest(got, want)
+    assert [h.tokens for h in decoding.greedy(backend, src, 6)] == \
+        [h.tokens for h in reference_decoding.greedy_decode(ckpt.model, torch.from_numpy(src), 6)]
+
+
+@pytest.mark.parametrize("tokens, finished, score, penalty", [
+    ((5, 6, 7), True, -3.0, 1.0), ((5, 6, 7), False, -3.0, 1.0), ((), True, -0.5, 0.6), ((9,), True, -2.0, 0.0),
+    ((4, 5), True, -1.5, 2.0), ((), False, -0.1, 1.0)])
+def test_normalized_score_is_score_over_length_to_the_penalty(tokens, finished, score, penalty):
+    """Length counts the generated tokens and the final </s> when there is one; an empty unfinished hypothesis
+    is divided by 1, not 0."""
+    length = len(tokens) + (1 if finished else 0)
+    want = score / max(length, 1) ** penalty
+    assert Hypothesis(tokens, score, penalty, finished).normalized_score == pytest.approx(want)
+
+
+def test_a_hypothesis_that_ends_early_can_win_only_through_the_length_penalty(flat):
+    """With penalty 0 the best summed log-probability wins; with 2 longer finished hypotheses gain: both
+    orders must match the reference's on the same search."""
+    ckpt, directory = flat
+    src = _sources(ckpt.config.src_vocab_size, 6, 3)
+    backend = OrtBackend.open(directory)
+    for penalty in (0.0, 2.0):
+        got = decoding.beam_search(backend, src, 4, MAX_LENGTH, penalty, n_best=4)
+        for nbest in got:
+            keys = [h.normalized_score for h in nbest]
+            assert keys == sorted(keys, reverse=True)
+        want = reference_decoding.beam_search(ckpt.model, torch.from_numpy(src), 4, MAX_LENGTH, penalty, n_best=4)
+        assert [[h.tokens for h in nb] for nb in got] == [[h.tokens for h in nb] for nb in want]
+    assert EOS_ID not in {t for nb in got for h in nb for t in h.tokens}
