@@ -30,6 +30,8 @@ from tfm_export.trt.compat import check_model_dir
 
 # An eps is one attribute of LayerNormalization: the NumPy oracle and CTranslate2 check it (test_variants_model).
 EXPORT_SKIPS = ("layernorm eps 1e-3",)
+# Seed 0's one-layer RoPE model emits the same tokens for every source, which would prove nothing about decoding.
+WEIGHT_SEEDS = {"rope": 2}
 FLOAT_TABLES = ("pos_table", "rotary.cos", "rotary.sin", "relative_attention_bias.weight")  # positions stay float
 
 
@@ -40,7 +42,7 @@ def exported(request, tmp_path_factory):
     # one layer keeps the export short; relative bias and the combinations take two (the bias is shared)
     layers = 2 if request.param in COMBINATIONS or request.param == "relative" else 1
     config = case_config(request.param, n_position=40, n_layers=layers)
-    ckpt = load_checkpoint(save_varied_checkpoint(config, root / "ckpt"))
+    ckpt = load_checkpoint(save_varied_checkpoint(config, root / "ckpt", WEIGHT_SEEDS.get(request.param, 0)))
     export_model_dir(ckpt, root / "model", progress=False)
     return request.param, ckpt, root / "model"
 
