@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 TORCH  := torch==2.13.0
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup demo test lint bench demo-model demo-model-modern clean serving-env bench-serving
+.PHONY: setup demo test lint bench demo-model demo-model-modern clean serving-env bench-serving browser
 
 setup: $(STAMP)
 
@@ -46,9 +46,17 @@ $(SERVING_STAMP): pyproject.toml
 	$(SERVING_VENV)/bin/python -m pip install --quiet $(PYTRITON) -e .
 	touch $@
 
-test: setup
+test: setup browser
 	-$(MAKE) serving-env
 	$(PY) -m pytest -q
+
+# Debian's headless Chromium for examples/web's test (as root, else with sudo -n); where it cannot be installed
+# the test skips and says why.
+browser:
+	@command -v chromium >/dev/null || { command -v apt-get >/dev/null && \
+		$$([ "$$(id -u)" = 0 ] || echo sudo -n) sh -c 'apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+		apt-get install -y -qq --no-install-recommends chromium >/dev/null'; } || \
+		echo "chromium could not be installed: tests/test_web_example.py will skip"
 
 lint: setup
 	$(VENV)/bin/ruff check tfm_export tests

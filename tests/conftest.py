@@ -47,6 +47,15 @@ def demo_onnx(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def demo_generate(demo_onnx, tmp_path_factory) -> Path:
+    """The demo model directory plus generate.onnx, made once per test session."""
+    from tfm_export.graphs.generate_dir import write_generate_dir
+    out = tmp_path_factory.mktemp("demo-generate") / "model"
+    write_generate_dir(demo_onnx, out, progress=False)
+    return out
+
+
+@pytest.fixture(scope="session")
 def base_onnx(tmp_path_factory):
     """The base config (d_model 512, 8 heads, 6+6 layers, vocab 32,000, random weights): (checkpoint, export)."""
     from tfm_export.graphs.pipeline import export_model_dir

@@ -115,19 +115,21 @@ def test_tiny_bench_run_writes_table_json_and_plot(tmp_path):
     backends = data["backends"]
     assert backends["tensorrt"]["skipped"] and backends["ort-fp16"]["skipped"]
     ran = {name: b for name, b in backends.items() if not b["skipped"]}
-    assert set(ran) >= {"torch-full", "torch-cache", "ort-fp32", "ort-int8-static", "ort-int8-dynamic", "ct2-fp32"}
+    assert set(ran) >= {"torch-full", "torch-cache", "ort-fp32", "ort-int8-static", "ort-int8-dynamic", "ct2-fp32",
+                        "ort-generate"}
     for b in ran.values():
         assert b["peak_rss_mb"] > 10 and b["agreement"] is not None
         assert {(r["beam"], r["batch"]) for r in b["rows"]} == {(1, 1), (1, 3), (2, 1), (2, 3)}
         for r in b["rows"]:
             assert len(r["timings_s"]) == 2 and r["p95_ms"] >= r["median_ms"] > 0
             assert r["tokens_per_s"] == pytest.approx(2 * r["batch"] * 5 / sum(r["timings_s"]))  # forced length
-    for name in ("torch-full", "torch-cache", "ct2-fp32"):  # int8 may differ on a random model's flat logits
+    for name in ("torch-full", "torch-cache", "ct2-fp32", "ort-generate"):  # int8 may differ on flat random logits
         assert ran[name]["agreement"] == 1.0, name  # same outputs as ONNX Runtime fp32
     assert set(ran["torch-full"]["sweep"]) == {"8", "16"}  # sweep lengths capped at the model's 16 positions
     assert data["machine"]["cores"] >= 1 and data["machine"]["versions"]["onnxruntime"]
     assert (tmp_path / "b.png").read_bytes()[:4] == b"\x89PNG"
     assert "ratio ort-fp32 / torch-full, batch 1:" in result.output
+    assert "ratio ort-generate / ort-fp32, batch 1:" in result.output
 
 
 def test_unknown_backend_is_a_usage_error():

@@ -43,6 +43,31 @@ def test_node_translations_equal_tfm_run(node_example, demo_onnx):
     assert run_node(node_example, demo_onnx, lines) == result.output.split("\n")[:-1]
 
 
+def tfm_run(model: Path, lines: list[str], *args: str) -> list[str]:
+    result = CliRunner().invoke(run_main, ["translate", "--model", str(model), *args], input="\n".join(lines) + "\n")
+    assert result.exit_code == 0, result.output
+    return result.output.split("\n")[:-1]
+
+
+@pytest.mark.parametrize("beams", [1, 4])
+def test_node_generate_equals_tfm_run(node_example, demo_generate, beams):
+    """generate.js (the BeamSearch op through onnxruntime-node) against tfm-run's decoding loop, and against
+    tfm-run on the same graph (which separates the op's stopping rule from the example's own plumbing)."""
+    lines = [en for en, _ in demo_numbers.held_out_pairs()[:60]] + ["", "  Forty-Two ", "eighty", "one thousand, one"]
+    result = subprocess.run(["node", "generate.js", str(demo_generate), "--beams", str(beams)], cwd=node_example,
+                            input="\n".join(lines) + "\n", capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    got = result.stdout.split("\n")[:-1]
+    assert got == tfm_run(demo_generate, lines, "--beam-size", str(beams), "--backend", "onnxruntime-generate")
+    assert got == tfm_run(demo_generate, lines, "--beam-size", str(beams))
+
+
+def test_node_generate_needs_generate_onnx(node_example, demo_onnx):
+    result = subprocess.run(["node", "generate.js", str(demo_onnx), "x"], cwd=node_example, capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == 1 and "has no generate.onnx" in result.stderr
+
+
 def test_node_refuses_a_directory_that_is_not_a_model(node_example, tmp_path):
     (tmp_path / "manifest.json").write_text('{"format": "something-else"}')
     result = subprocess.run(["node", "translate.js", str(tmp_path), "x"], cwd=node_example, capture_output=True,

@@ -422,6 +422,13 @@ def test_output_inside_or_equal_to_the_model_directory_is_refused(demo_onnx):
 
 # --- the maths under the converters, against hand computations -----------------------------------------------
 
+def _feeds_layer_norm(name: str, readers: dict[str, list[onnx.NodeProto]], types: dict[str, int]) -> bool:
+    """Read by a LayerNormalization directly or through a float -> float Cast (a copy)."""
+    return any(r.op_type == "LayerNormalization" or (
+        r.op_type == "Cast" and types.get(r.output[0]) == onnx.TensorProto.FLOAT
+        and _feeds_layer_norm(r.output[0], readers, types)) for r in readers.get(name, []))
+
+
 def test_fp16_residual_adds_are_float_in_the_graph_itself(variants):
     """Not the manifest's own count: every Add that feeds a LayerNormalization computes in fp32 in the graph, and
     so do its inputs (a cast-down-and-up round trip in front of it would round what was kept)."""
@@ -433,12 +440,8 @@ def test_fp16_residual_adds_are_float_in_the_graph_itself(variants):
         for node in proto.graph.node:
             for name in node.input:
                 readers.setdefault(name, []).append(node)
-
-        def feeds_layer_norm(name: str) -> bool:  # directly or through a float -> float Cast (a copy)
-            return any(r.op_type == "LayerNormalization" or (
-                r.op_type == "Cast" and types.get(r.output[0]) == onnx.TensorProto.FLOAT
-                and feeds_layer_norm(r.output[0])) for r in readers.get(name, []))
-        residual = [n for n in proto.graph.node if n.op_type == "Add" and feeds_layer_norm(n.output[0])]
+        residual = [n for n in proto.graph.node
+                    if n.op_type == "Add" and _feeds_layer_norm(n.output[0], readers, types)]
         assert len(residual) >= 4, graph
         for node in residual:
             assert types[node.output[0]] == onnx.TensorProto.FLOAT, node.name

@@ -2,8 +2,7 @@
 // Reads the `tokenizers` JSON that tfm-export writes (WordLevel model) and applies the same steps:
 // normalizer -> pre-tokenizer -> vocabulary lookup, and the decoder on the way back.
 // Only the component types tfm-export emits are supported; anything else is refused by name.
-
-const fs = require('fs');
+// Runs in Node.js (require) and in the browser (a classic <script>, defining window.Tokenizer).
 
 function normalizer(spec) {
   if (!spec) return (s) => s;
@@ -75,9 +74,10 @@ function decoder(spec) {
 }
 
 class Tokenizer {
-  constructor(path) {
-    const json = JSON.parse(fs.readFileSync(path, 'utf8'));
-    if (json.model.type !== 'WordLevel') throw new Error(`${path}: unsupported model ${json.model.type}`);
+  // source: a file path (Node.js), or the parsed JSON (the browser fetches it).
+  constructor(source, origin = source) {
+    const json = typeof source === 'string' ? JSON.parse(require('fs').readFileSync(source, 'utf8')) : source;
+    if (json.model.type !== 'WordLevel') throw new Error(`${origin}: unsupported model ${json.model.type}`);
     this.vocab = new Map(Object.entries(json.model.vocab));
     this.tokens = [];
     for (const [token, id] of this.vocab) this.tokens[id] = token;
@@ -99,4 +99,5 @@ class Tokenizer {
   }
 }
 
-module.exports = { Tokenizer };
+if (typeof module !== 'undefined') module.exports = { Tokenizer };
+else globalThis.Tokenizer = Tokenizer;

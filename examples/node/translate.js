@@ -8,13 +8,11 @@
 const fs = require('fs');
 const path = require('path');
 const ort = require('onnxruntime-node');
+const { readManifest } = require('./manifest');
 const { Tokenizer } = require('./tokenizer');
 
 async function loadModel(dir) {
-  const manifest = JSON.parse(fs.readFileSync(path.join(dir, 'manifest.json'), 'utf8'));
-  if (manifest.format !== 'tfm-export-model' || manifest.format_version !== 2) {
-    throw new Error(`${dir}: not a tfm-export model directory (format version 2)`);
-  }
+  const manifest = readManifest(dir);
   const options = { graphOptimizationLevel: 'all' };
   return {
     manifest,

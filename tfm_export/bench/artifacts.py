@@ -14,6 +14,7 @@ from ..core.config import ModelConfig
 from ..core.errors import TfmExportError
 from ..core.files import write_text_atomically
 from ..core.tokenizer import Vocabulary
+from ..graphs.generate_dir import write_generate_dir
 from ..graphs.pipeline import export_model_dir
 from ..model.checkpoint import Checkpoint, load_checkpoint
 from ..precision.pipeline import Calibration, quantize_model_dir
@@ -100,6 +101,10 @@ def build_variants(built: Built, model: BenchModel, work: Path, calibration: Cal
         say(f"quantize {variant}")
         onnx[variant] = _timed(built, f"onnx {variant}", lambda v=variant, k=kwargs: quantize_model_dir(
             fp32, work / f"onnx-{v}", force=True, progress=False, **k) and work / f"onnx-{v}")
+    if "ort-generate" in backends:
+        say("write generate.onnx")
+        onnx["generate"] = _timed(built, "onnx generate", lambda: write_generate_dir(
+            fp32, work / "onnx-generate", force=True, progress=False) and work / "onnx-generate")
     engines = None
     if "tensorrt" in backends and missing_reason() is None:
         engines = _tensorrt_engines(built, fp32, work / "tensorrt-fp16", max_rows, say)

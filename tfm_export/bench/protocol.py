@@ -184,6 +184,8 @@ def ratios(results: list[BackendResult]) -> dict[str, float | None]:
     for mode in ("dynamic", "static"):
         out[f"ort-int8-{mode} / ort-fp32, batch 1"] = ratio(f"ort-int8-{mode}", "ort-fp32", 1)
     for batch in (1, 32):
+        out[f"ort-generate / ort-fp32, batch {batch}"] = ratio("ort-generate", "ort-fp32", batch)
+    for batch in (1, 32):
         out[f"ort-fp32 / ct2-fp32, batch {batch}"] = ratio("ort-fp32", "ct2-fp32", batch)
         out[f"ort-int8-dynamic / ct2-int8, batch {batch}"] = ratio("ort-int8-dynamic", "ct2-int8", batch)
     return out

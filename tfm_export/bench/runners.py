@@ -22,12 +22,13 @@ TIMED_BACKENDS = {
     "ort-int8-static": "ONNX Runtime, int8 Q/DQ graph (static, calibrated; on CPU its Q/DQ run as float ops)",
     "ort-int8-dynamic": "ONNX Runtime int8 dynamic",
     "ort-fp16": "ONNX Runtime fp16 on CUDA",
+    "ort-generate": "ONNX Runtime fp32, the whole search in generate.onnx (BeamSearch op, one input per call)",
     "tensorrt": "TensorRT fp16 engines (built from the fp32 graphs' fp16 version)",
     "ct2-fp32": "CTranslate2 float32 (same weights)",
     "ct2-int8": "CTranslate2 int8 (same weights)",
 }
 ONNX_VARIANTS = {"ort-fp32": "fp32", "ort-int8-static": "int8-static", "ort-int8-dynamic": "int8-dynamic",
-                 "ort-fp16": "fp16"}
+                 "ort-fp16": "fp16", "ort-generate": "generate"}
 
 Decode = Callable[[Sequence[Sequence[int]], int, int, bool], list[tuple[int, ...]]]
 
@@ -81,6 +82,9 @@ def open_decoder(name: str, artifacts: Artifacts, threads: int) -> Decode:
         return _loop(Translator.load(artifacts.tensorrt, backend="tensorrt").backend)
     device = "cuda" if name == "ort-fp16" else "cpu"
     options = SessionOptions(intra_op_threads=threads, device=device)
+    if name == "ort-generate":
+        return _search(Translator.load(artifacts.onnx["generate"], backend="onnxruntime-generate",
+                                       session_options=options).backend)
     return _loop(Translator.load(artifacts.onnx[ONNX_VARIANTS[name]], backend="onnxruntime", device=device,
                                  session_options=options).backend)
 
@@ -96,6 +100,14 @@ def _loop(backend: decoding.StepBackend) -> Decode:
         if beam == 1:
             return [h.tokens for h in decoding.greedy(backend, src, length, min_length=floor)]
         return [h[0].tokens for h in decoding.beam_search(backend, src, beam, length, min_length=floor)]
+    return decode
+
+
+def _search(backend) -> Decode:
+    """generate.onnx: the op runs the search; min_length bars </s> as the loop's forced length does."""
+    def decode(sources: Sequence[Sequence[int]], beam: int, length: int, forced: bool) -> list[tuple[int, ...]]:
+        hypotheses = backend.search(pad_batch(sources), beam, length, min_length=length if forced else 0)
+        return [h[0].tokens for h in hypotheses]
     return decode
 
 

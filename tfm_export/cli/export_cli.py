@@ -17,6 +17,7 @@ from ..graphs.parity import AGREEMENT_BEAM, DEFAULT_TOLERANCE, MIN_AGREEMENT, SA
 from ..runtime.translator import RUNTIME_BACKENDS
 from ..serving.contract import DEFAULT_MAX_BATCH, DEFAULT_NAME, DEVICES, LAYOUTS
 from .common import ErrorReportingGroup, setup_logging, vocab_option
+from .generate_cli import generate
 from .variant_options import variant_from_flags, variant_options
 
 QUANTIZED = [p for p in PRECISIONS if p != "fp32"]
@@ -334,3 +335,6 @@ def triton_cmd(model_dir: Path, output: Path, name: str, layout: str, max_batch:
     click.echo(f"wrote {output}: {layout} layout, models {', '.join(repository.models)} (max batch "
                f"{deployment.max_batch} rows, {deployment.instances} instance(s) on {deployment.device}); serve it "
                f"with tritonserver --model-repository {output}")
+
+
+main.add_command(generate)

@@ -15,7 +15,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
 from .errors import InputTextError, VocabularyError, first_line
 
@@ -99,7 +99,12 @@ class TextTokenizer:
         return [self.tokenizer.id_to_token(i) for i in range(self.vocab_size)]
 
     def save(self, path: Path) -> None:
-        self.tokenizer.save(str(path))
+        """The `tokenizers` JSON, with a post-processor that wraps a text in <s> ... </s> as the model's sources
+        are, so `encode(text)` in other languages' tokenizer libraries gives the source ids as they are."""
+        tok = Tokenizer.from_str(self.tokenizer.to_str())
+        tok.post_processor = processors.TemplateProcessing(single=f"{BOS} $A {EOS}",
+                                                           special_tokens=[(BOS, BOS_ID), (EOS, EOS_ID)])
+        tok.save(str(path))
 
 
 @dataclass(frozen=True)

@@ -159,6 +159,7 @@ def _manifest(parent: dict[str, Any], source: Path, precision: str, mode: str, k
               entries: dict[str, Any], kept: dict[str, dict[str, int]], calibration: Calibration | None,
               traces: Traces | None) -> dict[str, Any]:
     new = copy.deepcopy(parent)
+    new.pop("generate", None)  # generate.onnx wraps the parent's graphs; `tfm-export generate` makes one for these
     new.update(precision=precision, graphs=entries,
                parent={"path": str(source.resolve()), "precision": parent["precision"],
                        "graphs_sha256": {g: e["sha256"] for g, e in parent["graphs"].items()}})

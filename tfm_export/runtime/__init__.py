@@ -11,6 +11,7 @@ from ..core.lazy import lazy_exports
 __all__, __getattr__ = lazy_exports(__name__, {
     "translator": ("Translator", "DecodeOptions", "Translation", "RUNTIME_BACKENDS"),
     "ort_backend": ("OrtBackend",),
+    "generate_backend": ("GenerateBackend",),
     "session": ("SessionOptions",),
     "decoding": ("greedy", "beam_search"),
 })

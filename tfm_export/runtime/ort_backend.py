@@ -63,8 +63,7 @@ class OrtBackend:
         on every call (~10x slower than fp32 on the base config); folded, the weights are dequantized once
         at load and the numbers are the same Q/DQ model's. For int8 speed on CPU, quantize --mode dynamic."""
         manifest = read_manifest(Path(directory))
-        if manifest.get("int8", {}).get("mode") == "static" and options.device == "cpu":
-            options = dataclasses.replace(options, fold_qdq=True)
+        options = session_options_for(manifest, options)
         config = ModelConfig.from_dict(manifest["model"])
         specs = graph_specs(config)
         sessions = []
@@ -113,3 +112,10 @@ class OrtBackend:
         if same_sources:
             return CacheState(state.mask, state.cross, past)
         return CacheState(state.mask[rows], tuple(a[rows] for a in state.cross), past)
+
+
+def session_options_for(manifest: dict, options: SessionOptions) -> SessionOptions:
+    """int8 static (Q/DQ) graphs run on the CPU with their Q/DQ as float ops (see OrtBackend.open)."""
+    if manifest.get("int8", {}).get("mode") == "static" and options.device == "cpu":
+        return dataclasses.replace(options, fold_qdq=True)
+    return options

@@ -28,7 +28,7 @@ from . import decoding
 from .decoding import StepBackend
 from .session import DEFAULT_OPTIONS, SessionOptions, check_threads
 
-RUNTIME_BACKENDS = ("onnxruntime", "torch", "tensorrt")
+RUNTIME_BACKENDS = ("onnxruntime", "torch", "tensorrt", "onnxruntime-generate")
 log = logging.getLogger(__name__)
 
 
@@ -95,7 +95,7 @@ class Translator:
         if model.is_file():
             raise TfmExportError(f"{model}: is a checkpoint; the onnxruntime backend takes a model directory "
                                  "(make one with `tfm-export onnx`), or use --backend torch")
-        return cls._load_onnxruntime(model, vocab, device, session_options)
+        return cls._load_onnxruntime(model, vocab, device, session_options, backend == "onnxruntime-generate")
 
     @classmethod
     def _load_torch(cls, model: Path, vocab: Sequence[Path], device: str, threads: int | str) -> Translator:
@@ -127,12 +127,17 @@ class Translator:
         return cls(backend, _directory_vocab(model, backend.manifest, vocab), backend.config, backend.limits)
 
     @classmethod
-    def _load_onnxruntime(cls, model: Path, vocab: Sequence[Path], device: str,
-                          session_options: SessionOptions) -> Translator:
+    def _load_onnxruntime(cls, model: Path, vocab: Sequence[Path], device: str, session_options: SessionOptions,
+                          generate: bool = False) -> Translator:
+        """generate: run generate.onnx (the whole search in ONNX Runtime's BeamSearch op) instead of the loop."""
         from .ort_backend import OrtBackend
         from .session import require_device
         options = dataclasses.replace(session_options, device=device)
         require_device(options)
+        if generate:
+            from .generate_backend import GenerateBackend
+            search = GenerateBackend.open(model, options)
+            return cls(search, _directory_vocab(model, search.manifest, vocab), search.config)
         backend = OrtBackend.open(model, options)
         vocabulary = _directory_vocab(model, backend.manifest, vocab)
         if device == "cuda":  # keep the cache on the GPU: IO binding over torch CUDA tensors
@@ -183,6 +188,8 @@ class Translator:
 
     def _decode(self, src: np.ndarray, options: DecodeOptions) -> list[list[Hypothesis]]:
         max_length = options.max_length or self.max_target
+        if hasattr(self.backend, "search"):  # generate.onnx: the whole search runs in the graph
+            return self.backend.search(src, options.beam_size, max_length, options.length_penalty, options.n_best)
         if options.beam_size == 1:
             return [[hyp] for hyp in decoding.greedy(self.backend, src, max_length)]
         return decoding.beam_search(self.backend, src, options.beam_size, max_length, options.length_penalty,

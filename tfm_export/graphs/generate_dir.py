@@ -1,0 +1,97 @@
+"""model directory -> the same directory plus generate.onnx, written atomically and proven by decoding.
+
+The new directory keeps everything the old one had (graphs copied unchanged, so their sha256 still hold),
+so every command that ran the old one runs it too; its manifest gains a `generate` entry. The tokenizer
+files are written again, so they carry the <s> ... </s> post-processor.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from tqdm import tqdm
+
+from ..artifacts.manifest import write_manifest
+from ..artifacts.model_dir import file_hashes, graph_path, load_vocabulary, read_manifest
+from ..artifacts.staging import staged_directory
+from ..core.config import ModelConfig
+from ..core.errors import TfmExportError
+from ..core.files import file_sha256
+from ..core.generate_spec import GENERATE_FILE, MIN_ONNXRUNTIME, OP, OP_MAX_LENGTH
+from ..core.graph_spec import Graph
+from ..core.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from ..runtime import decoding
+from ..runtime.generate_backend import GENERATE, GenerateBackend
+from ..runtime.ort_backend import OrtBackend
+from .generate import generate_graph, op_refusal
+from .inputs import random_sources
+from .onnx_io import load_graph, save_graph, tensors_of
+
+CHECK_ROWS, CHECK_SOURCE, CHECK_STEPS, CHECK_BEAM = 4, 16, 12, 4  # the closing check's decodes
+
+
+def write_generate_dir(model_dir: Path, output: Path, early_stopping: bool = False, force: bool = False,
+                       progress: bool = True) -> dict[str, Any]:
+    """Write `output`: `model_dir` plus generate.onnx; returns the new manifest. Refuses, before any work,
+    a directory whose graphs the BeamSearch op cannot take, saying why."""
+    manifest = read_manifest(model_dir)
+    refusal = op_refusal(manifest, model_dir)
+    if refusal:
+        raise TfmExportError(refusal)
+    vocab = load_vocabulary(model_dir, manifest)
+    cfg = ModelConfig.from_dict(manifest["model"])
+    graphs = {g: load_graph(model_dir, manifest, g.value) for g in Graph}
+    with staged_directory(output, force, keep=(model_dir,)) as staging, \
+            tqdm(total=3, desc="generate", disable=not progress) as bar:
+        proto = generate_graph(graphs[Graph.ENCODER], graphs[Graph.DECODER_STEP], cfg, early_stopping)
+        save_graph(proto, staging / GENERATE_FILE)
+        bar.update()
+        for graph in Graph:
+            source = graph_path(model_dir, manifest, graph.value)
+            for path in (source, source.with_name(source.name + ".data")):
+                if path.is_file():
+                    shutil.copyfile(path, staging / path.name)
+        for side, name in manifest["tokenizer"].items():
+            getattr(vocab, side).save(staging / name)
+        files = {**manifest["files"], **file_hashes(staging, manifest["tokenizer"].values())}
+        entry = {"file": GENERATE_FILE, "sha256": file_sha256(staging / GENERATE_FILE), "op": OP, "model_type": 1,
+                 "early_stopping": early_stopping, "inputs": tensors_of(proto.graph.input),
+                 "outputs": tensors_of(proto.graph.output),
+                 "special_tokens": {"decoder_start": BOS_ID, "eos": EOS_ID, "pad": PAD_ID, "never_generated": PAD_ID},
+                 "max_length": min(cfg.n_position + 1, OP_MAX_LENGTH),
+                 "min_onnxruntime": ".".join(map(str, MIN_ONNXRUNTIME)),
+                 "note": "max_length and min_length count the decoder start token <s>; sequences start with it and "
+                         "are padded with <blank>; </s> is not written; sequences_scores are summed log-probabilities "
+                         "/ (length with <s>) ** length_penalty"}
+        new = {**manifest, "files": files, GENERATE: entry}
+        write_manifest(staging, new)
+        bar.update()
+        check_generate(staging, cfg, output)
+        bar.update()
+    return new
+
+
+def check_generate(directory: Path, cfg: ModelConfig, shown: Path | None = None) -> None:
+    """generate.onnx decodes as the decoding loop over the same directory's graphs: greedy, and beam search with
+    </s> barred until the length limit (so neither side's stopping rule decides). The loop takes one source at a
+    time without padding, as the backend sends it: int8 dynamic graphs quantize activations with each call's own
+    range, padding included."""
+    loop, generate = OrtBackend.open(directory), GenerateBackend.open(directory)
+    src = random_sources(cfg.src_vocab_size, CHECK_ROWS, min(cfg.n_position, CHECK_SOURCE), seed=0)
+    steps = min(cfg.n_position, CHECK_STEPS)
+    alone = [row[None, :int((row != PAD_ID).sum())] for row in src]
+    cases = {"greedy": ([decoding.greedy(loop, row, steps)[0].tokens for row in alone],
+                        [h[0].tokens for h in generate.search(src, 1, steps)]),
+             f"beam {CHECK_BEAM}": ([h[0].tokens for h in decoding.beam_search(loop, src[:1], CHECK_BEAM, steps,
+                                                                                min_length=steps)],
+                                    [h[0].tokens for h in generate.search(src[:1], CHECK_BEAM, steps,
+                                                                          min_length=steps)])}
+    for name, (want, got) in cases.items():
+        if want != got:
+            rows = int(np.sum([w != g for w, g in zip(want, got, strict=True)]))
+            raise TfmExportError(f"{(shown or directory) / GENERATE_FILE}: {name} decodes differ from the decoding "
+                                 f"loop's on {rows} of {len(want)} sources; the graph is not trustworthy, please "
+                                 "report this model")
