@@ -16,7 +16,7 @@ from tfm_export.core.config import ModelConfig
 from tfm_export.core.graph_spec import Graph
 from tfm_export.core.variants import GATED_ACTIVATIONS, PRESETS
 from tfm_export.graphs.inputs import random_sources, random_targets
-from tfm_export.graphs.parity import DEFAULT_TOLERANCE, TensorDiff, compare_stepwise
+from tfm_export.graphs.parity import compare_stepwise
 from tfm_export.graphs.pipeline import export_model_dir
 from tfm_export.graphs.roles import role_groups
 from tfm_export.model import reference_decoding
@@ -182,14 +182,6 @@ def test_int8_graphs_run_end_to_end(exported, quantized):
         backend = OrtBackend.open(quantized[name])
         assert all(np.isfinite(d.max_abs) for d in compare_stepwise(ckpt.model, backend, src, trg, steps=4)), name
         assert len(decoding.greedy(backend, src, 12)) == len(decoding.beam_search(backend, src, 2, 12)) == 3
-
-
-def test_parity_allows_what_float32_itself_costs_and_no_more():
-    """A pre-norm model's logits move by float32 rounding alone; a graph is held to that, not to zero."""
-    want, exact = np.array([7.0, -3.0]), np.array([7.0006, -3.0])  # the reference's own float32 error: 6e-4
-    assert TensorDiff.of("t", np.array([7.0018, -3.0]), want, exact).within(DEFAULT_TOLERANCE)
-    assert not TensorDiff.of("t", np.array([7.004, -3.0]), want, exact).within(DEFAULT_TOLERANCE)
-    assert not TensorDiff.of("t", np.array([7.0018, -3.0]), want).within(DEFAULT_TOLERANCE)  # no noise measured
 
 
 @pytest.mark.slow

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -108,4 +108,4 @@ def verify(directory: Path, ckpt: Checkpoint, texts: Sequence[str] = (), samples
 
 
 def _renamed(diff: TensorDiff, kind: str) -> TensorDiff:
-    return replace(diff, name=f"{diff.name} [{kind}]")
+    return TensorDiff(f"{diff.name} [{kind}]", diff.max_abs, diff.max_rel, diff.scale)
