@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 TORCH  := torch==2.13.0
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup demo test lint bench bench-anchor demo-model clean serving-env bench-serving browser
+.PHONY: setup demo test lint bench bench-anchor demo-model demo-model-modern clean serving-env bench-serving browser
 
 setup: $(STAMP)
 
@@ -91,6 +91,11 @@ bench-serving: setup serving-env
 demo-model: setup
 	$(VENV)/bin/tfm-export train-demo --output models/demo --force
 	$(VENV)/bin/tfm-export eval-demo --model models/demo/ckpt.pt
+
+# Retrain the "modern" demo model (pre-norm + RMSNorm + SwiGLU + RoPE), one thread so reruns give the same weights.
+demo-model-modern: setup
+	$(VENV)/bin/tfm-export train-demo --preset modern --threads 1 --output models/demo-modern --force
+	$(VENV)/bin/tfm-export eval-demo --model models/demo-modern/ckpt.pt
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache

@@ -22,6 +22,7 @@ from tfm_export.core.batching import pad_batch
 from tfm_export.core.files import file_sha256
 from tfm_export.core.sources import source_ids
 from tfm_export.core.tokenizer import load_tokenizer
+from tfm_export.core.variants import PRESETS
 from tfm_export.demo import numbers as demo_numbers
 from tfm_export.graphs.generate_dir import write_generate_dir
 from tfm_export.graphs.inputs import random_sources
@@ -70,6 +71,10 @@ def test_beam_search_agrees_with_the_reference_decoder(demo_generate, demo_ckpt,
 TINY_VARIANTS = {  # the demo model has a shared vocabulary and a tied projection
     "untied embeddings and projection, d_k != d_v": dict(src_vocab_size=17, trg_vocab_size=17, d_k=8, d_v=4,
                                                          embs_share_weight=False, proj_share_weight=False),
+    # Transformer variants: RoPE angles and relative-bias buckets come from the past length inside the subgraph
+    "modern (pre-norm, RMSNorm, SwiGLU, RoPE)": PRESETS["modern"],
+    "T5-like (pre-norm, RMSNorm, GeGLU, relative bias)": dict(PRESETS["t5"], relative_buckets=8,
+                                                              relative_max_distance=20),
 }
 
 

@@ -15,7 +15,7 @@ from typing import Any
 from ..core.config import ModelConfig
 from ..core.errors import TfmExportError
 from ..core.files import contained_file, file_sha256
-from ..core.graph_spec import Graph, GraphVariant
+from ..core.graph_spec import Graph, variant_specs
 from ..core.tokenizer import SPECIAL_IDS, Vocabulary, load_tokenizer
 from .manifest import (
     ENGINE_FORMAT,
@@ -58,9 +58,9 @@ def read_manifest(directory: Path) -> dict[str, Any]:
                     "--model DIR`, or give the model directory they were built from")
         return None
     manifest = read_declared(directory, MODEL_DIR, wrong_format)
-    check_model_fields(manifest, directory / MANIFEST, REMAKE)
+    config = check_model_fields(manifest, directory / MANIFEST, REMAKE)
     graphs = manifest["graphs"]
-    known = {g.value for g in (*Graph, *GraphVariant)}
+    known = {g.value for g in (*Graph, *variant_specs(config))}  # the optional graphs this architecture has
     for name, entry in graphs.items():  # the optional graphs (decoder_step_buffered) are held to the same form
         if name not in known or not isinstance(entry, dict) or not _text(entry.get("file")) \
                 or not _sha(entry.get("sha256")):

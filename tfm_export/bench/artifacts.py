@@ -20,7 +20,7 @@ from ..model.checkpoint import Checkpoint, load_checkpoint
 from ..precision.pipeline import Calibration, quantize_model_dir
 from ..runtime.session import has_cuda_provider
 from ..runtime.tensorrt_platform import missing_reason
-from .ctranslate2 import convert_to_ctranslate2
+from .ctranslate2 import convert_to_ctranslate2, unsupported
 from .runners import Artifacts
 
 
@@ -108,11 +108,13 @@ def build_variants(built: Built, model: BenchModel, work: Path, calibration: Cal
     engines = None
     if "tensorrt" in backends and missing_reason() is None:
         engines = _tensorrt_engines(built, fp32, work / "tensorrt-fp16", max_rows, say)
-    ct2 = None
-    if any(b.startswith("ct2") for b in backends) and model.checkpoint and importlib.util.find_spec("ctranslate2"):
+    ct2, ct2_unsupported = None, model.checkpoint and unsupported(model.checkpoint.config)
+    if any(b.startswith("ct2") for b in backends) and model.checkpoint and importlib.util.find_spec("ctranslate2") \
+            and not ct2_unsupported:
         say("convert CTranslate2")
         ct2 = _timed(built, "ctranslate2", lambda: convert_to_ctranslate2(model.checkpoint, work / "ctranslate2"))
-    built.artifacts = replace(built.artifacts, onnx=onnx, ctranslate2=ct2, tensorrt=engines)
+    built.artifacts = replace(built.artifacts, onnx=onnx, ctranslate2=ct2, tensorrt=engines,
+                              ctranslate2_unsupported=ct2_unsupported or None)
 
 
 def _tensorrt_engines(built: Built, fp32: Path, output: Path, max_rows: int,

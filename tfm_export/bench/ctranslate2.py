@@ -1,10 +1,14 @@
 """checkpoint -> CTranslate2 model directory, through CTranslate2's own Converter and spec API.
 
-CTranslate2 is the benchmark's external anchor, so it must run exactly this model: post-norm
-layers, one LayerNorm after embedding + positions, the seed's own interleaved sinusoid table (CT2's
-built-in one differs), eps 1e-6, x sqrt(d_model) on embeddings only with scale_emb_or_prj='emb', and
-the d_model^-0.5 logit scale of 'prj' folded into the output projection. Self-attention Q/K/V are
-stacked into one linear, cross-attention K/V into another, as the spec expects.
+CTranslate2 is the benchmark's external anchor, so it must run exactly this model: the seed's own
+interleaved sinusoid table (CT2's built-in one differs) or the learned table, the norm's eps, x sqrt(d_model)
+on embeddings only with scale_emb_or_prj='emb', and the d_model^-0.5 logit scale of 'prj' folded into the
+output projection. Self-attention Q/K/V are stacked into one linear, cross-attention K/V into another, as
+the spec expects. The variants map onto the spec's own options: pre_norm (with final norms), rms_norm,
+layernorm_embedding, the activation and ffn_glu (w_1 = linear_0, w_3 = linear_0_noact), RoPE as
+rotary_dim 0 (every dimension) with rotary_interleave (consecutive pairs) and rotary_base, T5's
+relative_attention_bias, and sandwich norms as pre_post_layer_norm. DeepNorm's alpha * x residual has no
+spec field: `unsupported` says so and the benchmark's CTranslate2 rows carry that reason.
 """
 
 from __future__ import annotations
@@ -14,8 +18,22 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..core.config import ModelConfig
 from ..core.errors import TfmExportError
+from ..core.variants import GATED_ACTIVATIONS
 from ..model.checkpoint import Checkpoint
+
+ACTIVATIONS = {"relu": "RELU", "gelu": "GELU", "swish": "SWISH", "sigmoid": "Sigmoid"}  # ours -> CT2's Activation
+
+
+def unsupported(cfg: ModelConfig) -> str | None:
+    """Why CTranslate2's spec cannot express this model, or None."""
+    if cfg.d_k * cfg.n_head != cfg.d_model or cfg.d_v * cfg.n_head != cfg.d_model:
+        return (f"CTranslate2 needs d_k = d_v = d_model / n_head (this model has d_k {cfg.d_k}, d_v {cfg.d_v}, "
+                f"d_model {cfg.d_model}, {cfg.n_head} heads)")
+    if cfg.placement == "deepnorm":
+        return "CTranslate2's spec cannot express DeepNorm (no residual scale alpha)"
+    return None
 
 
 def _require_ctranslate2():
@@ -30,8 +48,10 @@ def _array(t: torch.Tensor) -> np.ndarray:
     return t.detach().float().cpu().numpy()
 
 
-def _layer_norm(spec, ln: torch.nn.LayerNorm) -> None:
-    spec.gamma, spec.beta = _array(ln.weight), _array(ln.bias)
+def _norm(spec, norm: torch.nn.Module) -> None:
+    spec.gamma = _array(norm.weight)
+    if getattr(norm, "bias", None) is not None:  # LayerNorm; RMSNorm has none
+        spec.beta = _array(norm.bias)
 
 
 def _linear(spec, *layers: torch.nn.Linear) -> None:
@@ -41,50 +61,98 @@ def _linear(spec, *layers: torch.nn.Linear) -> None:
         spec.bias = np.concatenate([_array(layer.bias) for layer in layers])
 
 
-def _ffn(spec, ffn) -> None:
-    _linear(spec.linear_0, ffn.w_1)
-    _linear(spec.linear_1, ffn.w_2)
-    _layer_norm(spec.layer_norm, ffn.layer_norm)
+# CT2's names for a sublayer's two norms when they are sandwiched (the layer's, not the sublayer's)
+SANDWICH_NORMS = {"self_attention": ("input_layer_norm", "post_attention_layer_norm"),
+                  "attention": ("external_pre_encoder_attention_layer_norm",
+                                "external_post_encoder_attention_layer_norm"),
+                  "ffn": ("pre_feedforward_layer_norm", "post_feedforward_layer_norm")}
+
+
+def _sublayer_norms(layer_spec, part: str, sublayer, sandwich: bool) -> None:
+    if sandwich:
+        before, after = SANDWICH_NORMS[part]
+        _norm(getattr(layer_spec, before), sublayer.layer_norm)
+        _norm(getattr(layer_spec, after), sublayer.sandwich_norm)
+    else:
+        _norm(getattr(layer_spec, part).layer_norm, sublayer.layer_norm)
+
+
+def _ffn(layer_spec, ffn, sandwich: bool) -> None:
+    _linear(layer_spec.ffn.linear_0, ffn.w_1)
+    _linear(layer_spec.ffn.linear_1, ffn.w_2)
+    if ffn.gated:
+        _linear(layer_spec.ffn.linear_0_noact, ffn.w_3)
+    _sublayer_norms(layer_spec, "ffn", ffn, sandwich)
+
+
+def _self_attention(layer_spec, attn, sandwich: bool, relative) -> None:
+    spec = layer_spec.self_attention
+    _linear(spec.linear[0], attn.w_qs, attn.w_ks, attn.w_vs)
+    _linear(spec.linear[1], attn.fc)
+    _sublayer_norms(layer_spec, "self_attention", attn, sandwich)
+    if relative is not None:  # the stack's one bias table, given to every layer as CT2 wants it
+        spec.relative_attention_bias = _array(relative.weight)
+        spec.relative_attention_max_distance = np.dtype("int32").type(relative.max_distance)
+
+
+def _cross_attention(layer_spec, attn, sandwich: bool) -> None:
+    spec = layer_spec.attention
+    _linear(spec.linear[0], attn.w_qs)
+    _linear(spec.linear[1], attn.w_ks, attn.w_vs)
+    _linear(spec.linear[2], attn.fc)
+    _sublayer_norms(layer_spec, "attention", attn, sandwich)
 
 
 def _embeddings(side_spec, embedder, scale: bool) -> None:
     side_spec.scale_embeddings = scale
-    side_spec.position_encodings.encodings = _array(embedder.position_enc.pos_table[0])
-    _layer_norm(side_spec.layernorm_embedding, embedder.layer_norm)
+    if embedder.position_enc is not None:
+        side_spec.position_encodings.encodings = _array(embedder.position_enc.pos_table[0])
+    elif hasattr(side_spec, "position_encodings"):  # RoPE: positions come from the attention alone
+        del side_spec.position_encodings
+    if embedder.layer_norm is not None:
+        _norm(side_spec.layernorm_embedding, embedder.layer_norm)
+    if embedder.final_norm is not None:
+        _norm(side_spec.layer_norm, embedder.final_norm)
+
+
+def _stack_specs(ct2, cfg: ModelConfig):
+    """Encoder and decoder specs with the variant's options."""
+    sandwich = cfg.placement == "sandwich"
+    act = ACTIVATIONS[GATED_ACTIVATIONS.get(cfg.activation, cfg.activation)]
+    common = dict(pre_norm=cfg.placement in ("pre", "sandwich"), activation=getattr(ct2.specs.Activation, act),
+                  layernorm_embedding=cfg.embedding_norm, relative_attention_bias=cfg.positions == "relative",
+                  ffn_glu=cfg.activation in GATED_ACTIVATIONS, rms_norm=cfg.norm == "rmsnorm",
+                  pre_post_layer_norm=sandwich)
+    if cfg.positions == "rope":  # every dimension, consecutive pairs
+        common.update(rotary_dim=0, rotary_interleave=True, rotary_base=cfg.rope_base)
+    return (ct2.specs.TransformerEncoderSpec(cfg.n_layers, cfg.n_head, **common),
+            ct2.specs.TransformerDecoderSpec(cfg.n_layers, cfg.n_head, external_pre_post_encoder_layers=sandwich,
+                                             **common))
 
 
 def build_spec(ckpt: Checkpoint):
     """The TransformerSpec holding this checkpoint's weights."""
     ct2 = _require_ctranslate2()
     cfg, model = ckpt.config, ckpt.model
-    if cfg.d_k * cfg.n_head != cfg.d_model or cfg.d_v * cfg.n_head != cfg.d_model:
-        raise TfmExportError(f"{ckpt.path}: CTranslate2 needs d_k = d_v = d_model / n_head (this model has "
-                             f"d_k {cfg.d_k}, d_v {cfg.d_v}, d_model {cfg.d_model}, {cfg.n_head} heads)")
-    spec = ct2.specs.TransformerSpec.from_config((cfg.n_layers, cfg.n_layers), cfg.n_head, pre_norm=False,
-                                                 layernorm_embedding=True)
-    spec.config.layer_norm_epsilon = 1e-6
+    reason = unsupported(cfg)
+    if reason:
+        raise TfmExportError(f"{ckpt.path}: {reason}")
+    spec = ct2.specs.TransformerSpec(*_stack_specs(ct2, cfg))
+    spec.config.layer_norm_epsilon = cfg.norm_eps
     spec.config.add_source_bos = spec.config.add_source_eos = True
+    sandwich = cfg.placement == "sandwich"
     encoder, decoder = model.encoder, model.decoder
     spec.encoder.embeddings[0].weight = _array(encoder.src_word_emb.weight)
     _embeddings(spec.encoder, encoder, cfg.scale_emb)
     for layer_spec, layer in zip(spec.encoder.layer, encoder.layer_stack, strict=True):
-        attn = layer.slf_attn
-        _linear(layer_spec.self_attention.linear[0], attn.w_qs, attn.w_ks, attn.w_vs)
-        _linear(layer_spec.self_attention.linear[1], attn.fc)
-        _layer_norm(layer_spec.self_attention.layer_norm, attn.layer_norm)
-        _ffn(layer_spec.ffn, layer.pos_ffn)
+        _self_attention(layer_spec, layer.slf_attn, sandwich, encoder.relative_attention_bias)
+        _ffn(layer_spec, layer.pos_ffn, sandwich)
     spec.decoder.embeddings.weight = _array(decoder.trg_word_emb.weight)
     _embeddings(spec.decoder, decoder, cfg.scale_emb)
     for layer_spec, layer in zip(spec.decoder.layer, decoder.layer_stack, strict=True):
-        own, cross = layer.slf_attn, layer.enc_attn
-        _linear(layer_spec.self_attention.linear[0], own.w_qs, own.w_ks, own.w_vs)
-        _linear(layer_spec.self_attention.linear[1], own.fc)
-        _layer_norm(layer_spec.self_attention.layer_norm, own.layer_norm)
-        _linear(layer_spec.attention.linear[0], cross.w_qs)
-        _linear(layer_spec.attention.linear[1], cross.w_ks, cross.w_vs)
-        _linear(layer_spec.attention.linear[2], cross.fc)
-        _layer_norm(layer_spec.attention.layer_norm, cross.layer_norm)
-        _ffn(layer_spec.ffn, layer.pos_ffn)
+        _self_attention(layer_spec, layer.slf_attn, sandwich, decoder.relative_attention_bias)
+        _cross_attention(layer_spec, layer.enc_attn, sandwich)
+        _ffn(layer_spec, layer.pos_ffn, sandwich)
     projection = _array(model.trg_word_prj.weight)
     spec.decoder.projection.weight = projection * cfg.d_model ** -0.5 if cfg.scale_prj else projection
     spec.register_source_vocabulary(ckpt.vocab.source.tokens())

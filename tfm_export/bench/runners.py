@@ -43,6 +43,7 @@ class Artifacts:
     source_tokens: tuple[str, ...] = ()  # id -> token, for CTranslate2's string interface
     target_tokens: tuple[str, ...] = ()
     tensorrt: Path | None = None  # fp16 engine directory, where TensorRT and a GPU are present
+    ctranslate2_unsupported: str | None = None  # why CTranslate2's spec cannot express this model
 
 
 def unavailable(name: str, artifacts: Artifacts) -> str | None:
@@ -57,7 +58,7 @@ def unavailable(name: str, artifacts: Artifacts) -> str | None:
     if name.startswith("torch") and artifacts.checkpoint is None:
         return "no checkpoint (the model directory's source checkpoint is not here)"
     if name.startswith("ct2") and artifacts.ctranslate2 is None:
-        return "CTranslate2 is not installed or the model could not be converted"
+        return artifacts.ctranslate2_unsupported or "CTranslate2 is not installed or the model could not be converted"
     return None
 
 

@@ -27,6 +27,7 @@ from ..runtime.translator import MAX_BEAM, RUNTIME_BACKENDS
 from ..serving.contract import DEFAULT_MAX_BATCH, DEFAULT_NAME, DEVICES, LAYOUTS
 from .common import ErrorReportingGroup, FiniteFloatRange, setup_logging, vocab_option
 from .generate_cli import generate
+from .variant_options import variant_from_flags, variant_options
 
 QUANTIZED = [p for p in PRECISIONS if p != "fp32"]
 
@@ -40,8 +41,9 @@ def main(verbose: bool) -> None:
 
 
 @main.command("train-demo")
-@click.option("--output", type=click.Path(path_type=Path, file_okay=False), default=Path("models/demo"),
-              show_default=True, help="Directory for ckpt.pt and tokenizer.json.")
+@click.option("--output", type=click.Path(path_type=Path, file_okay=False), default=None,
+              help="Directory for ckpt.pt and tokenizer.json (default: models/demo for the classic model, "
+                   "models/demo-PRESET for another architecture).")
 @click.option("--steps", type=click.IntRange(1, TrainSettings.MAX_STEPS), default=TrainSettings.steps,
               show_default=True)
 @click.option("--batch-size", type=click.IntRange(1, TrainSettings.MAX_BATCH_SIZE), default=TrainSettings.batch_size,
@@ -50,16 +52,22 @@ def main(verbose: bool) -> None:
 @click.option("--threads", type=click.IntRange(1, MAX_THREADS), default=None,
               help="Torch CPU threads (default: all cores).")
 @click.option("--force", is_flag=True, help="Replace a checkpoint or tokenizer already in --output.")
-def train_demo_cmd(output: Path, steps: int, batch_size: int, seed: int, threads: int | None, force: bool) -> None:
+@variant_options
+def train_demo_cmd(output: Path | None, steps: int, batch_size: int, seed: int, threads: int | None, force: bool,
+                   **variant) -> None:
     """Train the demo model: English number words -> French number words (0..999,999)."""
     require_extra("export", "tfm-export train-demo")
-    check_output_path(output, "--output", directory=True)
     import torch
 
-    from ..demo.train import train_demo
+    from ..demo.train import DEMO_LAYERS, default_output, train_demo
+    preset, architecture = variant["preset"], variant_from_flags(variant, DEMO_LAYERS)
+    output = output or default_output(preset, architecture)
+    check_output_path(output, "--output", directory=True)
     if threads:
         torch.set_num_threads(threads)
-    path, minutes = train_demo(output, TrainSettings(steps=steps, batch_size=batch_size, seed=seed), force=force)
+    path, minutes = train_demo(output,
+                               TrainSettings(steps=steps, batch_size=batch_size, seed=seed), force=force,
+                               variant=architecture)
     click.echo(f"saved {path} after {minutes:.1f} min of training")
 
 
@@ -92,16 +100,19 @@ def eval_demo(model_path: Path, vocab: tuple[Path, ...], backend: str | None, be
 @click.option("--vocab-size", type=click.IntRange(min=8), default=32000, show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--force", is_flag=True, help="Replace a checkpoint or tokenizer already in --output.")
+@variant_options
 def random_checkpoint_cmd(output: Path, d_model: int, heads: int, layers: int, ffn: int, vocab_size: int,
-                          seed: int, force: bool) -> None:
-    """A random-weight model (default: the base config) for benchmarks: real shapes, meaningless outputs."""
+                          seed: int, force: bool, **variant) -> None:
+    """A random-weight model (default: the base config) for benchmarks: real shapes, meaningless outputs.
+    --preset and the architecture flags choose the variant."""
     require_extra("export", "tfm-export random-checkpoint")
     from ..core.config import ModelConfig
     from ..model.synthetic import random_checkpoint
     if d_model % heads:
         raise TfmExportError(f"--d-model {d_model} is not a multiple of --heads {heads}")
     config = ModelConfig(src_vocab_size=vocab_size, trg_vocab_size=vocab_size, d_model=d_model, d_inner=ffn,
-                         n_layers=layers, n_head=heads, d_k=d_model // heads, d_v=d_model // heads)
+                         n_layers=layers, n_head=heads, d_k=d_model // heads, d_v=d_model // heads,
+                         **variant_from_flags(variant, layers))
     check_output_path(output, "--output", directory=True)
     click.echo(f"wrote {random_checkpoint(config, output, seed, force)}")
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from .errors import CheckpointError
+from .variants import CLASSIC, variant_problems
 
 SCALE_MODES = ("emb", "prj", "none")
 # Largest value each size may take: generous for real models, small enough that a damaged or hostile config
@@ -41,6 +42,19 @@ class ModelConfig:
     proj_share_weight: bool = True  # target embedding <-> output projection
     embs_share_weight: bool = True  # source <-> target embedding
     scale_emb_or_prj: str = "prj"  # x sqrt(d_model) on embeddings, or x d_model^-0.5 on logits
+    # The variants (core.variants); the defaults are the seed's classic model.
+    norm: str = "layernorm"  # or "rmsnorm": x / sqrt(mean(x^2) + eps) * g
+    norm_eps: float = 1e-6
+    placement: str = "post"  # "pre" (+ final norms), "sandwich" (+ final norms), "deepnorm"
+    deepnorm_alpha: float = 1.0  # DeepNorm: norm(alpha * x + f(x))
+    embedding_norm: bool = True  # the seed's norm after embedding + positions
+    activation: str = "relu"  # "gelu" (erf), "swish", or gated with three matrices: "glu", "geglu", "swiglu"
+    ffn_bias: bool = True
+    attention_bias: bool = False
+    positions: str = "sinusoid"  # "learned" table, "rope" on self-attention q/k, T5 "relative" bias
+    rope_base: float = 10000.0
+    relative_buckets: int = 32
+    relative_max_distance: int = 128
 
     def __post_init__(self) -> None:
         problems = self.problems()
@@ -68,7 +82,16 @@ class ModelConfig:
         if self.embs_share_weight and self.src_vocab_size != self.trg_vocab_size:
             found.append("embs_share_weight needs src_vocab_size == trg_vocab_size "
                          f"({self.src_vocab_size} != {self.trg_vocab_size})")
+        found += variant_problems(self.variant(), self.d_k)
         return found
+
+    def variant(self) -> dict[str, Any]:
+        """The variant options (core.variants.CLASSIC's keys) and their values in this config."""
+        return {name: getattr(self, name) for name in CLASSIC}
+
+    @property
+    def is_classic(self) -> bool:
+        return self.variant() == CLASSIC
 
     @property
     def scale_emb(self) -> bool:
@@ -80,7 +103,10 @@ class ModelConfig:
         return self.proj_share_weight and self.scale_emb_or_prj == "prj"
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """Every field; a classic model's without the variant options, so its checkpoints, manifests and
+        graph metadata are byte-identical to those written before the options existed."""
+        data = dataclasses.asdict(self)
+        return {k: v for k, v in data.items() if k not in CLASSIC} if self.is_classic else data
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2, sort_keys=True)

@@ -144,4 +144,7 @@ def graph_specs(cfg: ModelConfig) -> dict[Graph, GraphSpec]:
 
 
 def variant_specs(cfg: ModelConfig) -> dict[GraphVariant, GraphSpec]:
-    return {GraphVariant.DECODER_STEP_BUFFERED: buffered_step_spec(cfg)}
+    """The optional graphs a model gets: decoder_step_buffered is built for the classic architecture only (its
+    attention is written out for post-norm LayerNorm, ReLU and the sinusoid table); other architectures
+    decode through the contract's decoder_step."""
+    return {GraphVariant.DECODER_STEP_BUFFERED: buffered_step_spec(cfg)} if cfg.is_classic else {}

@@ -6,23 +6,37 @@ from __future__ import annotations
 import random
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from ..core.config import ModelConfig
 from ..core.errors import CheckpointError
 from ..core.tokenizer import Vocabulary, train_word_tokenizer
+from ..core.variants import CLASSIC, GATED_ACTIVATIONS
 from ..model.checkpoint import CHECKPOINT_FILE, check_checkpoint_output, save_checkpoint
 from ..model.train import TrainSettings, train
 from ..model.transformer import Transformer
 from . import numbers as demo_numbers
 
+DEMO_LAYERS = 3
+DEMO_FFN = 512
+GATED_DEMO_FFN = 344  # ~2/3 of DEMO_FFN: a gated FFN's three matrices hold as many weights as the classic two
 
-def demo_config(vocab_size: int) -> ModelConfig:
-    """Small enough to train on two CPU cores in minutes, big enough for >= 97% exact match."""
-    return ModelConfig(src_vocab_size=vocab_size, trg_vocab_size=vocab_size, d_model=128, d_inner=512,
-                       n_layers=3, n_head=4, d_k=32, d_v=32, dropout=0.1,
-                       proj_share_weight=True, embs_share_weight=True, scale_emb_or_prj="emb")
+
+def demo_config(vocab_size: int, variant: dict[str, Any] | None = None) -> ModelConfig:
+    """Small enough to train on two CPU cores in minutes, big enough for >= 97% exact match. `variant`:
+    the architecture options (core.variants), classic when not given."""
+    gated = (variant or {}).get("activation") in GATED_ACTIVATIONS
+    return ModelConfig(src_vocab_size=vocab_size, trg_vocab_size=vocab_size, d_model=128,
+                       d_inner=GATED_DEMO_FFN if gated else DEMO_FFN, n_layers=DEMO_LAYERS, n_head=4, d_k=32, d_v=32,
+                       dropout=0.1,
+                       proj_share_weight=True, embs_share_weight=True, scale_emb_or_prj="emb", **(variant or {}))
+
+
+def default_output(preset: str, variant: dict[str, Any]) -> Path:
+    """models/demo for the classic model; another architecture never overwrites it."""
+    return Path("models/demo") if variant == CLASSIC else Path(f"models/demo-{preset}")
 
 
 def demo_pair(rng: random.Random) -> tuple[str, str]:
@@ -30,14 +44,16 @@ def demo_pair(rng: random.Random) -> tuple[str, str]:
     return demo_numbers.english(n), demo_numbers.french(n)
 
 
-def train_demo(output: Path, settings: TrainSettings, progress: bool = True, force: bool = False) -> tuple[Path, float]:
+def train_demo(output: Path, settings: TrainSettings, progress: bool = True, force: bool = False,
+               variant: dict[str, Any] | None = None) -> tuple[Path, float]:
     """Build the demo tokenizer and model, train, save; returns the checkpoint path and minutes taken. An
-    existing checkpoint in `output` is replaced only with force (checked before training)."""
+    existing checkpoint in `output` is replaced only with force (checked before training). `variant`: the
+    architecture options (core.variants), classic when not given."""
     check_checkpoint_output(output / CHECKPOINT_FILE, True, force)
     torch.manual_seed(settings.seed)
     tok = train_word_tokenizer(demo_numbers.corpus_for_vocabulary())
     vocab = Vocabulary(tok, tok)
-    model = Transformer(demo_config(tok.vocab_size))
+    model = Transformer(demo_config(tok.vocab_size, variant))
     start = time.perf_counter()
     train(model, vocab, demo_pair, settings, progress)
     minutes = (time.perf_counter() - start) / 60

@@ -1,7 +1,8 @@
 """PyTorch -> ONNX: the two graphs of the contract exported from the reference model, checked against the
 graph spec, written as a model directory, and proven equal to PyTorch (parity); `inspect`; generate.onnx (ONNX
-Runtime's in-graph beam search wrapped around the two graphs). The ONNX-only
-helpers (onnx_io, inputs, parity's tolerances) load no PyTorch, so later stages reuse them.
+Runtime's in-graph beam search wrapped around the two graphs). The ONNX-only helpers (onnx_io, inputs,
+parity's tolerances, roles: which nodes are RMSNorm, RoPE, relative bias) load no PyTorch, so later stages
+reuse them.
 
 May import: core, artifacts, model, runtime.
 """

@@ -48,24 +48,69 @@ def export_graph(model: Transformer, spec: GraphSpec, opset: int, optimize: bool
     module, args = _module(model, spec)
     with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), torch.no_grad():
         warnings.simplefilter("ignore")
-        for name in ("torch", "onnxscript"):  # the exporter's progress notes and opset-conversion notices
+        # the exporter's progress notes and opset-conversion notices; its failed down-conversion (RMSNorm's
+        # ReduceMean) logs a traceback, and _at_opset converts after it
+        for name in ("torch", "onnxscript"):
             logging.getLogger(name).setLevel(logging.ERROR)
         program = torch.onnx.export(
             module.eval(), args, dynamo=True, opset_version=opset, optimize=optimize, verbose=False,
             input_names=[t.name for t in spec.inputs], output_names=[t.name for t in spec.outputs],
             dynamic_shapes=_dynamic_shapes(spec))
-    return program.model_proto
+    return _at_opset(program.model_proto, opset)
 
 
-def export_all(model: Transformer, opset: int, optimize: bool = True,
-               variants: bool = True) -> dict[Graph | GraphVariant, onnx.ModelProto]:
-    """Both graphs (and the variants, GraphVariant), exported, de-duplicated and checked."""
+def _at_opset(proto: onnx.ModelProto, opset: int) -> onnx.ModelProto:
+    """torch.onnx exports at 18 and converts down before optimising; a ReduceMean (RMSNorm) then still reads
+    its axes through a Reshape the converter cannot see through, and the graph silently stays at 18. After
+    the optimizer has folded the axes into an initializer, ONNX's own converter succeeds."""
+    if _opset_of(proto) == opset:
+        return proto
+    try:
+        proto = onnx.version_converter.convert_version(proto, opset)
+    except (RuntimeError, onnx.checker.ValidationError) as exc:
+        raise ExportError(f"cannot express this model at opset {opset} ({str(exc).splitlines()[0][:200]}); "
+                          f"export with --opset {_opset_of(proto)}") from None
+    if _opset_of(proto) != opset:
+        raise ExportError(f"the exporter produced opset {_opset_of(proto)}, not {opset}; export with --opset "
+                          f"{_opset_of(proto)}")
+    _drop_newer_attributes(proto, opset)
+    return proto
+
+
+def _drop_newer_attributes(proto: onnx.ModelProto, opset: int) -> None:
+    """The converter carries attributes the target opset does not define (ReduceMean's opset-18
+    noop_with_empty_axes) into the converted nodes; at their default 0 they change nothing and are dropped."""
+    for node in proto.graph.node:
+        known = onnx.defs.get_schema(node.op_type, opset, node.domain).attributes
+        for attr in [a for a in node.attribute if a.name not in known]:
+            if onnx.helper.get_attribute_value(attr) != 0:
+                raise ExportError(f"{node.op_type} uses {attr.name}, which opset {opset} lacks; export with "
+                                  "--opset 18")
+            node.attribute.remove(attr)
+
+
+def _opset_of(proto: onnx.ModelProto) -> int:
+    return next(o.version for o in proto.opset_import if o.domain in ("", "ai.onnx"))
+
+
+def export_all(model: Transformer, opset: int, optimize: bool = True, variants: bool = True,
+               skipped: dict[str, str] | None = None) -> dict[Graph | GraphVariant, onnx.ModelProto]:
+    """Both graphs (and the variants, GraphVariant), exported, de-duplicated and checked. A variant graph
+    is optional: one the exporter cannot write at this opset is left out, its reason put in `skipped`."""
     if opset not in SUPPORTED_OPSETS:
         raise ExportError(f"opset {opset} is not supported; use one of {SUPPORTED_OPSETS}")
     graphs = {}
     specs = {**graph_specs(model.config), **(variant_specs(model.config) if variants else {})}
     for graph, spec in specs.items():
-        proto = export_graph(model.eval(), spec, opset, optimize)
+        try:
+            proto = export_graph(model.eval(), spec, opset, optimize)
+        except ExportError as exc:
+            if isinstance(graph, Graph):
+                raise
+            log.warning("%s left out: %s", graph.filename, exc)
+            if skipped is not None:
+                skipped[graph.value] = str(exc)
+            continue
         strip_exporter_metadata(proto)
         removed = share_tied_weights(proto)
         log.info("%s: exported, %d duplicate weight copies removed", graph.filename, removed)

@@ -9,7 +9,9 @@ from typing import Any
 
 from ..artifacts.model_dir import graph_path, load_vocabulary, read_manifest
 from ..core.graph_spec import Graph, GraphVariant
+from ..core.variants import CLASSIC, describe
 from .onnx_io import load_graph, tensors_of
+from .roles import role_summary
 
 
 @dataclass(frozen=True)
@@ -24,6 +26,7 @@ class GraphInfo:
     op_counts: dict[str, int]
     weight_count: int
     weight_bytes: int
+    roles: dict[str, str]  # RMSNorm / RoPE / relative bias -> the primitive ops they became
 
 
 def inspect_model(directory: Path) -> tuple[dict, list[GraphInfo]]:
@@ -39,7 +42,7 @@ def inspect_model(directory: Path) -> tuple[dict, list[GraphInfo]]:
             name, path, path.stat().st_size + sum(p.stat().st_size for p in directory.glob(f"{path.name}.data")),
             opset, manifest.get("precision", "fp32"), tensors_of(proto.graph.input), tensors_of(proto.graph.output),
             dict(Counter(n.op_type for n in proto.graph.node).most_common()),
-            sum(1 for _ in inits), sum(len(i.raw_data) for i in inits)))
+            sum(1 for _ in inits), sum(len(i.raw_data) for i in inits), role_summary(proto.graph)))
     return manifest, infos
 
 
@@ -49,11 +52,13 @@ def summary_lines(directory: Path, manifest: dict[str, Any], infos: list[GraphIn
     lines = [f"{directory}: {manifest['precision']}, opset {manifest['opset']}, d_model {cfg['d_model']}, "
              f"{cfg['n_layers']}+{cfg['n_layers']} layers, {cfg['n_head']} heads, vocab "
              f"{cfg['src_vocab_size']}/{cfg['trg_vocab_size']}, max {manifest['limits']['max_source_length']} "
-             f"positions; optimizations: {', '.join(manifest['optimizations']) or 'none'}"]
+             f"positions; optimizations: {', '.join(manifest['optimizations']) or 'none'}",
+             f"architecture: {describe({**CLASSIC, **{k: v for k, v in cfg.items() if k in CLASSIC}})}"]
     for g in infos:
         lines += ["", f"{g.file.name}: {g.size_bytes / 1e6:.2f} MB, {g.weight_count} weights "
                       f"({g.weight_bytes / 1e6:.2f} MB), opset {g.opset}"]
         for kind, values in (("in ", g.inputs), ("out", g.outputs)):
             lines += [f"  {kind} {t['name']:36} {t['dtype']:8} [{', '.join(map(str, t['shape']))}]" for t in values]
         lines.append("  ops: " + ", ".join(f"{op} {n}" for op, n in g.op_counts.items()))
+        lines += [f"  {role} as primitive ops: {ops}" for role, ops in g.roles.items()]
     return lines

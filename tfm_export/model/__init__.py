@@ -1,4 +1,5 @@
-"""The PyTorch reference: the seed's Transformer, checkpoints (both formats, validated, never unpickling
+"""The PyTorch reference: the seed's Transformer and its variants (norms, positions, attention, ffn, layers,
+transformer), checkpoints (both formats, validated, never unpickling
 code), the full-recompute reference decoders that every fast decoder is tested against, a trainer, and
 random-weight models of any size.
 

@@ -2,8 +2,9 @@
 
 LayerNormalization (its variance), Softmax (its sum), the residual Adds in front of each LayerNorm
 (the post-norm residual stream grows layer by layer) and the logits projection stay fp32, as the
-README's precision section fixes; everything else, weights included, is fp16. ONNX Runtime's converter inserts the
-Casts at the boundaries and clamps weights into fp16's finite range.
+README's precision section fixes; so do the variants' RMSNorm (its mean of squares), RoPE rotations and
+relative position bias, found by graphs.roles; everything else, weights included, is fp16. ONNX Runtime's
+converter inserts the Casts at the boundaries and clamps weights into fp16's finite range.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from collections import Counter
 import onnx
 from onnxruntime.transformers.float16 import convert_float_to_float16
 from onnxruntime.transformers.onnx_model import OnnxModel
+
+from ..graphs.roles import role_nodes
 
 FP32_OPS = ("LayerNormalization", "Softmax")
 FP16_MAX = 65504.0  # weights beyond +-this become +-FP16_MAX, not inf
@@ -28,8 +31,11 @@ def fp32_nodes(proto: onnx.ModelProto) -> dict[str, str]:
     for node in proto.graph.node:
         for name in node.input:
             consumers.setdefault(name, []).append(node)
-    keep = {n.name: "Add (residual)" for n in proto.graph.node if n.op_type == "Add" and
-            any(c.op_type == "LayerNormalization" for c in consumers.get(n.output[0], []))}
+    roles = role_nodes(proto.graph)
+    keep = {n.name: f"{n.op_type} ({roles[n.name]})" for n in proto.graph.node if n.name in roles}
+    keep.update({n.name: "Add (residual)" for n in proto.graph.node if n.op_type == "Add" and n.name not in roles and
+                 any(c.op_type == "LayerNormalization" or (c.op_type == "Pow" and roles.get(c.name) == "RMSNorm")
+                     for c in consumers.get(n.output[0], []))})
     node = producers.get("logits")
     while node is not None and node.op_type != "MatMul":  # the projection and the scale/reshape after it
         keep[node.name] = f"{node.op_type} (logits)"

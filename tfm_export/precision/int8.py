@@ -32,6 +32,7 @@ from onnxruntime.quantization import (
 
 from ..core.errors import TfmExportError, first_line
 from ..graphs.onnx_io import share_tied_weights
+from ..graphs.roles import role_groups
 
 QUANTIZED_OPS = ("MatMul", "Gemm")
 FLOAT_OPS = ("LayerNormalization", "Softmax", "Add")  # reported as kept in float
@@ -106,10 +107,11 @@ def quantize_static_graph(proto: onnx.ModelProto, feeds: Iterable[dict[str, np.n
 
 def _float_inputs_for_float_ops(proto: onnx.ModelProto) -> onnx.ModelProto:
     """The quantizer routes every reader of a quantized tensor through its DequantizeLinear, so a residual
-    Add would add an int8-rounded copy of the LayerNorm output. Float ops read the float tensor again."""
+    Add would add an int8-rounded copy of the LayerNorm output (and DeepNorm's alpha * x would scale one).
+    Every op but the quantized ones reads the float tensor again."""
     producers = {out: node for node in proto.graph.node for out in node.output}
     for node in proto.graph.node:
-        if node.op_type not in FLOAT_OPS:
+        if node.op_type in (*QUANTIZED_OPS, "Gather", "QuantizeLinear", "DequantizeLinear"):
             continue
         for j, name in enumerate(node.input):
             dq = producers.get(name)
@@ -145,6 +147,7 @@ def float_ops(proto: onnx.ModelProto) -> dict[str, int]:
             counts["Gather (int8 table, float rows)"] += 1
         elif node.op_type == "Gather" and dequantized[0]:
             counts["Gather (dequantized int8 table)"] += 1
+    counts.update(group.role for group in role_groups(proto.graph))  # RMSNorm, RoPE, relative bias: float ops
     return dict(sorted(counts.items()))
 
 
