@@ -256,6 +256,16 @@ def test_a_calibration_pipe_is_read_once(demo_onnx, tmp_path):
     assert read_manifest(tmp_path / "q")["int8"]["calibration"]["sha256"] == hashlib.sha256(data).hexdigest()
 
 
+def test_a_buffered_graph_listed_for_another_architecture_is_refused(demo_onnx, tmp_path):
+    """decoder_step_buffered is written for the classic architecture; a manifest claiming it for another one is
+    damaged or hostile (the graph would compute the classic model while the manifest says otherwise)."""
+    model = copy_of(demo_onnx, tmp_path)
+    assert "decoder_step_buffered" in read_manifest(model)["graphs"]
+    edit_manifest(model, lambda m: m["model"].update(activation="gelu"))
+    one_line_error(CliRunner().invoke(run_main, ["translate", "--model", str(model), "forty-two"]),
+                   "invalid graphs.decoder_step_buffered")
+
+
 def test_deeply_nested_vocabularies_are_one_line(tmp_path):
     ckpt = seed_checkpoint(tmp_path)
     (tmp_path / "vocab.json").write_text("[" * 100_000 + "]" * 100_000)

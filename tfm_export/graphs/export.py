@@ -93,24 +93,15 @@ def _opset_of(proto: onnx.ModelProto) -> int:
     return next(o.version for o in proto.opset_import if o.domain in ("", "ai.onnx"))
 
 
-def export_all(model: Transformer, opset: int, optimize: bool = True, variants: bool = True,
-               skipped: dict[str, str] | None = None) -> dict[Graph | GraphVariant, onnx.ModelProto]:
-    """Both graphs (and the variants, GraphVariant), exported, de-duplicated and checked. A variant graph
-    is optional: one the exporter cannot write at this opset is left out, its reason put in `skipped`."""
+def export_all(model: Transformer, opset: int, optimize: bool = True,
+               variants: bool = True) -> dict[Graph | GraphVariant, onnx.ModelProto]:
+    """Both graphs (and the variants, GraphVariant), exported, de-duplicated and checked."""
     if opset not in SUPPORTED_OPSETS:
         raise ExportError(f"opset {opset} is not supported; use one of {SUPPORTED_OPSETS}")
     graphs = {}
     specs = {**graph_specs(model.config), **(variant_specs(model.config) if variants else {})}
     for graph, spec in specs.items():
-        try:
-            proto = export_graph(model.eval(), spec, opset, optimize)
-        except ExportError as exc:
-            if isinstance(graph, Graph):
-                raise
-            log.warning("%s left out: %s", graph.filename, exc)
-            if skipped is not None:
-                skipped[graph.value] = str(exc)
-            continue
+        proto = export_graph(model.eval(), spec, opset, optimize)
         strip_exporter_metadata(proto)
         removed = share_tied_weights(proto)
         log.info("%s: exported, %d duplicate weight copies removed", graph.filename, removed)

@@ -91,8 +91,7 @@ def export_model_dir(ckpt: Checkpoint, output: Path, opset: int = DEFAULT_OPSET,
     with (staged_directory(output, force, keep=inputs) as staging,
           tqdm(total=4, desc="export", disable=not progress) as bar):
         bar.set_postfix_str("torch.onnx")
-        skipped: dict[str, str] = {}
-        graphs = export_all(ckpt.model, opset, optimize, skipped=skipped)
+        graphs = export_all(ckpt.model, opset, optimize)
         bar.update()
         hashes, listed = {}, []
         for graph, proto in graphs.items():
@@ -111,7 +110,6 @@ def export_model_dir(ckpt: Checkpoint, output: Path, opset: int = DEFAULT_OPSET,
         if optimize:
             applied.insert(0, "torch.onnx/onnxscript optimizer: constant folding, dead code elimination")
         manifest = build_manifest(ckpt, opset, hashes, file_hashes(staging, listed), applied)
-        manifest["optimizations_not_applied"].update(skipped)
         write_manifest(staging, manifest)
         bar.update()
     return manifest
