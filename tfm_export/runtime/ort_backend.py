@@ -46,6 +46,11 @@ def directory_options(manifest: dict, options: SessionOptions) -> SessionOptions
     return options
 
 
+def run_encoder(encoder: ort.InferenceSession, src: np.ndarray) -> dict[str, np.ndarray]:
+    """The encoder graph's outputs for (B, S) right-padded source ids."""
+    return run(encoder, {"input_ids": src.astype(np.int64), "attention_mask": (src != PAD_ID).astype(np.int64)})
+
+
 def open_graph(directory: Path, manifest: dict, spec: GraphSpec, options: SessionOptions,
                session_options: ort.SessionOptions | None = None) -> ort.InferenceSession:
     """A session for one of the directory's graphs, checked against the manifest's sha256 and the contract."""
@@ -83,8 +88,7 @@ class OrtBackend:
         return cls(*(open_graph(Path(directory), manifest, specs[g], options) for g in Graph), config, manifest)
 
     def run_encoder(self, src: np.ndarray) -> dict[str, np.ndarray]:
-        mask = (src != PAD_ID).astype(np.int64)
-        return run(self.encoder, {"input_ids": src.astype(np.int64), "attention_mask": mask})
+        return run_encoder(self.encoder, src)
 
     def encode(self, src: np.ndarray) -> CacheState:
         check_source_length(src.shape[1], self.config.n_position)

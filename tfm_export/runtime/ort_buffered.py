@@ -23,8 +23,8 @@ from ..core.config import ModelConfig
 from ..core.graph_spec import Graph, GraphVariant, cache_head_sizes, cache_names, graph_specs, variant_specs
 from ..core.sources import check_source_length, check_target_length
 from ..core.tokenizer import PAD_ID
-from .ort_backend import directory_options, open_graph
-from .session import DEFAULT_OPTIONS, SessionOptions, run
+from .ort_backend import directory_options, open_graph, run_encoder
+from .session import DEFAULT_OPTIONS, SessionOptions
 
 CAPACITY_STEP = 16  # positions added when a cache buffer is full: attention reads at most this many unused
 
@@ -87,8 +87,7 @@ class OrtBufferedBackend:
         return cls(encoder, decoder, config, manifest, capacity_step)
 
     def run_encoder(self, src: np.ndarray) -> dict[str, np.ndarray]:
-        mask = (src != PAD_ID).astype(np.int64)
-        return run(self.encoder, {"input_ids": src.astype(np.int64), "attention_mask": mask})
+        return run_encoder(self.encoder, src)
 
     def encode(self, src: np.ndarray) -> BufferedState:
         check_source_length(src.shape[1], self.config.n_position)
