@@ -118,7 +118,7 @@ def test_control_flow_fixed_axes_and_opset_are_reported(demo_onnx):
 @pytest.mark.parametrize("precision", TRT_PRECISIONS)
 def test_polygraphy_onnxruntime_runs_pass_on_the_demo(variants, precision):
     results = check_onnxruntime(variants[precision])
-    assert {r.graph for r in results} == {"encoder", "decoder_step"}
+    assert {r.graph for r in results} == set(read_manifest(variants[precision])["graphs"])  # buffered one too
     assert any("past 0" in r.case for r in results) and any("past 199" in r.case for r in results)
     assert [r for r in results if r.problem] == []
 
@@ -257,7 +257,8 @@ def _cache_handling_backend(model_dir: Path, max_batch: int = 64):
             tensor.copy_(torch.from_numpy(result[name]))  # into the ping-pong views, as TensorRT writes them
 
     backend._execute = execute
-    return backend, Translator.load(model_dir)
+    loaded = Translator.load(model_dir)  # its vocabulary; the reference runs the same contract graphs as the harness
+    return backend, Translator(ort, loaded.vocab, loaded.config)
 
 
 @pytest.mark.parametrize("precision", ["fp32", "fp16"])

@@ -62,7 +62,6 @@ def train_demo_cmd(output: Path | None, steps: int, batch_size: int, seed: int, 
     from ..demo.train import DEMO_LAYERS, default_output, train_demo
     preset, architecture = variant["preset"], variant_from_flags(variant, DEMO_LAYERS)
     output = output or default_output(preset, architecture)
-    check_output_path(output, "--output", directory=True)
     if threads:
         torch.set_num_threads(threads)
     path, minutes = train_demo(output,

@@ -12,6 +12,7 @@ import torch
 
 from ..core.config import ModelConfig
 from ..core.errors import CheckpointError
+from ..core.files import check_output_path
 from ..core.tokenizer import Vocabulary, train_word_tokenizer
 from ..core.variants import CLASSIC, GATED_ACTIVATIONS
 from ..model.checkpoint import CHECKPOINT_FILE, check_checkpoint_output, save_checkpoint
@@ -53,7 +54,8 @@ def train_demo(output: Path, settings: TrainSettings, progress: bool = True, for
     torch.manual_seed(settings.seed)
     tok = train_word_tokenizer(demo_numbers.corpus_for_vocabulary())
     vocab = Vocabulary(tok, tok)
-    model = Transformer(demo_config(tok.vocab_size, variant))
+    model = Transformer(demo_config(tok.vocab_size, variant))  # a bad architecture is refused first
+    check_output_path(output, "--output", directory=True)  # before the minutes of training
     start = time.perf_counter()
     train(model, vocab, demo_pair, settings, progress)
     minutes = (time.perf_counter() - start) / 60

@@ -25,7 +25,7 @@ from ..runtime.session import open_session
 from .export import export_all
 from .inputs import random_sources, random_targets
 from .onnx_io import save_graph
-from .parity import DEFAULT_TOLERANCE, compare_stepwise
+from .parity import DEFAULT_TOLERANCE, FLOAT32_NOISE_FACTOR, compare_stepwise, float32_noise
 
 NOT_SAVED_REASON = (
     "its only fusion for this architecture is SkipLayerNormalization, a com.microsoft contrib op that TensorRT "
@@ -76,10 +76,13 @@ def check_parity(ckpt: Checkpoint, directory: Path, steps: int = 3, seed: int = 
     trg = random_targets(cfg.trg_vocab_size, 3, cfg.n_position, seed)
     diffs = [d for backend in backends for d in compare_stepwise(ckpt.model, backend, src, trg, steps)]
     failed = [d for d in diffs if not d.within(DEFAULT_TOLERANCE)]
+    noise = float32_noise(ckpt.model, src, trg) if failed and all("logits" in d.name for d in failed) else 0.0
+    failed = [d for d in failed if d.max_abs > FLOAT32_NOISE_FACTOR * noise]
     if failed:
         worst = failed[0]
         raise TfmExportError(f"exported graphs differ from PyTorch: {worst.name} by {worst.max_abs:.2e} "
-                             f"({DEFAULT_TOLERANCE}); the export is not trustworthy, please report this config")
+                             f"({DEFAULT_TOLERANCE}; PyTorch's own float32 error {noise:.1e}); the export is not "
+                             "trustworthy, please report this config")
     return max(d.max_abs for d in diffs)
 
 

@@ -64,7 +64,7 @@ class Calibration:
         try:  # read once: a pipe cannot be read again for the manifest's sha256
             data = path.read_bytes()
         except OSError as exc:
-            raise TfmExportError(f"{path}: cannot read the calibration file ({exc.strerror})") from None
+            raise TfmExportError(f"{path}: cannot read input ({exc.strerror})") from None
         return cls(path, decode_text(data, str(path)), max_length, hashlib.sha256(data).hexdigest())
 
 
