@@ -20,7 +20,7 @@ from tfm_export.artifacts.staging import staged_directory
 from tfm_export.cli.export_cli import main as export_main
 from tfm_export.core.batching import pad_batch
 from tfm_export.core.config import ModelConfig
-from tfm_export.core.errors import InputTextError
+from tfm_export.core.errors import InputTextError, TfmExportError
 from tfm_export.core.graph_spec import DEFAULT_OPSET, Graph, graph_specs
 from tfm_export.core.tokenizer import BOS_ID, EOS_ID
 from tfm_export.demo import numbers as demo_numbers
@@ -342,3 +342,24 @@ def test_graphs_carry_no_trace_of_the_build_machine(tiny):
     for graph in Graph:
         data = (tiny[1] / graph.filename).read_bytes()
         assert str(REPO).encode() not in data and b"stack_trace" not in data
+
+
+@pytest.mark.parametrize("size", [1e-2, 1e-4])
+def test_export_parity_refuses_graphs_that_differ_beyond_float32_noise(tiny, size):
+    """The export's closing check, fed graphs of slightly different weights: an error in the logits is excused
+    only within FLOAT32_NOISE_FACTOR x PyTorch's own float32 error, which a 1e-4 weight change already exceeds."""
+    import copy
+    import dataclasses
+
+    from tfm_export.graphs.parity import FLOAT32_NOISE_FACTOR, float32_noise
+    from tfm_export.graphs.pipeline import check_parity
+    ckpt, directory = tiny
+    assert check_parity(ckpt, directory) <= 1e-4
+    changed = dataclasses.replace(ckpt, model=copy.deepcopy(ckpt.model))
+    with torch.no_grad():
+        weight = changed.model.trg_word_prj.weight  # a random change: a constant one vanishes on LayerNorm's output
+        weight.add_(size * torch.randn(weight.shape, generator=torch.Generator().manual_seed(0)))
+    src, trg = np.ones((1, 4), np.int64) * 5, np.ones((1, 4), np.int64) * 6
+    assert FLOAT32_NOISE_FACTOR * float32_noise(changed.model, src, trg) < 1e-5
+    with pytest.raises(TfmExportError, match="exported graphs differ from PyTorch"):
+        check_parity(changed, directory)
