@@ -31,8 +31,10 @@ from pathlib import Path
 import numpy as np
 
 from tfm_export.bench import protocol
-from tfm_export.bench.artifacts import build_fp32, build_variants, calibration_for, open_model
-from tfm_export.bench.run import _sources
+from tfm_export.core.machine import return_large_blocks
+
+# Every backend runs in a spawned process, which imports this script again: the export side (torch, onnx:
+# ~230 MB) is imported inside main() and finish() only, so that it is in no backend's peak memory.
 
 
 def _ct2_setting(name: str) -> tuple[str, dict[str, str]]:
@@ -69,6 +71,7 @@ def _decoder(name: str, artifacts, threads: int):
 
 def measure(name: str, artifacts, sources, lengths, settings, reference) -> dict:
     """One backend in this (fresh) process: load, unforced greedy outputs, then every cell timed."""
+    return_large_blocks()  # as tfm-run does; CTranslate2's peak falls further with it, so every backend gets it
     start = time.perf_counter()
     decode = _decoder(name, artifacts, settings.threads)
     load_s = time.perf_counter() - start
@@ -162,6 +165,8 @@ def main() -> None:
     parser.add_argument("--json", type=Path, required=True)
     parser.add_argument("--resume", type=Path, default=None, help="a .partial.json: skip the rounds it holds")
     args = parser.parse_args()
+    from tfm_export.bench.artifacts import build_fp32, build_variants, calibration_for, open_model
+    from tfm_export.bench.run import _sources
     backends = args.backends.split(",")
     lengths = [int(v) for v in args.lengths.split(",")]
     settings = protocol.BenchSettings(batch_sizes=tuple(int(v) for v in args.batch_sizes.split(",")),
@@ -209,6 +214,7 @@ def main() -> None:
 
 def finish(args, model, partial: dict) -> None:
     """First-translation latency, the weights a token reads, the report."""
+    from tfm_export.bench.run import _sources
     say = lambda text: print(f"[{time.strftime('%H:%M:%S')}] {text}", file=sys.stderr, flush=True)  # noqa: E731
     say("first translation latency")
     vocab = model.vocab.source.tokens()

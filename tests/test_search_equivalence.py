@@ -202,3 +202,26 @@ def test_beam_search_over_a_large_vocabulary_equals_the_reference(wide, name):
         assert_same_nbest(got, want)
     if name == "flat":
         assert backend.moved > 10, "beams must reshuffle within inputs"
+
+
+def test_growing_cache_buffers_hold_one_old_tensor_at_a_time(flat, monkeypatch):
+    """When the buffers fill up, each new tensor is allocated after the previous old one was let go (the bound
+    OrtValues included), so growing costs one old tensor more than the grown cache, not a second cache."""
+    import weakref
+
+    backend = OrtBufferedBackend.open(flat[1], capacity_step=3)
+    state, tokens = backend.encode(_sources(19, 4, 0)), np.full(4, BOS_ID, np.int64)
+    for _ in range(3):
+        state, _ = backend.step(state, tokens)
+    old = [weakref.ref(tensor) for tensor in state.buffers.cache]
+    alive, zeros = [], np.zeros
+
+    def counting_zeros(*args, **kwargs):
+        alive.append(sum(ref() is not None for ref in old))
+        return zeros(*args, **kwargs)
+
+    monkeypatch.setattr(np, "zeros", counting_zeros)
+    state, _ = backend.step(state, tokens)
+    monkeypatch.undo()
+    assert state.buffers.cache[0].shape[2] == 6, "the step must have grown the buffers"
+    assert alive[:len(old)] == [len(old) - i for i in range(len(old))]

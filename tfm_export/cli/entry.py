@@ -55,4 +55,6 @@ def export_main() -> None:
 
 
 def run_main() -> None:
+    from ..core.machine import return_large_blocks
+    return_large_blocks()
     _run("tfm-run")

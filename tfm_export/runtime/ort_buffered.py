@@ -136,7 +136,12 @@ class OrtBufferedBackend:
         """The cache with room for capacity_step more positions (zeros: the graph reads unused positions, so
         they must be finite), made one tensor at a time so that only one old tensor is alive besides them."""
         rows, cfg = len(state.mask), self.config
-        old = state.buffers.cache if state.buffers is not None else [None] * len(self.names.self_inputs)
+        old = [None] * len(self.names.self_inputs)
+        if state.buffers is not None:  # the bound OrtValues hold the old arrays too: let go of those first
+            state.buffers.binding.clear_binding_inputs()
+            state.buffers.binding.clear_binding_outputs()
+            state.buffers.values.clear()
+            old = state.buffers.cache
         capacity = min(state.length + self.capacity_step, cfg.n_position)
         grown = []
         for i, size in enumerate(cache_head_sizes(cfg)):
