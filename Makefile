@@ -46,9 +46,10 @@ $(SERVING_STAMP): pyproject.toml
 	$(SERVING_VENV)/bin/python -m pip install --quiet $(PYTRITON) -e .
 	touch $@
 
+# Two workers, each taking whole test files (module fixtures built once): 10.5 instead of 17 minutes on 2 cores.
 test: setup browser
 	-$(MAKE) serving-env
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n 2 --dist loadfile
 
 # Debian's headless Chromium for examples/web's test (as root, else with sudo -n); where it cannot be installed
 # the test skips and says why.
