@@ -17,7 +17,7 @@ from variant_oracle import VariantOracle, t5_bucket
 from tfm_export.cli.export_cli import main as export_main
 from tfm_export.core.config import ModelConfig
 from tfm_export.core.errors import CheckpointError, TfmExportError
-from tfm_export.core.variants import CLASSIC, PRESETS
+from tfm_export.core.variants import ACTIVATIONS, CLASSIC, PRESETS
 from tfm_export.model.checkpoint import load_checkpoint
 from tfm_export.model.positions import relative_buckets
 from tfm_export.model.synthetic import random_checkpoint
@@ -113,7 +113,7 @@ def test_config_serialises_classic_as_before_and_variants_completely():
 @pytest.mark.parametrize("bad, message", [
     (dict(norm="batchnorm"), "norm must be one of layernorm, rmsnorm, got 'batchnorm'"),
     (dict(placement="middle"), "placement must be one of post, pre, sandwich, deepnorm"),
-    (dict(activation="tanh"), "activation must be one of relu, gelu, swish, glu, geglu, swiglu"),
+    (dict(activation="tanh"), "activation must be one of " + ", ".join(ACTIVATIONS)),
     (dict(positions="alibi"), "positions must be one of sinusoid, learned, rope, relative"),
     (dict(positions="rope", d_k=5), "d_k must be even (got 5)"),
     (dict(placement="deepnorm", deepnorm_alpha=0.0), "deepnorm_alpha must be a positive finite number, got 0.0"),

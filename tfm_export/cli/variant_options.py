@@ -11,7 +11,7 @@ from typing import Any
 
 import click
 
-from ..core.variants import ACTIVATIONS, NORMS, PLACEMENTS, POSITIONS, PRESETS, variant_values
+from ..core.variants import ACTIVATIONS, GATED_ACTIVATIONS, NORMS, PLACEMENTS, POSITIONS, PRESETS, variant_values
 
 _FLAGS = [
     click.option("--preset", type=click.Choice(sorted(PRESETS)), default="classic", show_default=True,
@@ -28,10 +28,13 @@ _FLAGS = [
     click.option("--embedding-norm/--no-embedding-norm", default=None,
                  help="The seed's norm after embedding + positions."),
     click.option("--activation", default=None,
-                 help=f"FFN activation: {' | '.join(ACTIVATIONS)} (the last three gated, with three matrices)."),
+                 help=f"FFN activation: {' | '.join(ACTIVATIONS)} ({', '.join(GATED_ACTIVATIONS)} gated, with "
+                      "three matrices; the _tanh forms use GELU's tanh approximation)."),
     click.option("--ffn-bias/--no-ffn-bias", default=None, help="Biases in the FFN's linears (classic: on)."),
     click.option("--attention-bias/--no-attention-bias", default=None,
                  help="Biases in the attention projections (classic: off)."),
+    click.option("--output-bias/--no-output-bias", default=None,
+                 help="A bias on the logits (classic: off; Marian's and BART's final_logits_bias)."),
     click.option("--positions", default=None,
                  help=f"{' | '.join(POSITIONS)}: fixed table | learned table | RoPE on self-attention q/k | "
                       "T5 bucketed relative bias."),

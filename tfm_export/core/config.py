@@ -55,6 +55,7 @@ class ModelConfig:
     rope_base: float = 10000.0
     relative_buckets: int = 32
     relative_max_distance: int = 128
+    output_bias: bool = False  # a bias on the logits (Marian's and BART's final_logits_bias)
 
     def __post_init__(self) -> None:
         problems = self.problems()

@@ -13,8 +13,10 @@ from typing import Any
 
 NORMS = ("layernorm", "rmsnorm")
 PLACEMENTS = ("post", "pre", "sandwich", "deepnorm")
-ACTIVATIONS = ("relu", "gelu", "swish", "glu", "geglu", "swiglu")
-GATED_ACTIVATIONS = {"glu": "sigmoid", "geglu": "gelu", "swiglu": "swish"}  # gated FFN -> its gate's activation
+# gelu is the erf form (BART, mBART); gelu_tanh the tanh approximation (T5 v1.1's "gelu_new").
+ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "swish", "glu", "geglu", "geglu_tanh", "swiglu")
+# gated FFN -> its gate's activation
+GATED_ACTIVATIONS = {"glu": "sigmoid", "geglu": "gelu", "geglu_tanh": "gelu_tanh", "swiglu": "swish"}
 POSITIONS = ("sinusoid", "learned", "rope", "relative")
 # Placements whose residual stream is never normalised: they end each stack with a final norm.
 FINAL_NORM_PLACEMENTS = ("pre", "sandwich")
@@ -32,6 +34,7 @@ CLASSIC: dict[str, Any] = {
     "rope_base": 10000.0,
     "relative_buckets": 32,
     "relative_max_distance": 128,
+    "output_bias": False,
 }
 # Largest value of each integer option: a hostile config is refused instead of allocating a huge bias table.
 INTEGER_LIMITS = {"relative_buckets": 1 << 12, "relative_max_distance": 1 << 16}
@@ -64,7 +67,8 @@ def variant_problems(values: dict[str, Any], d_k: int) -> list[str]:
     found = [f"{name} must be one of {', '.join(choices)}, got {values[name]!r}"
              for name, choices in CHOICES.items() if values[name] not in choices]
     found += [f"{name} must be true or false, got {values[name]!r}"
-              for name in ("embedding_norm", "ffn_bias", "attention_bias") if not isinstance(values[name], bool)]
+              for name in ("embedding_norm", "ffn_bias", "attention_bias", "output_bias")
+              if not isinstance(values[name], bool)]
     found += [f"{name} must be a positive finite number, got {values[name]!r}"
               for name in ("norm_eps", "deepnorm_alpha", "rope_base")
               if isinstance(values[name], bool) or not isinstance(values[name], int | float)

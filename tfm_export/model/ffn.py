@@ -15,6 +15,7 @@ from .norms import SEED_STYLE, NormStyle, Residual
 ACTIVATION_FUNCTIONS: dict[str, Callable[[Tensor], Tensor]] = {
     "relu": F.relu,
     "gelu": F.gelu,  # the erf form (exported as Erf: opset 17 has no Gelu op)
+    "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
     "swish": F.silu,
     "sigmoid": torch.sigmoid,
 }

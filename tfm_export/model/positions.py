@@ -26,6 +26,24 @@ def sinusoid_table(n_position: int, d_hid: int) -> Tensor:
     return torch.tensor(table, dtype=torch.float32).unsqueeze(0)
 
 
+def halves_sinusoid_table(n_position: int, d_hid: int) -> Tensor:
+    """(1, n_position, d_hid): the seed's frequencies with every sin first and every cos after them (Marian)."""
+    table = sinusoid_table(n_position, d_hid)
+    return torch.cat([table[..., 0::2], table[..., 1::2]], dim=-1)
+
+
+def fairseq_sinusoid_table(n_position: int, d_hid: int, first: int) -> Tensor:
+    """(1, n_position, d_hid) [sin | cos] with frequencies 10000^(-i / (d/2 - 1)), rows from position `first`
+    on, computed in float32 as fairseq and M2M100/NLLB do (their position of token t is t + pad + 1)."""
+    half = d_hid // 2
+    freq = torch.exp(torch.arange(half, dtype=torch.int64).float() * -(math.log(10000) / (half - 1)))
+    angles = torch.arange(first, first + n_position, dtype=torch.int64).float().unsqueeze(1) * freq.unsqueeze(0)
+    table = torch.cat([torch.sin(angles), torch.cos(angles)], dim=1)
+    if d_hid % 2:
+        table = torch.cat([table, torch.zeros(n_position, 1)], dim=1)
+    return table.unsqueeze(0)
+
+
 def _on_meta() -> bool:
     """A model built on the meta device (checkpoint validation) needs shapes only: skip the tables' maths."""
     return torch.get_default_device().type == "meta"

@@ -10,6 +10,7 @@ parts live in norms, positions, attention, ffn and layers; classes are ordered b
 
 from __future__ import annotations
 
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..core.config import ModelConfig
@@ -127,10 +128,12 @@ class Transformer(nn.Module):
         self.scale_prj, self.d_model = cfg.scale_prj, cfg.d_model
         self.encoder = Encoder(cfg)
         self.decoder = Decoder(cfg)
-        self.trg_word_prj = nn.Linear(cfg.d_model, cfg.trg_vocab_size, bias=False)
+        self.trg_word_prj = nn.Linear(cfg.d_model, cfg.trg_vocab_size, bias=cfg.output_bias)
         for p in self.parameters():
             if p.dim() > 1:
                 nn.init.xavier_uniform_(p)
+        if cfg.output_bias:
+            nn.init.zeros_(self.trg_word_prj.bias)
         if cfg.proj_share_weight:
             self.trg_word_prj.weight = self.decoder.trg_word_emb.weight
         if cfg.embs_share_weight:
@@ -142,10 +145,14 @@ class Transformer(nn.Module):
         return self.encoder(src_seq, src_mask), src_mask
 
     def project(self, dec_output: Tensor) -> Tensor:
-        logits = self.trg_word_prj(dec_output)  # (B, T, V)
-        return logits * self.d_model ** -0.5 if self.scale_prj else logits
+        """Decoder output -> logits (B, T, V); a logits bias is added after the scaling."""
+        logits = F.linear(dec_output, self.trg_word_prj.weight)
+        if self.scale_prj:
+            logits = logits * self.d_model ** -0.5
+        return logits if self.trg_word_prj.bias is None else logits + self.trg_word_prj.bias
 
     def forward(self, src_seq: Tensor, trg_seq: Tensor) -> Tensor:
         enc_output, src_mask = self.encode(src_seq)
         trg_mask = get_pad_mask(trg_seq, self.trg_pad_idx) & get_subsequent_mask(trg_seq)
+        trg_mask[:, :, 0] = True  # the start token is never padding, even where it is the pad id (Marian, T5)
         return self.project(self.decoder(trg_seq, trg_mask, enc_output, src_mask))

@@ -1,0 +1,225 @@
+"""Hugging Face model directories read as the variant family, held to transformers' own forward.
+
+The oracle is `transformers` itself: tiny models of each family built from configs with random weights (no
+download), saved with save_pretrained, read back by tfm-export without transformers. Full-sequence logits and 30
+cached decoding steps (PyTorch and the exported ONNX graphs) must match the transformers forward within 1e-4.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+import torch
+
+from tfm_export.core.errors import CheckpointError
+from tfm_export.graphs.export import export_all
+from tfm_export.model.huggingface import FAMILIES, load_hf_directory
+from tfm_export.model.transformer import Transformer
+
+transformers = pytest.importorskip("transformers", reason="the oracle needs the hf extra: pip install '.[hf]'")
+
+TOLERANCE = 1e-4
+STEPS = 30
+VOCAB = 101
+BART_SIZES = dict(d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+                  decoder_attention_heads=4, encoder_ffn_dim=48, decoder_ffn_dim=48, max_position_embeddings=64,
+                  vocab_size=VOCAB)
+T5_SIZES = dict(d_model=32, d_kv=16, d_ff=48, num_layers=2, num_heads=4, vocab_size=VOCAB,
+                relative_attention_num_buckets=8, relative_attention_max_distance=20)
+# name -> (config class, model class, config arguments): every family, and each one's distinctive options
+CASES = {
+    "marian": ("MarianConfig", "MarianMTModel",
+               dict(BART_SIZES, pad_token_id=VOCAB - 1, decoder_start_token_id=VOCAB - 1, eos_token_id=0,
+                    activation_function="swish", scale_embedding=True)),
+    "marian-untied-src": ("MarianConfig", "MarianMTModel",
+                          dict(BART_SIZES, pad_token_id=VOCAB - 1, decoder_start_token_id=VOCAB - 1, eos_token_id=0,
+                               activation_function="swish", scale_embedding=True,
+                               share_encoder_decoder_embeddings=False, decoder_vocab_size=VOCAB)),
+    "m2m_100": ("M2M100Config", "M2M100ForConditionalGeneration", dict(BART_SIZES, scale_embedding=True)),
+    "bart": ("BartConfig", "BartForConditionalGeneration", dict(BART_SIZES, activation_function="gelu")),
+    "mbart": ("MBartConfig", "MBartForConditionalGeneration", dict(BART_SIZES, scale_embedding=True)),
+    "t5": ("T5Config", "T5ForConditionalGeneration", T5_SIZES),
+    "t5-v1.1": ("T5Config", "T5ForConditionalGeneration",
+                dict(T5_SIZES, feed_forward_proj="gated-gelu", tie_word_embeddings=False)),
+    "mt5": ("MT5Config", "MT5ForConditionalGeneration", dict(T5_SIZES, feed_forward_proj="gated-gelu")),
+}
+
+
+def _save(name: str, directory: Path) -> Path:
+    config_class, model_class, kwargs = CASES[name]
+    torch.manual_seed(sum(map(ord, name)))
+    model = getattr(transformers, model_class)(getattr(transformers, config_class)(**kwargs)).eval()
+    with torch.no_grad():  # random biases where transformers initialises zeros, so a lost bias shows
+        for key, tensor in model.state_dict().items():
+            if key.endswith(("bias", "final_logits_bias")) or "layer_norm" in key or "layernorm" in key:
+                tensor.add_(torch.randn_like(tensor) * 0.1)
+    model.save_pretrained(directory)
+    return directory
+
+
+@pytest.fixture(scope="module", params=sorted(CASES))
+def hf_case(request, tmp_path_factory) -> tuple[str, Path]:
+    return request.param, _save(request.param, tmp_path_factory.mktemp(request.param))
+
+
+def _inputs(pad: int, start: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sources with padding (one row padded, one full) and a forced target prefix of STEPS tokens."""
+    generator = torch.Generator().manual_seed(7)
+    src = torch.randint(3, VOCAB - 2, (3, 11), generator=generator)
+    src[1, 7:] = pad
+    trg = torch.randint(3, VOCAB - 2, (3, STEPS), generator=generator)
+    trg[:, 0] = start
+    return src, trg
+
+
+def _reference(directory: Path, src: torch.Tensor, trg: torch.Tensor, pad: int) -> torch.Tensor:
+    model = transformers.AutoModelForSeq2SeqLM.from_pretrained(directory).eval()
+    with torch.no_grad():
+        return model(input_ids=src, attention_mask=(src != pad).long(), decoder_input_ids=trg).logits
+
+
+def _ours(directory: Path) -> tuple[Transformer, object]:
+    loaded = load_hf_directory(directory)
+    model = Transformer(loaded.config)
+    model.load_state_dict(loaded.state)
+    return model.eval(), loaded
+
+
+def test_full_forward_matches_transformers(hf_case) -> None:
+    name, directory = hf_case
+    model, loaded = _ours(directory)
+    gen = loaded.generation
+    src, trg = _inputs(gen.pad_id, gen.decoder_start_id)
+    with torch.no_grad():
+        ours = model(src, trg)
+    reference = _reference(directory, src, trg, gen.pad_id)
+    assert reference.abs().max() > 0.1  # the comparison is not between two near-zero tensors
+    torch.testing.assert_close(ours, reference, atol=TOLERANCE, rtol=0)
+
+
+def test_cached_steps_match_transformers(hf_case) -> None:
+    """Token by token through the decoder cache (PyTorch) against the transformers forward over the prefix."""
+    name, directory = hf_case
+    model, loaded = _ours(directory)
+    src, trg = _inputs(loaded.generation.pad_id, loaded.generation.decoder_start_id)
+    reference = _reference(directory, src, trg, loaded.generation.pad_id)
+    with torch.no_grad():
+        enc, src_mask = model.encode(src)
+        cross = model.decoder.cross_keys_values(enc)
+        empty = torch.zeros(len(src), model.config.n_head, 0, model.config.d_k)
+        past = [(empty, empty.clone()) for _ in range(model.config.n_layers)]
+        for t in range(STEPS):
+            out, past = model.decoder.step(trg[:, t:t + 1], past, cross, src_mask)
+            torch.testing.assert_close(model.project(out)[:, 0], reference[:, t], atol=TOLERANCE, rtol=0)
+
+
+def test_onnx_graphs_match_transformers_over_cached_steps(hf_case) -> None:
+    """The exported encoder and decoder_step graphs in ONNX Runtime, 30 cached steps."""
+    name, directory = hf_case
+    model, loaded = _ours(directory)
+    src, trg = _inputs(loaded.generation.pad_id, loaded.generation.decoder_start_id)
+    reference = _reference(directory, src, trg, loaded.generation.pad_id).numpy()
+    sessions = {graph.filename: ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+                for graph, proto in export_all(model, 17, variants=False).items()}
+    encoder, step = sessions["encoder.onnx"], sessions["decoder_step.onnx"]
+    mask = (src != loaded.generation.pad_id).long().numpy()
+    enc = dict(zip([o.name for o in encoder.get_outputs()],
+                   encoder.run(None, {"input_ids": src.numpy(), "attention_mask": mask}), strict=True))
+    cfg = model.config
+    feeds = {f"past_key_values.{i}.decoder.{kv}": np.zeros((len(src), cfg.n_head, 0, cfg.d_k), np.float32)
+             for i in range(cfg.n_layers) for kv in ("key", "value")}
+    feeds |= {f"past_key_values.{i}.encoder.{kv}": enc[f"present.{i}.encoder.{kv}"]
+              for i in range(cfg.n_layers) for kv in ("key", "value")}
+    names = [o.name for o in step.get_outputs()]
+    for t in range(STEPS):
+        out = dict(zip(names, step.run(None, {**feeds, "input_ids": trg[:, t:t + 1].numpy(),
+                                              "encoder_attention_mask": mask}), strict=True))
+        np.testing.assert_allclose(out["logits"][:, 0], reference[:, t], atol=TOLERANCE, rtol=0)
+        feeds |= {f"past_key_values.{i}.decoder.{kv}": out[f"present.{i}.decoder.{kv}"]
+                  for i in range(cfg.n_layers) for kv in ("key", "value")}
+
+
+def test_every_family_is_covered() -> None:
+    assert {getattr(transformers, config_class).model_type for config_class, _, _ in CASES.values()} == set(FAMILIES)
+
+
+# Bad input: one line naming the file and the problem, nothing loaded.
+
+@pytest.fixture(scope="module")
+def marian_dir(tmp_path_factory) -> Path:
+    return _save("marian", tmp_path_factory.mktemp("marian-base"))
+
+
+def _copy(source: Path, target: Path) -> Path:
+    target.mkdir()
+    for file in source.iterdir():
+        (target / file.name).write_bytes(file.read_bytes())
+    return target
+
+
+def test_unsupported_model_type_names_the_supported_ones(marian_dir, tmp_path) -> None:
+    directory = _copy(marian_dir, tmp_path / "m")
+    config = json.loads((directory / "config.json").read_text())
+    (directory / "config.json").write_text(json.dumps({**config, "model_type": "pegasus"}))
+    with pytest.raises(CheckpointError, match=r"model_type 'pegasus' is not supported; tfm-export reads bart, "
+                                              r"m2m_100, marian, mbart, mt5, t5"):
+        load_hf_directory(directory)
+
+
+def _rewrite_weights(directory: Path, change) -> None:
+    from safetensors.torch import load_file, save_file
+    tensors = load_file(directory / "model.safetensors")
+    change(tensors)
+    save_file(tensors, directory / "model.safetensors")
+
+
+def test_missing_weight_is_named(marian_dir, tmp_path) -> None:
+    directory = _copy(marian_dir, tmp_path / "m")
+    _rewrite_weights(directory, lambda t: t.pop("model.decoder.layers.1.fc2.weight"))
+    with pytest.raises(CheckpointError, match=r"missing weight model\.decoder\.layers\.1\.fc2\.weight"):
+        load_hf_directory(directory)
+
+
+def test_misshaped_weight_is_named(marian_dir, tmp_path) -> None:
+    directory = _copy(marian_dir, tmp_path / "m")
+    _rewrite_weights(directory, lambda t: t.update({"model.encoder.layers.0.fc1.weight": torch.zeros(5, 32)}))
+    with pytest.raises(CheckpointError, match=r"weight model\.encoder\.layers\.0\.fc1\.weight has shape \(5, 32\), "
+                                              r"config\.json implies \(48, 32\)"):
+        load_hf_directory(directory)
+
+
+class _Payload:
+    def __reduce__(self):
+        return (print, ("code ran",))
+
+
+def test_pickle_with_code_is_refused_unrun(marian_dir, tmp_path, capsys) -> None:
+    directory = _copy(marian_dir, tmp_path / "m")
+    (directory / "model.safetensors").unlink()
+    with open(directory / "pytorch_model.bin", "wb") as f:
+        pickle.dump({"model.shared.weight": _Payload()}, f)
+    with pytest.raises(CheckpointError, match=r"pytorch_model\.bin: refused: the pickle wants to import "
+                                              r"builtins\.print"):
+        load_hf_directory(directory)
+    assert "code ran" not in capsys.readouterr().out
+
+
+def test_weights_only_bin_loads(marian_dir, tmp_path) -> None:
+    from safetensors.torch import load_file
+    directory = _copy(marian_dir, tmp_path / "m")
+    torch.save(load_file(directory / "model.safetensors"), directory / "pytorch_model.bin")
+    (directory / "model.safetensors").unlink()
+    assert load_hf_directory(directory).config == load_hf_directory(marian_dir).config
+
+
+def test_unequal_encoder_and_decoder_depth_is_refused(marian_dir, tmp_path) -> None:
+    directory = _copy(marian_dir, tmp_path / "m")
+    config = json.loads((directory / "config.json").read_text())
+    (directory / "config.json").write_text(json.dumps({**config, "decoder_layers": 1}))
+    with pytest.raises(CheckpointError, match=r"encoder_layers \(2\) differs from decoder_layers \(1\)"):
+        load_hf_directory(directory)

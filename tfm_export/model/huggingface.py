@@ -1,0 +1,414 @@
+"""Hugging Face model directories (what `save_pretrained` writes) read as members of the variant family.
+
+Like CTranslate2's converters, each family is a spec: which variant options its config implies and which of its
+weight names becomes which of ours. There is no second model: a Marian, M2M100/NLLB, BART, mBART or T5 checkpoint
+becomes a `ModelConfig` and a state_dict of the reference Transformer. Weights are read with `safetensors`, or
+from a `.bin` pickle through the same weights-only loader as every other checkpoint; `transformers` is not needed.
+
+Where a family's maths differs from the family's options only by a constant, the constant is folded into the
+weights at load time instead of becoming another option:
+- T5 does not divide attention scores by sqrt(d_kv): its query weights are multiplied by sqrt(d_kv);
+- an untied head with scaled embeddings: the embedding tables are multiplied by sqrt(d_model);
+- fixed sinusoid tables (Marian's [sin | cos] halves, M2M100's fairseq table at offset pad + 1) and BART's learned
+  table at offset 2 become a position table read from position 0 ("learned" positions, loaded not trained).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..core.config import ModelConfig
+from ..core.errors import CheckpointError, first_line
+from ..core.files import contained_file, read_json
+from .checkpoint import read_checkpoint_file
+from .positions import fairseq_sinusoid_table, halves_sinusoid_table
+from .transformer import Transformer
+
+CONFIG_FILE = "config.json"
+GENERATION_CONFIG_FILE = "generation_config.json"
+SAFETENSORS_FILE = "model.safetensors"
+SAFETENSORS_INDEX = "model.safetensors.index.json"
+PICKLE_FILE = "pytorch_model.bin"
+BART_POSITION_OFFSET = 2  # BartLearnedPositionalEmbedding: the row of position t is t + 2
+T5_DEFAULT_POSITIONS = 512  # T5 has no position limit of its own; its configs' n_positions says 512
+ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "swish": "swish", "silu": "swish", "gelu_new": "gelu_tanh",
+               "gelu_pytorch_tanh": "gelu_tanh", "gelu_fast": "gelu_tanh"}
+
+
+@dataclass(frozen=True)
+class Generation:
+    """What `generate()` does with this model by default, as far as parity needs it."""
+
+    pad_id: int
+    eos_id: int
+    decoder_start_id: int
+    forced_bos_id: int | None  # the first generated token (mBART/NLLB target language), None: free
+    forced_eos_id: int | None  # forced at the last step of max_length
+    banned_ids: tuple[int, ...]  # never generated (Marian's pad)
+    max_length: int  # tokens including the decoder start, as transformers counts
+    num_beams: int
+    length_penalty: float
+
+
+@dataclass(frozen=True)
+class HfModel:
+    directory: Path
+    model_type: str
+    config: ModelConfig
+    state: dict[str, torch.Tensor]
+    generation: Generation
+
+
+def _layer_names(prefix: str, names: dict[str, str]) -> Callable[[str, int], dict[str, str]]:
+    """Our name -> theirs for layer i of one stack (`side` is encoder or decoder)."""
+    def names_of(side: str, i: int) -> dict[str, str]:
+        return {f"{side}.layer_stack.{i}.{ours}": prefix.format(side=side, i=i) + theirs
+                for ours, theirs in names.items()
+                if side == "decoder" or not ours.startswith("enc_attn")}
+    return names_of
+
+
+def _linear(ours: str, theirs: str, bias: bool) -> dict[str, str]:
+    return {f"{ours}.weight": f"{theirs}.weight", **({f"{ours}.bias": f"{theirs}.bias"} if bias else {})}
+
+
+def _bart_layer() -> dict[str, str]:
+    names: dict[str, str] = {}
+    for ours, theirs in (("slf_attn", "self_attn"), ("enc_attn", "encoder_attn")):
+        for w, proj in (("w_qs", "q_proj"), ("w_ks", "k_proj"), ("w_vs", "v_proj"), ("fc", "out_proj")):
+            names |= _linear(f"{ours}.{w}", f"{theirs}.{proj}", bias=True)
+        names |= _linear(f"{ours}.layer_norm", f"{theirs}_layer_norm", bias=True)
+    names |= _linear("pos_ffn.w_1", "fc1", True) | _linear("pos_ffn.w_2", "fc2", True)
+    return names | _linear("pos_ffn.layer_norm", "final_layer_norm", True)
+
+
+def _t5_layer(gated: bool) -> Callable[[str, int], dict[str, str]]:
+    def names_of(side: str, i: int) -> dict[str, str]:
+        ffn = 2 if side == "decoder" else 1
+        parts = [("slf_attn", 0, "SelfAttention")] + ([("enc_attn", 1, "EncDecAttention")] if ffn == 2 else [])
+        names = {}
+        for ours, index, theirs in parts:
+            for w, proj in (("w_qs", "q"), ("w_ks", "k"), ("w_vs", "v"), ("fc", "o")):
+                names[f"{ours}.{w}.weight"] = f"layer.{index}.{theirs}.{proj}.weight"
+            names[f"{ours}.layer_norm.weight"] = f"layer.{index}.layer_norm.weight"
+        dense = f"layer.{ffn}.DenseReluDense"
+        names["pos_ffn.w_1.weight"] = f"{dense}.wi_0.weight" if gated else f"{dense}.wi.weight"
+        if gated:
+            names["pos_ffn.w_3.weight"] = f"{dense}.wi_1.weight"
+        names["pos_ffn.w_2.weight"] = f"{dense}.wo.weight"
+        names["pos_ffn.layer_norm.weight"] = f"layer.{ffn}.layer_norm.weight"
+        return {f"{side}.layer_stack.{i}.{k}": f"{side}.block.{i}.{v}" for k, v in names.items()}
+    return names_of
+
+
+@dataclass(frozen=True)
+class Family:
+    """One architecture: its variant options, given the HF config, and its weight names."""
+
+    placement: str  # post or pre
+    embedding_norm: bool
+    final_norm: bool
+    positions: str  # marian, fairseq, learned (BART's offset table) or relative (T5)
+    output_bias: bool
+
+
+FAMILIES = {
+    "marian": Family("post", False, False, "marian", True),
+    "m2m_100": Family("pre", False, True, "fairseq", False),
+    "bart": Family("post", True, False, "learned", True),
+    "mbart": Family("pre", True, True, "learned", True),
+    "t5": Family("pre", False, True, "relative", False),
+    "mt5": Family("pre", False, True, "relative", False),
+}
+SUPPORTED = ", ".join(sorted(FAMILIES))
+
+
+def _get(hf: dict[str, Any], path: Path, *names: str, default: Any = ...) -> Any:
+    for name in names:
+        if hf.get(name) is not None:
+            return hf[name]
+    if default is ...:
+        raise CheckpointError(f"{path}: config.json has no {names[0]}; save the model again with save_pretrained")
+    return default
+
+
+def _same(hf: dict[str, Any], path: Path, a: str, b: str) -> Any:
+    """A value the encoder and decoder must share (our family uses one per model)."""
+    if hf.get(b) is not None and hf.get(a) != hf.get(b):
+        raise CheckpointError(f"{path}: {a} ({hf.get(a)}) differs from {b} ({hf.get(b)}); tfm-export needs the "
+                              "encoder and decoder to have the same depth, heads and FFN size")
+    return _get(hf, path, a)
+
+
+def _activation(name: Any, path: Path) -> str:
+    if name not in ACTIVATIONS:
+        raise CheckpointError(f"{path}: activation {name!r} is not supported (supported: "
+                              f"{', '.join(sorted(ACTIVATIONS))})")
+    return ACTIVATIONS[name]
+
+
+def model_config(hf: dict[str, Any], path: Path) -> ModelConfig:
+    """The variant-family config that computes what this HF config does."""
+    family = FAMILIES[hf["model_type"]]
+    pad = _get(hf, path, "pad_token_id")
+    if family.positions == "relative":
+        proj = str(_get(hf, path, "feed_forward_proj", default="relu"))
+        gated, _, act = proj.rpartition("-")
+        activation = _activation("gelu_new" if proj == "gated-gelu" else act, path)
+        if gated:
+            activation = {"gelu": "geglu", "gelu_tanh": "geglu_tanh", "swish": "swiglu"}.get(activation, "")
+            if not activation or gated != "gated":
+                raise CheckpointError(f"{path}: feed_forward_proj {proj!r} is not supported")
+        d_model, heads = _get(hf, path, "d_model"), _same(hf, path, "num_heads", "num_heads")
+        sizes = dict(d_model=d_model, d_inner=_get(hf, path, "d_ff"), n_head=heads, d_k=_get(hf, path, "d_kv"),
+                     d_v=_get(hf, path, "d_kv"), n_layers=_same(hf, path, "num_layers", "num_decoder_layers"),
+                     n_position=_get(hf, path, "n_positions", default=T5_DEFAULT_POSITIONS))
+        variant = dict(norm="rmsnorm", norm_eps=_get(hf, path, "layer_norm_epsilon", default=1e-6),
+                       activation=activation, ffn_bias=False, attention_bias=False, positions="relative",
+                       relative_buckets=_get(hf, path, "relative_attention_num_buckets", default=32),
+                       relative_max_distance=_get(hf, path, "relative_attention_max_distance", default=128))
+        scale = "prj" if _t5_scales_output(hf) else "none"
+    else:
+        d_model, heads = _get(hf, path, "d_model"), _same(hf, path, "encoder_attention_heads",
+                                                          "decoder_attention_heads")
+        if not isinstance(heads, int) or isinstance(heads, bool) or heads < 1 or not isinstance(d_model, int) \
+                or d_model % heads:
+            raise CheckpointError(f"{path}: d_model ({d_model!r}) is not a multiple of the heads ({heads!r})")
+        sizes = dict(d_model=d_model, d_inner=_same(hf, path, "encoder_ffn_dim", "decoder_ffn_dim"), n_head=heads,
+                     d_k=d_model // heads, d_v=d_model // heads,
+                     n_layers=_same(hf, path, "encoder_layers", "decoder_layers"),
+                     n_position=_get(hf, path, "max_position_embeddings"))
+        variant = dict(norm="layernorm", norm_eps=1e-5, activation=_activation(hf.get("activation_function"), path),
+                       attention_bias=True, positions="learned")
+        scale = "emb" if hf.get("scale_embedding") else "none"
+    vocab = _get(hf, path, "vocab_size")
+    trg_vocab = hf.get("decoder_vocab_size") or vocab
+    shared = bool(hf.get("share_encoder_decoder_embeddings", True))
+    return ModelConfig(src_vocab_size=vocab, trg_vocab_size=trg_vocab, src_pad_idx=pad, trg_pad_idx=pad, dropout=0.0,
+                       proj_share_weight=True, embs_share_weight=shared and vocab == trg_vocab,
+                       scale_emb_or_prj=scale, placement=family.placement, embedding_norm=family.embedding_norm,
+                       output_bias=family.output_bias, **sizes, **variant)
+
+
+def _t5_scales_output(hf: dict[str, Any]) -> bool:
+    """T5 v1.0 scales the decoder output by d_model^-0.5 before its tied head; v1.1 does not. transformers 5
+    writes `scale_decoder_outputs`; older files say it through `tie_word_embeddings: false`. mT5 is v1.1."""
+    if hf["model_type"] == "mt5":
+        return False
+    if "scale_decoder_outputs" in hf:
+        return bool(hf["scale_decoder_outputs"])
+    return hf.get("tie_word_embeddings", True) is not False
+
+
+def read_config(directory: Path) -> dict[str, Any]:
+    path = directory / CONFIG_FILE
+    if not path.is_file():
+        raise CheckpointError(f"{directory}: no {CONFIG_FILE}; pass a directory written by save_pretrained")
+    hf = read_json(path, CheckpointError, "save the model again with save_pretrained")
+    if not isinstance(hf, dict):
+        raise CheckpointError(f"{path}: holds a {type(hf).__name__}, expected a JSON object")
+    if hf.get("model_type") not in FAMILIES:
+        raise CheckpointError(f"{path}: model_type {hf.get('model_type')!r} is not supported; tfm-export reads "
+                              f"{SUPPORTED}")
+    return hf
+
+
+def _safetensors(files: list[Path]) -> dict[str, torch.Tensor]:
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+    tensors: dict[str, torch.Tensor] = {}
+    for file in files:
+        try:
+            tensors.update(load_file(file))
+        except (SafetensorError, OSError, ValueError) as exc:
+            raise CheckpointError(f"{file}: not a readable safetensors file ({first_line(exc)}); "
+                                  "copy or save it again") from None
+    return tensors
+
+
+def read_weights(directory: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of the model: safetensors (one file or an index of shards), else the weights-only pickle."""
+    if (directory / SAFETENSORS_FILE).is_file():
+        return _safetensors([directory / SAFETENSORS_FILE])
+    index = directory / SAFETENSORS_INDEX
+    if index.is_file():
+        data = read_json(index, CheckpointError, "save the model again with save_pretrained")
+        shards = sorted(set(data.get("weight_map", {}).values())) if isinstance(data, dict) else []
+        return _safetensors([contained_file(directory, name, CheckpointError, f"shard named by {index.name}",
+                                            "copy the whole model directory") for name in shards])
+    if (directory / PICKLE_FILE).is_file():
+        data = read_checkpoint_file(directory / PICKLE_FILE)  # weights_only: code in the pickle is refused
+        bad = [k for k, v in data.items() if not isinstance(v, torch.Tensor)]
+        if bad:
+            raise CheckpointError(f"{directory / PICKLE_FILE}: {bad[0]!r} is not a tensor; expected a state_dict")
+        return data
+    raise CheckpointError(f"{directory}: no {SAFETENSORS_FILE}, {SAFETENSORS_INDEX} or {PICKLE_FILE}; "
+                          "copy the weights file into the directory")
+
+
+def _first(tensors: dict[str, torch.Tensor], *names: str) -> str:
+    """The first of these names the file has (tied tables are stored under any one of them)."""
+    for name in names:
+        if name in tensors:
+            return name
+    raise CheckpointError(f"missing weight {names[0]}")
+
+
+def _name_map(hf: dict[str, Any], config: ModelConfig, tensors: dict[str, torch.Tensor]) -> dict[str, str]:
+    """Our parameter name -> the file's, for every parameter the config's model has but positions and head."""
+    family = FAMILIES[hf["model_type"]]
+    if family.positions == "relative":
+        layer = _t5_layer(config.activation.startswith(("geglu", "swiglu")))
+        base, shared = "", "shared.weight"
+        stacks = {f"{side}.relative_attention_bias.weight":
+                  f"{side}.block.0.layer.0.SelfAttention.relative_attention_bias.weight"
+                  for side in ("encoder", "decoder")}
+        stacks |= {f"{side}.final_norm.weight": f"{side}.final_layer_norm.weight" for side in ("encoder", "decoder")}
+    else:
+        layer = _layer_names("model.{side}.layers.{i}.", _bart_layer())
+        base, shared = "model.", "model.shared.weight"
+        stacks = {}
+        for side in ("encoder", "decoder"):
+            if family.embedding_norm:
+                stacks |= _linear(f"{side}.layer_norm", f"model.{side}.layernorm_embedding", True)
+            if family.final_norm:
+                stacks |= _linear(f"{side}.final_norm", f"model.{side}.layer_norm", True)
+    names = dict(stacks)
+    for side in ("encoder", "decoder"):
+        for i in range(config.n_layers):
+            names |= layer(side, i)
+    names["encoder.src_word_emb.weight"] = _first(tensors, f"{base}encoder.embed_tokens.weight", shared)
+    names["decoder.trg_word_emb.weight"] = _first(tensors, f"{base}decoder.embed_tokens.weight", shared)
+    return names
+
+
+def _positions(hf: dict[str, Any], config: ModelConfig, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    positions, n, d = FAMILIES[hf["model_type"]].positions, config.n_position, config.d_model
+    if positions == "relative":
+        return {}
+    tables = {}
+    for side in ("encoder", "decoder"):
+        if positions == "marian":
+            table = halves_sinusoid_table(n, d)
+        elif positions == "fairseq":
+            table = fairseq_sinusoid_table(n, d, first=config.src_pad_idx + 1)
+        else:
+            name = _first(tensors, f"model.{side}.embed_positions.weight")
+            table = tensors[name][BART_POSITION_OFFSET:BART_POSITION_OFFSET + n].unsqueeze(0)
+            if table.shape[1] != n:
+                raise CheckpointError(f"{name} has shape {tuple(tensors[name].shape)}, the config needs "
+                                      f"({n + BART_POSITION_OFFSET}, {d})")
+        tables[f"{side}.position_enc.pos_table"] = table
+    return tables
+
+
+def _head(hf: dict[str, Any], config: ModelConfig, tensors: dict[str, torch.Tensor],
+          state: dict[str, torch.Tensor]) -> ModelConfig:
+    """The output projection: tied to the target embedding unless the file holds a different lm_head (then the
+    embedding scale, which the family applies only with a tied head, is folded into the tables)."""
+    if config.output_bias:
+        bias = tensors.get("final_logits_bias", torch.zeros(1, config.trg_vocab_size))
+        state["trg_word_prj.bias"] = bias.reshape(-1)
+    head = tensors.get("lm_head.weight")
+    if head is None or torch.equal(head, state["decoder.trg_word_emb.weight"]):
+        state["trg_word_prj.weight"] = state["decoder.trg_word_emb.weight"]
+        return config
+    state["trg_word_prj.weight"] = head
+    if config.scale_emb:
+        for name in ("encoder.src_word_emb.weight", "decoder.trg_word_emb.weight"):
+            state[name] = state[name] * config.d_model ** 0.5
+    return dataclasses.replace(config, proj_share_weight=False, embs_share_weight=False,
+                               scale_emb_or_prj="none" if config.scale_emb_or_prj == "emb" else
+                               config.scale_emb_or_prj)
+
+
+def convert(hf: dict[str, Any], tensors: dict[str, torch.Tensor], path: Path) -> tuple[ModelConfig,
+                                                                                       dict[str, torch.Tensor]]:
+    """The config and state_dict of the reference Transformer that computes this HF model."""
+    try:
+        config = model_config(hf, path)
+        names = _name_map(hf, config, tensors)
+    except CheckpointError as exc:
+        raise CheckpointError(f"{path}: {exc}" if not str(exc).startswith(str(path)) else str(exc)) from None
+    missing = [theirs for theirs in names.values() if theirs not in tensors]
+    if missing:
+        raise CheckpointError(f"{path}: missing weight {missing[0]}" +
+                              (f" (and {len(missing) - 1} more)" if len(missing) > 1 else "") +
+                              f"; the config says {config.n_layers} layers of {hf['model_type']}")
+    state = {ours: tensors[theirs].float() for ours, theirs in names.items()}
+    try:
+        state |= _positions(hf, config, tensors)
+    except CheckpointError as exc:
+        raise CheckpointError(f"{path}: {exc}") from None
+    config = _head(hf, config, tensors, state)
+    if FAMILIES[hf["model_type"]].positions == "relative":  # T5 scores are not divided by sqrt(d_kv)
+        for key in [k for k in state if k.endswith("attn.w_qs.weight")]:
+            state[key] = state[key] * config.d_k ** 0.5
+    _check_shapes(config, state, names, path)
+    if config.embs_share_weight and not torch.equal(state["encoder.src_word_emb.weight"],
+                                                    state["decoder.trg_word_emb.weight"]):
+            config = dataclasses.replace(config, embs_share_weight=False)
+    return config, {k: v.contiguous() for k, v in state.items()}
+
+
+def _check_shapes(config: ModelConfig, state: dict[str, torch.Tensor], names: dict[str, str], path: Path) -> None:
+    """Each weight against the shape the config implies (a model built on the meta device), named as the
+    file names it."""
+    with torch.device("meta"):
+        expected = Transformer(config).state_dict()
+    for ours, tensor in state.items():
+        if ours in expected and tensor.shape != expected[ours].shape:
+            want = tuple(expected[ours].shape[1:] if ours.endswith("pos_table") else expected[ours].shape)
+            raise CheckpointError(f"{path}: weight {names.get(ours, ours)} has shape {tuple(tensor.shape)}, "
+                                  f"config.json implies {want}")
+
+
+def _ids(value: Any) -> list[int]:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return [value]
+    return [v for v in value if isinstance(v, int)] if isinstance(value, list) else []
+
+
+def generation(hf: dict[str, Any], directory: Path) -> Generation:
+    """generation_config.json over config.json, with transformers' own defaults for what neither says."""
+    path = directory / GENERATION_CONFIG_FILE
+    gen = read_json(path, CheckpointError, "fix or delete it") if path.is_file() else {}
+    merged = {**hf, **(gen if isinstance(gen, dict) else {})}
+    pad = merged.get("pad_token_id")
+    eos = _ids(merged.get("eos_token_id"))
+    if not isinstance(pad, int) or not eos:
+        raise CheckpointError(f"{directory}: config.json gives no pad_token_id or eos_token_id")
+    start = merged.get("decoder_start_token_id")
+    if not isinstance(start, int):
+        start = pad if hf["model_type"] in ("t5", "mt5") else eos[0]  # what generate() falls back to
+    banned = sorted({i for words in merged.get("bad_words_ids") or [] for i in _ids(words) if len(words) == 1})
+    forced_eos = _ids(merged.get("forced_eos_token_id"))
+    return Generation(pad_id=pad, eos_id=eos[0], decoder_start_id=start,
+                      forced_bos_id=merged.get("forced_bos_token_id") if isinstance(
+                          merged.get("forced_bos_token_id"), int) else None,
+                      forced_eos_id=forced_eos[0] if forced_eos else None, banned_ids=tuple(banned),
+                      max_length=int(merged.get("max_length") or 20), num_beams=int(merged.get("num_beams") or 1),
+                      length_penalty=float(merged.get("length_penalty", 1.0)))
+
+
+def load_hf_directory(directory: str | Path) -> HfModel:
+    """Read a local Hugging Face model directory; nothing is downloaded, nothing outside it is read."""
+    directory = Path(directory)
+    hf = read_config(directory)
+    config, state = convert(hf, read_weights(directory), directory)
+    return HfModel(directory, hf["model_type"], config, state, generation(hf, directory))
+
+
+def is_hf_directory(path: Path) -> bool:
+    return path.is_dir() and (path / CONFIG_FILE).is_file()
+
+
+def describe(model: HfModel) -> str:
+    return json.dumps({"model_type": model.model_type, **model.generation.__dict__}, sort_keys=True)
