@@ -24,13 +24,17 @@ from tfm_export.model.transformer import Transformer
 transformers = pytest.importorskip("transformers", reason="the oracle needs the hf extra: pip install '.[hf]'")
 
 TOLERANCE = 1e-4
+# Weight scale x fan-in^-0.5: random models whose outputs differ by input. T5 does not scale its attention
+# scores, so the same weights give it far larger activations: half the scale keeps float32 rounding below 1e-4.
+SPREAD = {"bart": 2.0, "t5": 1.0}
 STEPS = 30
 VOCAB = 101
 BART_SIZES = dict(d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
                   decoder_attention_heads=4, encoder_ffn_dim=48, decoder_ffn_dim=48, max_position_embeddings=64,
                   vocab_size=VOCAB)
 T5_SIZES = dict(d_model=32, d_kv=16, d_ff=48, num_layers=2, num_heads=4, vocab_size=VOCAB,
-                relative_attention_num_buckets=8, relative_attention_max_distance=20)
+                relative_attention_num_buckets=8, relative_attention_max_distance=20,
+                decoder_start_token_id=0)  # as the published T5 configs say; generate() needs it
 # name -> (config class, model class, config arguments): every family, and each one's distinctive options
 CASES = {
     "marian": ("MarianConfig", "MarianMTModel",
@@ -50,14 +54,36 @@ CASES = {
 }
 
 
-def _save(name: str, directory: Path) -> Path:
+def _random_model(name: str):
     config_class, model_class, kwargs = CASES[name]
     torch.manual_seed(sum(map(ord, name)))
     model = getattr(transformers, model_class)(getattr(transformers, config_class)(**kwargs)).eval()
-    with torch.no_grad():  # random biases where transformers initialises zeros, so a lost bias shows
+    spread = SPREAD["t5" if config_class in ("T5Config", "MT5Config") else "bart"]
+    with torch.no_grad():  # weights large enough that outputs depend on the input; random biases and norm gains
         for key, tensor in model.state_dict().items():
-            if key.endswith(("bias", "final_logits_bias")) or "layer_norm" in key or "layernorm" in key:
-                tensor.add_(torch.randn_like(tensor) * 0.1)
+            if "norm" in key and key.endswith("weight"):
+                tensor.copy_(1 + torch.randn_like(tensor) * 0.1)
+            elif "embed_positions" not in key:
+                tensor.normal_(0, spread / tensor.shape[-1] ** 0.5 if tensor.dim() > 1 else 0.1)
+    return model
+
+
+def _save(name: str, directory: Path) -> Path:
+    """A random model whose </s> is a token it generates mid-sentence for about half the inputs (a random model
+    rarely chooses its configured </s>): decoding is compared where stopping at </s> happens, not only on
+    outputs that all run to max_length. Only the id named eos_token_id changes, not a weight."""
+    model = _random_model(name)
+    model.save_pretrained(directory)
+    pad, start = model.config.pad_token_id, model.generation_config.decoder_start_token_id
+    outputs = _generate(directory, _sources(pad), pad, num_beams=1, do_sample=False, eos_token_id=None,
+                        forced_eos_token_id=None)
+    longest = max(map(len, outputs))
+    early = {token: sum(0 < row.index(token) < longest - 1 for row in outputs if token in row)
+             for token in {t for row in outputs for t in row} - {pad, start}}
+    eos = max(sorted(early), key=lambda t: min(early[t], len(outputs) - early[t]))
+    model.config.eos_token_id = model.generation_config.eos_token_id = eos
+    if model.generation_config.forced_eos_token_id is not None:
+        model.config.forced_eos_token_id = model.generation_config.forced_eos_token_id = eos
     model.save_pretrained(directory)
     return directory
 
@@ -223,3 +249,52 @@ def test_unequal_encoder_and_decoder_depth_is_refused(marian_dir, tmp_path) -> N
     (directory / "config.json").write_text(json.dumps({**config, "decoder_layers": 1}))
     with pytest.raises(CheckpointError, match=r"encoder_layers \(2\) differs from decoder_layers \(1\)"):
         load_hf_directory(directory)
+
+
+# Decoding: token-identical to transformers' generate() with the model's own generation config.
+
+INPUTS = 50
+
+
+def _sources(pad: int) -> list[list[int]]:
+    generator = np.random.default_rng(11)
+    return [generator.integers(3, VOCAB - 2, generator.integers(1, 15)).tolist() for _ in range(INPUTS)]
+
+
+def _generate(directory: Path, sources: list[list[int]], pad: int, **options) -> list[tuple[int, ...]]:
+    """transformers' generate(), each output cut at its first </s> (exclusive) as tfm-export reports tokens."""
+    model = transformers.AutoModelForSeq2SeqLM.from_pretrained(directory).eval()
+    width = max(map(len, sources))
+    src = torch.tensor([s + [pad] * (width - len(s)) for s in sources])
+    with torch.no_grad():
+        out = model.generate(input_ids=src, attention_mask=(src != pad).long(), **options)
+    eos = options.get("eos_token_id", model.generation_config.eos_token_id)
+    cut = []
+    for row in out[:, 1:].tolist():
+        cut.append(tuple(row[:row.index(eos)] if eos in row else row))
+    return cut
+
+
+def _backends(model: Transformer):
+    from tfm_export.runtime.ort_backend import OrtBackend
+    from tfm_export.runtime.torch_backend import TorchBackend
+    protos = export_all(model, 17, variants=False)
+    sessions = {graph.filename: ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+                for graph, proto in protos.items()}
+    return {"torch": TorchBackend(model),
+            "onnxruntime": OrtBackend(sessions["encoder.onnx"], sessions["decoder_step.onnx"], model.config)}
+
+
+def test_greedy_matches_generate(hf_case) -> None:
+    from tfm_export.runtime import decoding
+    name, directory = hf_case
+    model, loaded = _ours(directory)
+    gen = loaded.generation
+    sources = _sources(gen.pad_id)
+    want = _generate(directory, sources, gen.pad_id, num_beams=1, do_sample=False)
+    assert len({len(t) for t in want}) >= 3 and len(set(want)) >= 10  # stops at </s> and differs by input
+    width = max(map(len, sources))
+    src = np.array([s + [gen.pad_id] * (width - len(s)) for s in sources], dtype=np.int64)
+    for label, backend in _backends(model).items():
+        got = [h.tokens for h in decoding.greedy(backend, src, gen.max_new_tokens, rules=gen.rules)]
+        assert got == want, f"{name} {label}: greedy differs from transformers' generate()"

@@ -309,7 +309,11 @@ def test_bad_environment_values_are_one_line(demo_onnx, monkeypatch):
 def test_top_candidates_equal_a_stable_descending_sort(vocab, ties, allow_eos):
     """The block-floor selection is exact: the same (beam, token) indices and values as a full stable sort of
     every candidate score + log p (the same float operations), ties by lower index, barred tokens never."""
+    from functools import partial
+
+    from tfm_export.core.token_rules import SEED_RULES
     from tfm_export.runtime.decoding import _masked, _normalizers, _score, _top_candidates
+    mask = partial(_masked, rules=SEED_RULES, allow_eos=allow_eos, first=False, last=False)
     rng = np.random.default_rng(vocab)
     inputs, k, count = 6, 4, 8
     logits = rng.standard_normal((inputs * k, vocab)).astype(np.float32)
@@ -321,10 +325,10 @@ def test_top_candidates_equal_a_stable_descending_sort(vocab, ties, allow_eos):
     scores[0, 1:] = -np.inf  # dead beams, as at the first step
     x = logits.copy()
     top, norm = _normalizers(x)
-    _masked(x, allow_eos)
+    mask(x)
     cand = _score(x, top, norm, scores.reshape(-1, 1)).reshape(inputs, k * vocab)
     want = np.argsort(-cand, axis=1, kind="stable")[:, :count]
-    got, values = _top_candidates(logits.copy(), scores, count, allow_eos)
+    got, values = _top_candidates(logits.copy(), scores, count, mask)
     np.testing.assert_array_equal(got, want)
     np.testing.assert_array_equal(values, np.take_along_axis(cand, want, axis=1))
 

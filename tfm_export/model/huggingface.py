@@ -27,6 +27,7 @@ import torch
 from ..core.config import ModelConfig
 from ..core.errors import CheckpointError, first_line
 from ..core.files import contained_file, read_json
+from ..core.token_rules import TokenRules
 from .checkpoint import read_checkpoint_file
 from .positions import fairseq_sinusoid_table, halves_sinusoid_table
 from .transformer import Transformer
@@ -37,6 +38,7 @@ SAFETENSORS_FILE = "model.safetensors"
 SAFETENSORS_INDEX = "model.safetensors.index.json"
 PICKLE_FILE = "pytorch_model.bin"
 BART_POSITION_OFFSET = 2  # BartLearnedPositionalEmbedding: the row of position t is t + 2
+DEFAULT_NEW_TOKENS = 20  # generate()'s when no max_length is set anywhere
 T5_DEFAULT_POSITIONS = 512  # T5 has no position limit of its own; its configs' n_positions says 512
 ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "swish": "swish", "silu": "swish", "gelu_new": "gelu_tanh",
                "gelu_pytorch_tanh": "gelu_tanh", "gelu_fast": "gelu_tanh"}
@@ -55,6 +57,16 @@ class Generation:
     max_length: int  # tokens including the decoder start, as transformers counts
     num_beams: int
     length_penalty: float
+
+    @property
+    def rules(self) -> TokenRules:
+        return TokenRules(pad=self.pad_id, start=self.decoder_start_id, eos=self.eos_id, banned=self.banned_ids,
+                          forced_bos=self.forced_bos_id, forced_eos=self.forced_eos_id)
+
+    @property
+    def max_new_tokens(self) -> int:
+        """max_length as tfm-export counts it: generated tokens, the decoder start not included."""
+        return self.max_length - 1
 
 
 @dataclass(frozen=True)
@@ -387,15 +399,26 @@ def generation(hf: dict[str, Any], directory: Path) -> Generation:
         raise CheckpointError(f"{directory}: config.json gives no pad_token_id or eos_token_id")
     start = merged.get("decoder_start_token_id")
     if not isinstance(start, int):
-        start = pad if hf["model_type"] in ("t5", "mt5") else eos[0]  # what generate() falls back to
+        start = merged.get("bos_token_id")  # what generate() falls back to
+    if not isinstance(start, int):
+        raise CheckpointError(f"{directory}: neither decoder_start_token_id nor bos_token_id is set, so the "
+                              "decoder has no first token; add decoder_start_token_id to generation_config.json")
     banned = sorted({i for words in merged.get("bad_words_ids") or [] for i in _ids(words) if len(words) == 1})
     forced_eos = _ids(merged.get("forced_eos_token_id"))
     return Generation(pad_id=pad, eos_id=eos[0], decoder_start_id=start,
                       forced_bos_id=merged.get("forced_bos_token_id") if isinstance(
                           merged.get("forced_bos_token_id"), int) else None,
                       forced_eos_id=forced_eos[0] if forced_eos else None, banned_ids=tuple(banned),
-                      max_length=int(merged.get("max_length") or 20), num_beams=int(merged.get("num_beams") or 1),
+                      max_length=_max_length(merged), num_beams=int(merged.get("num_beams") or 1),
                       length_penalty=float(merged.get("length_penalty", 1.0)))
+
+
+def _max_length(merged: dict[str, Any]) -> int:
+    """The model's max_length; unset, generate() makes 20 new tokens (capped by max_position_embeddings)."""
+    if merged.get("max_length"):
+        return int(merged["max_length"])
+    cap = merged.get("max_position_embeddings")
+    return min(DEFAULT_NEW_TOKENS + 1, cap) if isinstance(cap, int) and cap > 1 else DEFAULT_NEW_TOKENS + 1
 
 
 def load_hf_directory(directory: str | Path) -> HfModel:

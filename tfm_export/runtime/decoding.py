@@ -12,12 +12,14 @@ model the Python around each step, not the model, decided the speed.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
 from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
 from ..core.hypothesis import Hypothesis
-from ..core.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from ..core.token_rules import SEED_RULES, TokenRules
 
 FULL_SORT_WIDTH = 4096  # candidates per input up to which sorting them all is cheaper than the block floor
 
@@ -56,22 +58,31 @@ def _normalizers(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return top, np.log(shifted.sum(axis=-1, keepdims=True))
 
 
-def _masked(x: np.ndarray, allow_eos: bool) -> np.ndarray:
-    """x with the tokens that may not be generated at -inf (in place)."""
-    x[:, PAD_ID] = -np.inf
+def _masked(x: np.ndarray, rules: TokenRules, allow_eos: bool, first: bool, last: bool) -> np.ndarray:
+    """x with the tokens that may not be generated at -inf (in place): the banned ids, </s> before the minimum
+    length, and everything but the forced token at the first (forced_bos) or last step (forced_eos)."""
+    forced = rules.forced_bos if first else None
+    forced = rules.forced_eos if last and rules.forced_eos is not None else forced
+    if forced is not None:
+        kept = x[:, forced].copy()
+        x[:] = -np.inf
+        x[:, forced] = kept
+        return x
+    x[:, list(rules.banned)] = -np.inf
     if not allow_eos:
-        x[:, EOS_ID] = -np.inf
+        x[:, rules.eos] = -np.inf
     return x
 
 
-def greedy(backend: StepBackend, src: np.ndarray, max_length: int, min_length: int = 0) -> list[Hypothesis]:
+def greedy(backend: StepBackend, src: np.ndarray, max_length: int, min_length: int = 0,
+           rules: TokenRules = SEED_RULES) -> list[Hypothesis]:
     """min_length: </s> is barred before that many tokens (benchmarks force equal work with min = max).
     A row still live at step t has generated exactly t tokens, so its token goes to column t; a row that
     ends at step t has t tokens."""
     state = backend.encode(src)
     batch = len(src)
     active = np.arange(batch)  # input index of each live row
-    tokens = np.full(batch, BOS_ID, dtype=np.int64)
+    tokens = np.full(batch, rules.start, dtype=np.int64)
     generated = np.zeros((batch, max_length), dtype=np.int64)
     lengths = np.full(batch, max_length, dtype=np.int64)  # until a row ends
     scores = np.zeros(batch, dtype=np.float32)
@@ -79,10 +90,11 @@ def greedy(backend: StepBackend, src: np.ndarray, max_length: int, min_length: i
         state, logits = backend.step(state, tokens)
         x = logits.astype(np.float32, copy=False)
         top, norm = _normalizers(x)
-        tokens = _masked(x, step + 1 > min_length).argmax(axis=-1)  # the first of equal maxima, as torch.argmax
+        _masked(x, rules, step + 1 > min_length, step == 0, step + 1 == max_length)
+        tokens = x.argmax(axis=-1)  # the first of equal maxima, as torch.argmax
         scores[active] += (x[np.arange(len(tokens)), tokens] - top[:, 0]) - norm[:, 0]
         generated[active, step] = tokens
-        live = tokens != EOS_ID
+        live = tokens != rules.eos
         if live.all():
             continue
         lengths[active[~live]] = step
@@ -95,8 +107,8 @@ def greedy(backend: StepBackend, src: np.ndarray, max_length: int, min_length: i
             for row, n, s, e in zip(generated, lengths, scores, ended, strict=True)]
 
 
-def _top_candidates(logits: np.ndarray, scores: np.ndarray, count: int, allow_eos: bool) -> tuple[np.ndarray,
-                                                                                                  np.ndarray]:
+def _top_candidates(logits: np.ndarray, scores: np.ndarray, count: int, mask: Callable[[np.ndarray], np.ndarray]
+                    ) -> tuple[np.ndarray, np.ndarray]:
     """Per input (k consecutive rows of (N, V) logits, beam scores (A, k)), the `count` best candidates
     score + log p over its k x V (beam, token) pairs: flat indices beam * V + token and their values,
     (A, count) each, best first, ties to the lower index (a stable descending sort).
@@ -109,7 +121,7 @@ def _top_candidates(logits: np.ndarray, scores: np.ndarray, count: int, allow_eo
     x = logits.astype(np.float32, copy=False)
     (n, vocab), k = x.shape, scores.shape[1]
     top, norm = _normalizers(x)
-    _masked(x, allow_eos)
+    mask(x)
     beam_scores = scores.reshape(-1, 1)
     if k * vocab <= FULL_SORT_WIDTH:
         cand = _score(x, top, norm, beam_scores).reshape(-1, k * vocab)
@@ -160,19 +172,19 @@ class _Choice(NamedTuple):
     going: np.ndarray  # (A,) still searching after this step
 
 
-def _choose(index: np.ndarray, value: np.ndarray, vocab: int, k: int, last: bool) -> _Choice:
+def _choose(index: np.ndarray, value: np.ndarray, vocab: int, k: int, last: bool, eos: int) -> _Choice:
     """The reference's per-input rule as array operations: candidates are taken best first until k
     non-</s> ones are picked or -inf is reached; a </s> among the k best becomes a finished hypothesis, and
     if it is the very best the input is done (no live beam can score higher); the last step ends all.
     Most steps have no </s> and no -inf among the k best: then the k best simply go on."""
     beam, token = np.divmod(index, vocab)
-    if not last and value[:, k - 1].min() > -np.inf and not (token[:, :k] == EOS_ID).any():
+    if not last and value[:, k - 1].min() > -np.inf and not (token[:, :k] == eos).any():
         everyone = np.ones(len(index), dtype=bool)
         return _Choice(beam, token, value, None, np.broadcast_to(np.arange(k), (len(index), k)),
                        np.full(len(index), k), everyone)
     valid = value > -np.inf  # ranked best first, so -inf ones come last
-    ends = valid & (token == EOS_ID) & (np.arange(index.shape[1]) < k)
-    word = valid & (token != EOS_ID)
+    ends = valid & (token == eos) & (np.arange(index.shape[1]) < k)
+    word = valid & (token != eos)
     word &= np.cumsum(word, axis=1) <= k
     found = word.sum(axis=1)
     picked = np.argsort(~word, axis=1, kind="stable")[:, :k]
@@ -180,7 +192,7 @@ def _choose(index: np.ndarray, value: np.ndarray, vocab: int, k: int, last: bool
     return _Choice(beam, token, value, ends, picked, found, going)
 
 
-def _continue(choice: _Choice, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _continue(choice: _Choice, k: int, pad: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """State rows, tokens and scores (A', k) of the inputs that go on; an input with fewer than k
     continuations fills up with copies of its first one at score -inf (never chosen again)."""
     inputs = np.arange(len(choice.picked))[:, None]
@@ -189,7 +201,7 @@ def _continue(choice: _Choice, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarr
     if choice.ends is not None:
         filler = np.arange(k) >= choice.found[:, None]
         rows = np.where(filler, rows[:, :1], rows)[choice.going]
-        tokens = np.where(filler, PAD_ID, tokens)[choice.going]
+        tokens = np.where(filler, pad, tokens)[choice.going]
         scores = np.where(filler, -np.inf, scores)[choice.going]
     return rows.ravel(), tokens.ravel(), scores.astype(np.float32, copy=False)
 
@@ -213,24 +225,26 @@ def _file(finished: list[list[Hypothesis]], active: np.ndarray, history: np.ndar
 
 
 def beam_search(backend: StepBackend, src: np.ndarray, beam_size: int, max_length: int,
-                length_penalty: float = 1.0, n_best: int = 1, min_length: int = 0) -> list[list[Hypothesis]]:
+                length_penalty: float = 1.0, n_best: int = 1, min_length: int = 0,
+                rules: TokenRules = SEED_RULES) -> list[list[Hypothesis]]:
     k, batch = beam_size, len(src)
     state = backend.reorder(backend.encode(src), np.repeat(np.arange(batch), k))
     active = np.arange(batch)  # inputs still searching; their rows are k consecutive state rows
     history = np.zeros((batch * k, 0), dtype=np.int64)  # tokens so far, per state row
     scores = np.full((batch, k), -np.inf, dtype=np.float32)
     scores[:, 0] = 0.0  # one live beam at first, so the first step picks no duplicates
-    tokens = np.full(batch * k, BOS_ID, dtype=np.int64)
+    tokens = np.full(batch * k, rules.start, dtype=np.int64)
     finished: list[list[Hypothesis]] = [[] for _ in range(batch)]
     for step in range(max_length):
         state, logits = backend.step(state, tokens)
-        index, value = _top_candidates(logits, scores, 2 * k, allow_eos=step + 1 > min_length)
         last = step + 1 == max_length
-        choice = _choose(index, value, logits.shape[1], k, last)
+        mask = partial(_masked, rules=rules, allow_eos=step + 1 > min_length, first=step == 0, last=last)
+        index, value = _top_candidates(logits, scores, 2 * k, mask)
+        choice = _choose(index, value, logits.shape[1], k, last, rules.eos)
         _file(finished, active, history, choice, k, length_penalty, last)
         if not choice.going.any():
             break
-        rows, tokens, scores = _continue(choice, k)
+        rows, tokens, scores = _continue(choice, k, rules.pad)
         everyone = choice.ends is None or bool(choice.going.all())
         state = backend.reorder(state, rows, same_sources=everyone)
         history = np.concatenate([history[rows], tokens[:, None]], axis=1)

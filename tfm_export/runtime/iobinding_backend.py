@@ -13,7 +13,6 @@ from torch import Tensor
 
 from ..core.graph_spec import cache_head_sizes
 from ..core.sources import check_source_length, check_target_length
-from ..core.tokenizer import PAD_ID
 from .cache import CacheState
 from .ort_backend import OrtBackend
 
@@ -45,7 +44,7 @@ class OrtBoundBackend:
         check_source_length(src.shape[1], self.config.n_position)
         cfg, (n, s) = self.config, src.shape
         ids = torch.from_numpy(np.ascontiguousarray(src, dtype=np.int64)).to(self.device)
-        mask = (ids != PAD_ID).long()
+        mask = (ids != cfg.src_pad_idx).long()
         sizes = cache_head_sizes(cfg)
         cross = [self._empty(n, cfg.n_head, s, d) for d in sizes]
         outputs = {"last_hidden_state": self._empty(n, s, cfg.d_model),

@@ -46,9 +46,9 @@ def directory_options(manifest: dict, options: SessionOptions) -> SessionOptions
     return options
 
 
-def run_encoder(encoder: ort.InferenceSession, src: np.ndarray) -> dict[str, np.ndarray]:
+def run_encoder(encoder: ort.InferenceSession, src: np.ndarray, pad: int = PAD_ID) -> dict[str, np.ndarray]:
     """The encoder graph's outputs for (B, S) right-padded source ids."""
-    return run(encoder, {"input_ids": src.astype(np.int64), "attention_mask": (src != PAD_ID).astype(np.int64)})
+    return run(encoder, {"input_ids": src.astype(np.int64), "attention_mask": (src != pad).astype(np.int64)})
 
 
 def open_graph(directory: Path, manifest: dict, spec: GraphSpec, options: SessionOptions,
@@ -88,14 +88,14 @@ class OrtBackend:
         return cls(*(open_graph(Path(directory), manifest, specs[g], options) for g in Graph), config, manifest)
 
     def run_encoder(self, src: np.ndarray) -> dict[str, np.ndarray]:
-        return run_encoder(self.encoder, src)
+        return run_encoder(self.encoder, src, self.config.src_pad_idx)
 
     def encode(self, src: np.ndarray) -> CacheState:
         check_source_length(src.shape[1], self.config.n_position)
         out = self.run_encoder(src)
         dtype, cfg = self.cache_dtype, self.config
         empty = tuple(np.zeros((len(src), cfg.n_head, 0, d), dtype) for d in cache_head_sizes(cfg))
-        mask = (src != PAD_ID).astype(np.int64)
+        mask = (src != self.config.src_pad_idx).astype(np.int64)
         return CacheState(mask, tuple(out[name] for name in self.names.cross_outputs), empty)
 
     def run_step(self, state: CacheState, input_ids: np.ndarray) -> tuple[CacheState, np.ndarray]:

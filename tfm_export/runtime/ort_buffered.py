@@ -22,7 +22,6 @@ from ..artifacts.model_dir import graph_path, read_manifest
 from ..core.config import ModelConfig
 from ..core.graph_spec import Graph, GraphVariant, cache_head_sizes, cache_names, graph_specs, variant_specs
 from ..core.sources import check_source_length, check_target_length
-from ..core.tokenizer import PAD_ID
 from .ort_backend import directory_options, open_graph, run_encoder
 from .session import DEFAULT_OPTIONS, SessionOptions
 
@@ -87,12 +86,13 @@ class OrtBufferedBackend:
         return cls(encoder, decoder, config, manifest, capacity_step)
 
     def run_encoder(self, src: np.ndarray) -> dict[str, np.ndarray]:
-        return run_encoder(self.encoder, src)
+        return run_encoder(self.encoder, src, self.config.src_pad_idx)
 
     def encode(self, src: np.ndarray) -> BufferedState:
         check_source_length(src.shape[1], self.config.n_position)
         out = self.run_encoder(src)
-        return BufferedState((src != PAD_ID).astype(np.int64), tuple(out[n] for n in self.names.cross_outputs), 0)
+        mask = (src != self.config.src_pad_idx).astype(np.int64)
+        return BufferedState(mask, tuple(out[n] for n in self.names.cross_outputs), 0)
 
     def step(self, state: BufferedState, tokens: np.ndarray) -> tuple[BufferedState, np.ndarray]:
         """The returned logits are a view of the bound output buffer, valid until the next step."""

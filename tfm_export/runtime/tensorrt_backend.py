@@ -23,7 +23,6 @@ from ..core.config import ModelConfig
 from ..core.errors import InputTextError, TfmExportError
 from ..core.graph_spec import Graph, cache_head_sizes, cache_names
 from ..core.sources import check_source_length, check_target_length
-from ..core.tokenizer import PAD_ID
 from .cache import CacheState
 from .tensorrt_platform import current_platform, engine_mismatch, import_tensorrt
 
@@ -131,7 +130,7 @@ class TrtBackend:
         check_source_length(s, self.limits["max_source_length"], ENGINE_SOURCE_LIMIT,
                             "shorten it, or rebuild the engines with a larger --max-source-length")
         self._check_rows(n)
-        mask = self._ids(Graph.ENCODER, "attention_mask", (src != PAD_ID).astype(np.int64))
+        mask = self._ids(Graph.ENCODER, "attention_mask", (src != self.config.src_pad_idx).astype(np.int64))
         out = {"last_hidden_state": self._empty(Graph.ENCODER, "last_hidden_state", n, s, cfg.d_model)}
         for name, d in zip(self.names.cross_outputs, cache_head_sizes(cfg), strict=True):
             out[name] = self._empty(Graph.ENCODER, name, n, cfg.n_head, s, d)
