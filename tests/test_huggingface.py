@@ -298,3 +298,15 @@ def test_greedy_matches_generate(hf_case) -> None:
     for label, backend in _backends(model).items():
         got = [h.tokens for h in decoding.greedy(backend, src, gen.max_new_tokens, rules=gen.rules)]
         assert got == want, f"{name} {label}: greedy differs from transformers' generate()"
+
+
+def test_export_of_a_hugging_face_directory_is_refused_in_one_line(marian_dir, tmp_path) -> None:
+    """Until the tokenizer conversion exists, the CLI says so instead of writing a directory that cannot
+    translate text."""
+    from click.testing import CliRunner
+
+    from tfm_export.cli.export_cli import main
+    result = CliRunner().invoke(main, ["onnx", "--checkpoint", str(marian_dir), "--output", str(tmp_path / "out")])
+    assert result.exit_code == 1
+    assert "a Hugging Face model directory; exporting these is not finished yet" in result.output
+    assert not (tmp_path / "out").exists()

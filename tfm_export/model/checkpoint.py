@@ -89,6 +89,9 @@ def read_checkpoint_file(path: Path) -> dict[str, Any]:
     """torch.load with weights_only=True, every failure turned into one clear line."""
     if not path.exists():
         raise CheckpointError(f"{path}: checkpoint not found")
+    if path.is_dir() and (path / "config.json").is_file():
+        raise CheckpointError(f"{path}: a Hugging Face model directory; exporting these is not finished yet "
+                              "(README, 'Hugging Face models'): pass a tfm-export or seed checkpoint file")
     if not path.is_file():
         raise CheckpointError(f"{path}: is a {'directory' if path.is_dir() else 'pipe or device'}, not a checkpoint "
                               "file")

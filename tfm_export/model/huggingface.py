@@ -16,7 +16,6 @@ weights at load time instead of becoming another option:
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -220,9 +219,10 @@ def _t5_scales_output(hf: dict[str, Any]) -> bool:
 
 
 def read_config(directory: Path) -> dict[str, Any]:
-    path = directory / CONFIG_FILE
-    if not path.is_file():
+    if not (directory / CONFIG_FILE).is_file():
         raise CheckpointError(f"{directory}: no {CONFIG_FILE}; pass a directory written by save_pretrained")
+    path = contained_file(directory, CONFIG_FILE, CheckpointError, "model config",
+                          "copy the model directory with its files, not links to elsewhere")
     hf = read_json(path, CheckpointError, "save the model again with save_pretrained")
     if not isinstance(hf, dict):
         raise CheckpointError(f"{path}: holds a {type(hf).__name__}, expected a JSON object")
@@ -247,8 +247,10 @@ def _safetensors(files: list[Path]) -> dict[str, torch.Tensor]:
 
 def read_weights(directory: Path) -> dict[str, torch.Tensor]:
     """Every tensor of the model: safetensors (one file or an index of shards), else the weights-only pickle."""
+    inside = lambda name: contained_file(directory, name, CheckpointError, "weights file",  # noqa: E731
+                                         "copy the model directory with its files, not links to elsewhere")
     if (directory / SAFETENSORS_FILE).is_file():
-        return _safetensors([directory / SAFETENSORS_FILE])
+        return _safetensors([inside(SAFETENSORS_FILE)])
     index = directory / SAFETENSORS_INDEX
     if index.is_file():
         data = read_json(index, CheckpointError, "save the model again with save_pretrained")
@@ -256,7 +258,7 @@ def read_weights(directory: Path) -> dict[str, torch.Tensor]:
         return _safetensors([contained_file(directory, name, CheckpointError, f"shard named by {index.name}",
                                             "copy the whole model directory") for name in shards])
     if (directory / PICKLE_FILE).is_file():
-        data = read_checkpoint_file(directory / PICKLE_FILE)  # weights_only: code in the pickle is refused
+        data = read_checkpoint_file(inside(PICKLE_FILE))  # weights_only: code in the pickle is refused
         bad = [k for k, v in data.items() if not isinstance(v, torch.Tensor)]
         if bad:
             raise CheckpointError(f"{directory / PICKLE_FILE}: {bad[0]!r} is not a tensor; expected a state_dict")
@@ -427,11 +429,3 @@ def load_hf_directory(directory: str | Path) -> HfModel:
     hf = read_config(directory)
     config, state = convert(hf, read_weights(directory), directory)
     return HfModel(directory, hf["model_type"], config, state, generation(hf, directory))
-
-
-def is_hf_directory(path: Path) -> bool:
-    return path.is_dir() and (path / CONFIG_FILE).is_file()
-
-
-def describe(model: HfModel) -> str:
-    return json.dumps({"model_type": model.model_type, **model.generation.__dict__}, sort_keys=True)
