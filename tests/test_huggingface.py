@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import pickle
+import shutil
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +18,7 @@ import onnxruntime as ort
 import pytest
 import torch
 
+from tfm_export.core.batching import pad_batch
 from tfm_export.core.errors import CheckpointError
 from tfm_export.graphs.export import export_all
 from tfm_export.model.huggingface import FAMILIES, load_hf_directory
@@ -71,16 +74,19 @@ def _random_model(name: str):
 def _save(name: str, directory: Path) -> Path:
     """A random model whose </s> is a token it generates mid-sentence for about half the inputs (a random model
     rarely chooses its configured </s>): decoding is compared where stopping at </s> happens, not only on
-    outputs that all run to max_length. Only the id named eos_token_id changes, not a weight."""
+    outputs that all run to max_length. Its most frequent other token is banned (bad_words_ids, with pad as
+    opus-mt's configs have it), so banning is compared where it changes outputs. Only ids change, no weight."""
     model = _random_model(name)
     model.save_pretrained(directory)
     pad, start = model.config.pad_token_id, model.generation_config.decoder_start_token_id
-    outputs = _generate(directory, _sources(pad), pad, num_beams=1, do_sample=False, eos_token_id=None,
+    outputs = _generate(directory, _sources(), pad, num_beams=1, do_sample=False, eos_token_id=None,
                         forced_eos_token_id=None)
     longest = max(map(len, outputs))
     early = {token: sum(0 < row.index(token) < longest - 1 for row in outputs if token in row)
              for token in {t for row in outputs for t in row} - {pad, start}}
     eos = max(sorted(early), key=lambda t: min(early[t], len(outputs) - early[t]))
+    frequent = Counter(t for row in outputs for t in row if t not in (pad, start, eos)).most_common(1)[0][0]
+    model.generation_config.bad_words_ids = [[pad], [frequent]]
     model.config.eos_token_id = model.generation_config.eos_token_id = eos
     if model.generation_config.forced_eos_token_id is not None:
         model.config.forced_eos_token_id = model.generation_config.forced_eos_token_id = eos
@@ -119,11 +125,11 @@ def _ours(directory: Path) -> tuple[Transformer, object]:
 def test_full_forward_matches_transformers(hf_case) -> None:
     name, directory = hf_case
     model, loaded = _ours(directory)
-    gen = loaded.generation
-    src, trg = _inputs(gen.pad_id, gen.decoder_start_id)
+    rules = loaded.generation.rules
+    src, trg = _inputs(rules.pad, rules.start)
     with torch.no_grad():
         ours = model(src, trg)
-    reference = _reference(directory, src, trg, gen.pad_id)
+    reference = _reference(directory, src, trg, rules.pad)
     assert reference.abs().max() > 0.1  # the comparison is not between two near-zero tensors
     torch.testing.assert_close(ours, reference, atol=TOLERANCE, rtol=0)
 
@@ -132,8 +138,9 @@ def test_cached_steps_match_transformers(hf_case) -> None:
     """Token by token through the decoder cache (PyTorch) against the transformers forward over the prefix."""
     name, directory = hf_case
     model, loaded = _ours(directory)
-    src, trg = _inputs(loaded.generation.pad_id, loaded.generation.decoder_start_id)
-    reference = _reference(directory, src, trg, loaded.generation.pad_id)
+    rules = loaded.generation.rules
+    src, trg = _inputs(rules.pad, rules.start)
+    reference = _reference(directory, src, trg, rules.pad)
     with torch.no_grad():
         enc, src_mask = model.encode(src)
         cross = model.decoder.cross_keys_values(enc)
@@ -148,12 +155,13 @@ def test_onnx_graphs_match_transformers_over_cached_steps(hf_case) -> None:
     """The exported encoder and decoder_step graphs in ONNX Runtime, 30 cached steps."""
     name, directory = hf_case
     model, loaded = _ours(directory)
-    src, trg = _inputs(loaded.generation.pad_id, loaded.generation.decoder_start_id)
-    reference = _reference(directory, src, trg, loaded.generation.pad_id).numpy()
+    rules = loaded.generation.rules
+    src, trg = _inputs(rules.pad, rules.start)
+    reference = _reference(directory, src, trg, rules.pad).numpy()
     sessions = {graph.filename: ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
                 for graph, proto in export_all(model, 17, variants=False).items()}
     encoder, step = sessions["encoder.onnx"], sessions["decoder_step.onnx"]
-    mask = (src != loaded.generation.pad_id).long().numpy()
+    mask = (src != rules.pad).long().numpy()
     enc = dict(zip([o.name for o in encoder.get_outputs()],
                    encoder.run(None, {"input_ids": src.numpy(), "attention_mask": mask}), strict=True))
     cfg = model.config
@@ -182,10 +190,7 @@ def marian_dir(tmp_path_factory) -> Path:
 
 
 def _copy(source: Path, target: Path) -> Path:
-    target.mkdir()
-    for file in source.iterdir():
-        (target / file.name).write_bytes(file.read_bytes())
-    return target
+    return Path(shutil.copytree(source, target))
 
 
 def test_unsupported_model_type_names_the_supported_ones(marian_dir, tmp_path) -> None:
@@ -214,8 +219,8 @@ def test_missing_weight_is_named(marian_dir, tmp_path) -> None:
 def test_misshaped_weight_is_named(marian_dir, tmp_path) -> None:
     directory = _copy(marian_dir, tmp_path / "m")
     _rewrite_weights(directory, lambda t: t.update({"model.encoder.layers.0.fc1.weight": torch.zeros(5, 32)}))
-    with pytest.raises(CheckpointError, match=r"weight model\.encoder\.layers\.0\.fc1\.weight has shape \(5, 32\), "
-                                              r"config\.json implies \(48, 32\)"):
+    with pytest.raises(CheckpointError, match=r"model\.encoder\.layers\.0\.fc1\.weight has shape \(5, 32\), "
+                                              r"the config needs \(48, 32\)"):
         load_hf_directory(directory)
 
 
@@ -256,7 +261,7 @@ def test_unequal_encoder_and_decoder_depth_is_refused(marian_dir, tmp_path) -> N
 INPUTS = 50
 
 
-def _sources(pad: int) -> list[list[int]]:
+def _sources() -> list[list[int]]:
     generator = np.random.default_rng(11)
     return [generator.integers(3, VOCAB - 2, generator.integers(1, 15)).tolist() for _ in range(INPUTS)]
 
@@ -264,8 +269,7 @@ def _sources(pad: int) -> list[list[int]]:
 def _generate(directory: Path, sources: list[list[int]], pad: int, **options) -> list[tuple[int, ...]]:
     """transformers' generate(), each output cut at its first </s> (exclusive) as tfm-export reports tokens."""
     model = transformers.AutoModelForSeq2SeqLM.from_pretrained(directory).eval()
-    width = max(map(len, sources))
-    src = torch.tensor([s + [pad] * (width - len(s)) for s in sources])
+    src = torch.from_numpy(pad_batch(sources, pad))
     with torch.no_grad():
         out = model.generate(input_ids=src, attention_mask=(src != pad).long(), **options)
     eos = options.get("eos_token_id", model.generation_config.eos_token_id)
@@ -290,11 +294,10 @@ def test_greedy_matches_generate(hf_case) -> None:
     name, directory = hf_case
     model, loaded = _ours(directory)
     gen = loaded.generation
-    sources = _sources(gen.pad_id)
-    want = _generate(directory, sources, gen.pad_id, num_beams=1, do_sample=False)
+    sources = _sources()
+    want = _generate(directory, sources, gen.rules.pad, num_beams=1, do_sample=False)
     assert len({len(t) for t in want}) >= 3 and len(set(want)) >= 10  # stops at </s> and differs by input
-    width = max(map(len, sources))
-    src = np.array([s + [gen.pad_id] * (width - len(s)) for s in sources], dtype=np.int64)
+    src = pad_batch(sources, gen.rules.pad)
     for label, backend in _backends(model).items():
         got = [h.tokens for h in decoding.greedy(backend, src, gen.max_new_tokens, rules=gen.rules)]
         assert got == want, f"{name} {label}: greedy differs from transformers' generate()"
@@ -310,3 +313,52 @@ def test_export_of_a_hugging_face_directory_is_refused_in_one_line(marian_dir, t
     assert result.exit_code == 1
     assert "a Hugging Face model directory; exporting these is not finished yet" in result.output
     assert not (tmp_path / "out").exists()
+
+
+def _edit_json(directory: Path, name: str, change: dict) -> None:
+    path = directory / name
+    path.write_text(json.dumps({**json.loads(path.read_text()), **change}))
+
+
+@pytest.mark.parametrize("file, change, message", [
+    ("config.json", {"model_type": ["marian"]}, r"model_type \['marian'\] is not supported"),
+    ("config.json", {"activation_function": {"a": 1}}, r"activation \{'a': 1\} is not supported"),
+    ("config.json", {"d_model": "32"}, r"d_model \('32'\) is not a multiple of the heads"),
+    ("config.json", {"max_position_embeddings": 1 << 40}, r"n_position must be a whole number"),
+    ("generation_config.json", {"max_length": "long"}, r"max_length must be a whole number of at least 2"),
+    ("generation_config.json", {"bad_words_ids": 5}, r"bad_words_ids must be a list of lists of token ids"),
+    ("generation_config.json", {"bad_words_ids": [[3, 4]]}, r"bad_words_ids of more than one token"),
+    ("generation_config.json", {"eos_token_id": True}, r"eos_token_id must be a token id, got True"),
+    ("generation_config.json", {"forced_eos_token_id": 10 ** 6}, r"token ids \[1000000\] outside the target"),
+])
+def test_hostile_config_values_are_one_line(marian_dir, tmp_path, file, change, message) -> None:
+    directory = _copy(marian_dir, tmp_path / "m")
+    _edit_json(directory, file, change)
+    with pytest.raises(CheckpointError, match=message):
+        load_hf_directory(directory)
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda t: t.update({"model.encoder.layers.0.fc1.bias": torch.full((48,), float("nan"))}),
+     r"model\.encoder\.layers\.0\.fc1\.bias holds NaN or infinite values"),
+    (lambda t: t.update({"model.encoder.layers.0.fc1.weight": torch.zeros(48, 32, dtype=torch.int32)}),
+     r"model\.encoder\.layers\.0\.fc1\.weight holds torch\.int32 values, not floating point"),
+])
+def test_bad_weight_values_are_named(marian_dir, tmp_path, change, message) -> None:
+    directory = _copy(marian_dir, tmp_path / "m")
+    _rewrite_weights(directory, change)
+    with pytest.raises(CheckpointError, match=message):
+        load_hf_directory(directory)
+
+
+def test_files_outside_the_directory_are_not_read(marian_dir, tmp_path) -> None:
+    directory = _copy(marian_dir, tmp_path / "m")
+    (directory / "model.safetensors").rename(tmp_path / "elsewhere.safetensors")
+    (directory / "model.safetensors").symlink_to(tmp_path / "elsewhere.safetensors")
+    with pytest.raises(CheckpointError, match=r"points outside"):
+        load_hf_directory(directory)
+    (directory / "model.safetensors").unlink()
+    index = {"weight_map": {"a": "../elsewhere.safetensors"}}
+    (directory / "model.safetensors.index.json").write_text(json.dumps(index))
+    with pytest.raises(CheckpointError, match=r"is not a plain file name in the directory"):
+        load_hf_directory(directory)

@@ -9,9 +9,9 @@ import numpy as np
 from .tokenizer import PAD_ID
 
 
-def pad_batch(seqs: Sequence[Sequence[int]]) -> np.ndarray:
-    """(B, T) int64, right-padded with <blank>."""
-    out = np.full((len(seqs), max(map(len, seqs))), PAD_ID, dtype=np.int64)
+def pad_batch(seqs: Sequence[Sequence[int]], pad: int = PAD_ID) -> np.ndarray:
+    """(B, T) int64, right-padded with `pad` (the seed's <blank> by default)."""
+    out = np.full((len(seqs), max(map(len, seqs))), pad, dtype=np.int64)
     for row, seq in enumerate(seqs):
         out[row, :len(seq)] = seq
     return out

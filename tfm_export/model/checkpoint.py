@@ -31,6 +31,7 @@ CHECKPOINT_FILE = "ckpt.pt"  # what random-checkpoint and train-demo write into 
 FORMAT_VERSION = 1
 ALLOWED_GLOBALS = (argparse.Namespace,)
 SEED_KEYS = {"settings", "model"}
+HF_CONFIG_FILE = "config.json"  # what marks a Hugging Face model directory
 # Names under which the seed stores one tensor several times when weights are shared.
 SHARED_WEIGHTS = {
     "proj_share_weight": ("trg_word_prj.weight", "decoder.trg_word_emb.weight"),
@@ -89,7 +90,7 @@ def read_checkpoint_file(path: Path) -> dict[str, Any]:
     """torch.load with weights_only=True, every failure turned into one clear line."""
     if not path.exists():
         raise CheckpointError(f"{path}: checkpoint not found")
-    if path.is_dir() and (path / "config.json").is_file():
+    if path.is_dir() and (path / HF_CONFIG_FILE).is_file():
         raise CheckpointError(f"{path}: a Hugging Face model directory; exporting these is not finished yet "
                               "(README, 'Hugging Face models'): pass a tfm-export or seed checkpoint file")
     if not path.is_file():
@@ -156,35 +157,39 @@ def _format_of(data: dict[str, Any], path: Path) -> tuple[str, Callable[[], Mode
                           f"expected 'settings' and 'model' from the seed's train.py, or a {FORMAT_NAME})")
 
 
-def validate_state_dict(state: dict[str, Any], config: ModelConfig, path: Path) -> None:
+def validate_state_dict(state: dict[str, Any], config: ModelConfig, path: Path,
+                        names: dict[str, str] | None = None) -> None:
     """Every expected weight present with its shape, nothing surplus, float and finite, shared weights equal.
     The expected shapes come from a model built on the meta device, so a config that claims sizes the
-    weights do not have is refused before anything of that size is allocated."""
+    weights do not have is refused before anything of that size is allocated. `names`: our name -> the name
+    the user's file gives the tensor, for the messages (converted checkpoints)."""
     with torch.device("meta"):
         expected = Transformer(config).state_dict()
-    problems = [f"missing {k}" for k in expected if k not in state]
-    problems += [f"unexpected {k}" for k in state if k not in expected]
-    problems += [f"{k} is a {type(state[k]).__name__}, not a tensor"
+    name = (names or {}).get
+    problems = [f"missing {name(k, k)}" for k in expected if k not in state]
+    problems += [f"unexpected {name(k, k)}" for k in state if k not in expected]
+    problems += [f"{name(k, k)} is a {type(state[k]).__name__}, not a tensor"
                  for k in expected if k in state and not isinstance(state[k], torch.Tensor)]
     problems += [
-        f"{k} has shape {tuple(state[k].shape)}, the config needs {tuple(v.shape)}"
+        f"{name(k, k)} has shape {tuple(state[k].shape)}, the config needs {tuple(v.shape)}"
         for k, v in expected.items()
         if k in state and isinstance(state[k], torch.Tensor) and state[k].shape != v.shape
     ]
     if not problems:
-        problems = _value_problems({k: state[k] for k in expected}, config)
+        problems = _value_problems({k: state[k] for k in expected}, config, name)
     if problems:
         shown = "; ".join(problems[:8]) + (f"; and {len(problems) - 8} more" if len(problems) > 8 else "")
         raise CheckpointError(f"{path}: weights do not fit the model config: {shown}")
 
 
-def _value_problems(state: dict[str, torch.Tensor], config: ModelConfig) -> list[str]:
+def _value_problems(state: dict[str, torch.Tensor], config: ModelConfig,
+                    name: Callable[[str, str], str]) -> list[str]:
     """Integer or non-finite weights would decode to garbage with exit 0: name the tensor instead."""
-    problems = [f"{k} holds {t.dtype} values, not floating point" for k, t in state.items()
+    problems = [f"{name(k, k)} holds {t.dtype} values, not floating point" for k, t in state.items()
                 if not t.is_floating_point()]
-    problems += [f"{k} holds NaN or infinite values" for k, t in state.items()
+    problems += [f"{name(k, k)} holds NaN or infinite values" for k, t in state.items()
                  if t.is_floating_point() and not bool(torch.isfinite(t).all())]
-    return problems or [f"{a} and {b} should be one shared tensor but differ"
+    return problems or [f"{name(a, a)} and {name(b, b)} should be one shared tensor but differ"
                         for flag, (a, b) in SHARED_WEIGHTS.items()
                         if getattr(config, flag) and not torch.equal(state[a], state[b])]
 

@@ -27,11 +27,11 @@ from ..core.config import ModelConfig
 from ..core.errors import CheckpointError, first_line
 from ..core.files import contained_file, read_json
 from ..core.token_rules import TokenRules
-from .checkpoint import read_checkpoint_file
+from ..core.variants import GATED_ACTIVATIONS
+from .checkpoint import HF_CONFIG_FILE as CONFIG_FILE
+from .checkpoint import read_checkpoint_file, validate_state_dict
 from .positions import fairseq_sinusoid_table, halves_sinusoid_table
-from .transformer import Transformer
 
-CONFIG_FILE = "config.json"
 GENERATION_CONFIG_FILE = "generation_config.json"
 SAFETENSORS_FILE = "model.safetensors"
 SAFETENSORS_INDEX = "model.safetensors.index.json"
@@ -39,28 +39,17 @@ PICKLE_FILE = "pytorch_model.bin"
 BART_POSITION_OFFSET = 2  # BartLearnedPositionalEmbedding: the row of position t is t + 2
 DEFAULT_NEW_TOKENS = 20  # generate()'s when no max_length is set anywhere
 T5_DEFAULT_POSITIONS = 512  # T5 has no position limit of its own; its configs' n_positions says 512
-ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "swish": "swish", "silu": "swish", "gelu_new": "gelu_tanh",
-               "gelu_pytorch_tanh": "gelu_tanh", "gelu_fast": "gelu_tanh"}
+HF_ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "swish": "swish", "silu": "swish", "gelu_new": "gelu_tanh",
+                  "gelu_pytorch_tanh": "gelu_tanh", "gelu_fast": "gelu_tanh"}
+LINKED = "copy the model directory with its files, not links to elsewhere"
 
 
 @dataclass(frozen=True)
 class Generation:
-    """What `generate()` does with this model by default, as far as parity needs it."""
+    """What `generate()` does with this model by default, as far as greedy parity needs it."""
 
-    pad_id: int
-    eos_id: int
-    decoder_start_id: int
-    forced_bos_id: int | None  # the first generated token (mBART/NLLB target language), None: free
-    forced_eos_id: int | None  # forced at the last step of max_length
-    banned_ids: tuple[int, ...]  # never generated (Marian's pad)
+    rules: TokenRules
     max_length: int  # tokens including the decoder start, as transformers counts
-    num_beams: int
-    length_penalty: float
-
-    @property
-    def rules(self) -> TokenRules:
-        return TokenRules(pad=self.pad_id, start=self.decoder_start_id, eos=self.eos_id, banned=self.banned_ids,
-                          forced_bos=self.forced_bos_id, forced_eos=self.forced_eos_id)
 
     @property
     def max_new_tokens(self) -> int:
@@ -121,7 +110,7 @@ def _t5_layer(gated: bool) -> Callable[[str, int], dict[str, str]]:
 
 @dataclass(frozen=True)
 class Family:
-    """One architecture: its variant options, given the HF config, and its weight names."""
+    """What an architecture fixes whatever its config says (the config gives sizes, activation, eps, ...)."""
 
     placement: str  # post or pre
     embedding_norm: bool
@@ -159,10 +148,10 @@ def _same(hf: dict[str, Any], path: Path, a: str, b: str) -> Any:
 
 
 def _activation(name: Any, path: Path) -> str:
-    if name not in ACTIVATIONS:
+    if not isinstance(name, str) or name not in HF_ACTIVATIONS:
         raise CheckpointError(f"{path}: activation {name!r} is not supported (supported: "
-                              f"{', '.join(sorted(ACTIVATIONS))})")
-    return ACTIVATIONS[name]
+                              f"{', '.join(sorted(HF_ACTIVATIONS))})")
+    return HF_ACTIVATIONS[name]
 
 
 def model_config(hf: dict[str, Any], path: Path) -> ModelConfig:
@@ -177,7 +166,7 @@ def model_config(hf: dict[str, Any], path: Path) -> ModelConfig:
             activation = {"gelu": "geglu", "gelu_tanh": "geglu_tanh", "swish": "swiglu"}.get(activation, "")
             if not activation or gated != "gated":
                 raise CheckpointError(f"{path}: feed_forward_proj {proj!r} is not supported")
-        d_model, heads = _get(hf, path, "d_model"), _same(hf, path, "num_heads", "num_heads")
+        d_model, heads = _get(hf, path, "d_model"), _get(hf, path, "num_heads")
         sizes = dict(d_model=d_model, d_inner=_get(hf, path, "d_ff"), n_head=heads, d_k=_get(hf, path, "d_kv"),
                      d_v=_get(hf, path, "d_kv"), n_layers=_same(hf, path, "num_layers", "num_decoder_layers"),
                      n_position=_get(hf, path, "n_positions", default=T5_DEFAULT_POSITIONS))
@@ -218,15 +207,20 @@ def _t5_scales_output(hf: dict[str, Any]) -> bool:
     return hf.get("tie_word_embeddings", True) is not False
 
 
+def _json_object(directory: Path, name: str, what: str) -> dict[str, Any]:
+    path = contained_file(directory, name, CheckpointError, what, LINKED)
+    data = read_json(path, CheckpointError, "save the model again with save_pretrained")
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{path}: holds a {type(data).__name__}, expected a JSON object")
+    return data
+
+
 def read_config(directory: Path) -> dict[str, Any]:
     if not (directory / CONFIG_FILE).is_file():
         raise CheckpointError(f"{directory}: no {CONFIG_FILE}; pass a directory written by save_pretrained")
-    path = contained_file(directory, CONFIG_FILE, CheckpointError, "model config",
-                          "copy the model directory with its files, not links to elsewhere")
-    hf = read_json(path, CheckpointError, "save the model again with save_pretrained")
-    if not isinstance(hf, dict):
-        raise CheckpointError(f"{path}: holds a {type(hf).__name__}, expected a JSON object")
-    if hf.get("model_type") not in FAMILIES:
+    hf = _json_object(directory, CONFIG_FILE, "model config")
+    path = directory / CONFIG_FILE
+    if not isinstance(hf.get("model_type"), str) or hf["model_type"] not in FAMILIES:
         raise CheckpointError(f"{path}: model_type {hf.get('model_type')!r} is not supported; tfm-export reads "
                               f"{SUPPORTED}")
     return hf
@@ -247,16 +241,18 @@ def _safetensors(files: list[Path]) -> dict[str, torch.Tensor]:
 
 def read_weights(directory: Path) -> dict[str, torch.Tensor]:
     """Every tensor of the model: safetensors (one file or an index of shards), else the weights-only pickle."""
-    inside = lambda name: contained_file(directory, name, CheckpointError, "weights file",  # noqa: E731
-                                         "copy the model directory with its files, not links to elsewhere")
+    inside = lambda name: contained_file(directory, name, CheckpointError, "weights file", LINKED)  # noqa: E731
     if (directory / SAFETENSORS_FILE).is_file():
         return _safetensors([inside(SAFETENSORS_FILE)])
-    index = directory / SAFETENSORS_INDEX
-    if index.is_file():
-        data = read_json(index, CheckpointError, "save the model again with save_pretrained")
-        shards = sorted(set(data.get("weight_map", {}).values())) if isinstance(data, dict) else []
-        return _safetensors([contained_file(directory, name, CheckpointError, f"shard named by {index.name}",
-                                            "copy the whole model directory") for name in shards])
+    if (directory / SAFETENSORS_INDEX).is_file():
+        weight_map = _json_object(directory, SAFETENSORS_INDEX, "shard index").get("weight_map")
+        if not isinstance(weight_map, dict) or not weight_map:
+            raise CheckpointError(f"{directory / SAFETENSORS_INDEX}: has no weight_map of tensor -> shard file; "
+                                  "save the model again with save_pretrained")
+        # contained_file refuses any shard name that is not a plain file name inside the directory
+        shards = list(dict.fromkeys(weight_map.values()))
+        return _safetensors([contained_file(directory, name, CheckpointError, f"shard named by {SAFETENSORS_INDEX}",
+                                            LINKED) for name in shards])
     if (directory / PICKLE_FILE).is_file():
         data = read_checkpoint_file(inside(PICKLE_FILE))  # weights_only: code in the pickle is refused
         bad = [k for k, v in data.items() if not isinstance(v, torch.Tensor)]
@@ -267,19 +263,20 @@ def read_weights(directory: Path) -> dict[str, torch.Tensor]:
                           "copy the weights file into the directory")
 
 
-def _first(tensors: dict[str, torch.Tensor], *names: str) -> str:
+def _first(tensors: dict[str, torch.Tensor], path: Path, *names: str) -> str:
     """The first of these names the file has (tied tables are stored under any one of them)."""
     for name in names:
         if name in tensors:
             return name
-    raise CheckpointError(f"missing weight {names[0]}")
+    raise CheckpointError(f"{path}: missing weight {names[0]}")
 
 
-def _name_map(hf: dict[str, Any], config: ModelConfig, tensors: dict[str, torch.Tensor]) -> dict[str, str]:
+def _name_map(hf: dict[str, Any], config: ModelConfig, tensors: dict[str, torch.Tensor],
+              path: Path) -> dict[str, str]:
     """Our parameter name -> the file's, for every parameter the config's model has but positions and head."""
     family = FAMILIES[hf["model_type"]]
     if family.positions == "relative":
-        layer = _t5_layer(config.activation.startswith(("geglu", "swiglu")))
+        layer = _t5_layer(config.activation in GATED_ACTIVATIONS)
         base, shared = "", "shared.weight"
         stacks = {f"{side}.relative_attention_bias.weight":
                   f"{side}.block.0.layer.0.SelfAttention.relative_attention_bias.weight"
@@ -298,15 +295,18 @@ def _name_map(hf: dict[str, Any], config: ModelConfig, tensors: dict[str, torch.
     for side in ("encoder", "decoder"):
         for i in range(config.n_layers):
             names |= layer(side, i)
-    names["encoder.src_word_emb.weight"] = _first(tensors, f"{base}encoder.embed_tokens.weight", shared)
-    names["decoder.trg_word_emb.weight"] = _first(tensors, f"{base}decoder.embed_tokens.weight", shared)
+    names["encoder.src_word_emb.weight"] = _first(tensors, path, f"{base}encoder.embed_tokens.weight", shared)
+    names["decoder.trg_word_emb.weight"] = _first(tensors, path, f"{base}decoder.embed_tokens.weight", shared)
     return names
 
 
-def _positions(hf: dict[str, Any], config: ModelConfig, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def _positions(hf: dict[str, Any], config: ModelConfig, tensors: dict[str, torch.Tensor],
+               path: Path) -> dict[str, torch.Tensor]:
     positions, n, d = FAMILIES[hf["model_type"]].positions, config.n_position, config.d_model
     if positions == "relative":
         return {}
+    if positions == "fairseq" and d < 4:  # its frequencies divide by d/2 - 1
+        raise CheckpointError(f"{path}: d_model {d} is too small for a sinusoid position table (at least 4)")
     tables = {}
     for side in ("encoder", "decoder"):
         if positions == "marian":
@@ -314,10 +314,10 @@ def _positions(hf: dict[str, Any], config: ModelConfig, tensors: dict[str, torch
         elif positions == "fairseq":
             table = fairseq_sinusoid_table(n, d, first=config.src_pad_idx + 1)
         else:
-            name = _first(tensors, f"model.{side}.embed_positions.weight")
+            name = _first(tensors, path, f"model.{side}.embed_positions.weight")
             table = tensors[name][BART_POSITION_OFFSET:BART_POSITION_OFFSET + n].unsqueeze(0)
             if table.shape[1] != n:
-                raise CheckpointError(f"{name} has shape {tuple(tensors[name].shape)}, the config needs "
+                raise CheckpointError(f"{path}: weight {name} has shape {tuple(tensors[name].shape)}, the config needs "
                                       f"({n + BART_POSITION_OFFSET}, {d})")
         tables[f"{side}.position_enc.pos_table"] = table
     return tables
@@ -346,81 +346,94 @@ def _head(hf: dict[str, Any], config: ModelConfig, tensors: dict[str, torch.Tens
 def convert(hf: dict[str, Any], tensors: dict[str, torch.Tensor], path: Path) -> tuple[ModelConfig,
                                                                                        dict[str, torch.Tensor]]:
     """The config and state_dict of the reference Transformer that computes this HF model."""
-    try:
-        config = model_config(hf, path)
-        names = _name_map(hf, config, tensors)
-    except CheckpointError as exc:
-        raise CheckpointError(f"{path}: {exc}" if not str(exc).startswith(str(path)) else str(exc)) from None
+    config = model_config(hf, path)
+    names = _name_map(hf, config, tensors, path)
     missing = [theirs for theirs in names.values() if theirs not in tensors]
     if missing:
         raise CheckpointError(f"{path}: missing weight {missing[0]}" +
                               (f" (and {len(missing) - 1} more)" if len(missing) > 1 else "") +
                               f"; the config says {config.n_layers} layers of {hf['model_type']}")
-    state = {ours: tensors[theirs].float() for ours, theirs in names.items()}
-    try:
-        state |= _positions(hf, config, tensors)
-    except CheckpointError as exc:
-        raise CheckpointError(f"{path}: {exc}") from None
+    # half precision is widened; an integer tensor is left as it is for validate_state_dict to name
+    state = {ours: tensors[theirs].float() if tensors[theirs].is_floating_point() else tensors[theirs]
+             for ours, theirs in names.items()}
+    state |= _positions(hf, config, tensors, path)
     config = _head(hf, config, tensors, state)
+    names |= {"trg_word_prj.bias": "final_logits_bias",
+              "trg_word_prj.weight": names["decoder.trg_word_emb.weight"] if config.proj_share_weight
+              else "lm_head.weight"}
     if FAMILIES[hf["model_type"]].positions == "relative":  # T5 scores are not divided by sqrt(d_kv)
         for key in [k for k in state if k.endswith("attn.w_qs.weight")]:
             state[key] = state[key] * config.d_k ** 0.5
-    _check_shapes(config, state, names, path)
     if config.embs_share_weight and not torch.equal(state["encoder.src_word_emb.weight"],
                                                     state["decoder.trg_word_emb.weight"]):
-            config = dataclasses.replace(config, embs_share_weight=False)
+        config = dataclasses.replace(config, embs_share_weight=False)
+    validate_state_dict(state, config, path, names)
     return config, {k: v.contiguous() for k, v in state.items()}
 
 
-def _check_shapes(config: ModelConfig, state: dict[str, torch.Tensor], names: dict[str, str], path: Path) -> None:
-    """Each weight against the shape the config implies (a model built on the meta device), named as the
-    file names it."""
-    with torch.device("meta"):
-        expected = Transformer(config).state_dict()
-    for ours, tensor in state.items():
-        if ours in expected and tensor.shape != expected[ours].shape:
-            want = tuple(expected[ours].shape[1:] if ours.endswith("pos_table") else expected[ours].shape)
-            raise CheckpointError(f"{path}: weight {names.get(ours, ours)} has shape {tuple(tensor.shape)}, "
-                                  f"config.json implies {want}")
+def _is_id(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
-def _ids(value: Any) -> list[int]:
-    if isinstance(value, int) and not isinstance(value, bool):
-        return [value]
-    return [v for v in value if isinstance(v, int)] if isinstance(value, list) else []
+def _first_id(merged: dict[str, Any], key: str) -> int | None:
+    """An id field (transformers allows a list for eos; the first one is the one that ends a sentence here)."""
+    value = merged.get(key)
+    if isinstance(value, list) and value:
+        value = value[0]
+    if value is None or _is_id(value):
+        return value
+    raise CheckpointError(f"{key} must be a token id, got {value!r}")
 
 
-def generation(hf: dict[str, Any], directory: Path) -> Generation:
-    """generation_config.json over config.json, with transformers' own defaults for what neither says."""
-    path = directory / GENERATION_CONFIG_FILE
-    gen = read_json(path, CheckpointError, "fix or delete it") if path.is_file() else {}
-    merged = {**hf, **(gen if isinstance(gen, dict) else {})}
-    pad = merged.get("pad_token_id")
-    eos = _ids(merged.get("eos_token_id"))
-    if not isinstance(pad, int) or not eos:
-        raise CheckpointError(f"{directory}: config.json gives no pad_token_id or eos_token_id")
-    start = merged.get("decoder_start_token_id")
-    if not isinstance(start, int):
-        start = merged.get("bos_token_id")  # what generate() falls back to
-    if not isinstance(start, int):
-        raise CheckpointError(f"{directory}: neither decoder_start_token_id nor bos_token_id is set, so the "
-                              "decoder has no first token; add decoder_start_token_id to generation_config.json")
-    banned = sorted({i for words in merged.get("bad_words_ids") or [] for i in _ids(words) if len(words) == 1})
-    forced_eos = _ids(merged.get("forced_eos_token_id"))
-    return Generation(pad_id=pad, eos_id=eos[0], decoder_start_id=start,
-                      forced_bos_id=merged.get("forced_bos_token_id") if isinstance(
-                          merged.get("forced_bos_token_id"), int) else None,
-                      forced_eos_id=forced_eos[0] if forced_eos else None, banned_ids=tuple(banned),
-                      max_length=_max_length(merged), num_beams=int(merged.get("num_beams") or 1),
-                      length_penalty=float(merged.get("length_penalty", 1.0)))
+def _banned(merged: dict[str, Any]) -> tuple[int, ...]:
+    """bad_words_ids of one token each (generate() bans them at every step); longer ones are refused rather
+    than ignored, since decoding would then differ from generate()."""
+    words = merged.get("bad_words_ids") or []
+    if not isinstance(words, list) or not all(isinstance(w, list) and w and all(map(_is_id, w)) for w in words):
+        raise CheckpointError(f"bad_words_ids must be a list of lists of token ids, got {words!r}")
+    if any(len(w) > 1 for w in words):
+        raise CheckpointError("bad_words_ids of more than one token are not supported; remove them from the "
+                              "generation config")
+    return tuple(sorted({w[0] for w in words}))
 
 
 def _max_length(merged: dict[str, Any]) -> int:
     """The model's max_length; unset, generate() makes 20 new tokens (capped by max_position_embeddings)."""
-    if merged.get("max_length"):
-        return int(merged["max_length"])
+    value = merged.get("max_length")
+    if value is not None:
+        if not _is_id(value) or value < 2:
+            raise CheckpointError(f"max_length must be a whole number of at least 2, got {value!r}")
+        return value
     cap = merged.get("max_position_embeddings")
-    return min(DEFAULT_NEW_TOKENS + 1, cap) if isinstance(cap, int) and cap > 1 else DEFAULT_NEW_TOKENS + 1
+    return min(DEFAULT_NEW_TOKENS + 1, cap) if _is_id(cap) and cap > 1 else DEFAULT_NEW_TOKENS + 1
+
+
+def generation(hf: dict[str, Any], directory: Path, vocab_size: int) -> Generation:
+    """generation_config.json over config.json, with generate()'s own fallbacks for what neither says."""
+    gen = (_json_object(directory, GENERATION_CONFIG_FILE, "generation config")
+           if (directory / GENERATION_CONFIG_FILE).is_file() else {})
+    merged = {**hf, **gen}
+    try:
+        pad, eos = _first_id(merged, "pad_token_id"), _first_id(merged, "eos_token_id")
+        start = _first_id(merged, "decoder_start_token_id")
+        start = _first_id(merged, "bos_token_id") if start is None else start  # generate()'s fallback
+        rules = TokenRules(pad=pad, start=start, eos=eos, banned=_banned(merged),
+                           forced_bos=_first_id(merged, "forced_bos_token_id"),
+                           forced_eos=_first_id(merged, "forced_eos_token_id"))
+        max_length = _max_length(merged)
+    except CheckpointError as exc:
+        raise CheckpointError(f"{directory}: {exc}") from None
+    if pad is None or eos is None:
+        raise CheckpointError(f"{directory}: the config gives no pad_token_id or eos_token_id")
+    if start is None:
+        raise CheckpointError(f"{directory}: neither decoder_start_token_id nor bos_token_id is set, so the "
+                              "decoder has no first token; add decoder_start_token_id to generation_config.json")
+    named = [pad, start, eos, *rules.banned, rules.forced_bos, rules.forced_eos]
+    outside = sorted({i for i in named if i is not None and i >= vocab_size})
+    if outside:
+        raise CheckpointError(f"{directory}: the generation config names token ids {outside} outside the "
+                              f"target vocabulary of {vocab_size}")
+    return Generation(rules, max_length)
 
 
 def load_hf_directory(directory: str | Path) -> HfModel:
@@ -428,4 +441,4 @@ def load_hf_directory(directory: str | Path) -> HfModel:
     directory = Path(directory)
     hf = read_config(directory)
     config, state = convert(hf, read_weights(directory), directory)
-    return HfModel(directory, hf["model_type"], config, state, generation(hf, directory))
+    return HfModel(directory, hf["model_type"], config, state, generation(hf, directory, config.trg_vocab_size))
