@@ -125,6 +125,7 @@ def record_traces(backend: OrtBackend, texts: Sequence[str], tokenizer: TextToke
     recorder = recording_backend(backend, traces)
     with tqdm(total=len(rows), desc="calibration", unit="sentence", disable=not progress, leave=False) as bar:
         for bucket in length_buckets([len(r) for r in rows], batch_size):
-            decoding.greedy(recorder, pad_batch([rows[i] for i in bucket]), max_length or cfg.n_position)
+            src = pad_batch([rows[i] for i in bucket], cfg.src_pad_idx)
+            decoding.greedy(recorder, src, max_length or cfg.n_position)
             bar.update(len(bucket))
     return traces

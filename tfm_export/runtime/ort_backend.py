@@ -13,7 +13,6 @@ from ..artifacts.model_dir import graph_path, read_manifest
 from ..core.config import ModelConfig
 from ..core.graph_spec import Graph, GraphSpec, cache_head_sizes, cache_names, graph_specs
 from ..core.sources import check_source_length, check_target_length
-from ..core.tokenizer import PAD_ID
 from .cache import CacheState
 from .session import DEFAULT_OPTIONS, SessionOptions, open_session, run
 
@@ -46,7 +45,7 @@ def directory_options(manifest: dict, options: SessionOptions) -> SessionOptions
     return options
 
 
-def run_encoder(encoder: ort.InferenceSession, src: np.ndarray, pad: int = PAD_ID) -> dict[str, np.ndarray]:
+def run_encoder(encoder: ort.InferenceSession, src: np.ndarray, pad: int) -> dict[str, np.ndarray]:
     """The encoder graph's outputs for (B, S) right-padded source ids."""
     return run(encoder, {"input_ids": src.astype(np.int64), "attention_mask": (src != pad).astype(np.int64)})
 

@@ -161,7 +161,7 @@ class Translator:
         for bucket in length_buckets([len(sources[k]) for k in keys], batch_size):
             batch = [keys[i] for i in bucket]
             start = time.perf_counter()
-            nbests = self._decode(pad_batch([sources[k] for k in batch]), options)
+            nbests = self._decode(pad_batch([sources[k] for k in batch], self.config.src_pad_idx), options)
             per_sentence = 1000 * (time.perf_counter() - start) / len(batch)
             for key, nbest in zip(batch, nbests, strict=True):
                 results[key] = self._result(nbest, per_sentence, options.n_best > 1)

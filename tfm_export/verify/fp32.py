@@ -70,7 +70,7 @@ def encode_texts(ckpt: Checkpoint, texts: Sequence[str]) -> np.ndarray:
     rows = encode_lines(ckpt.vocab.source, texts, ckpt.config.n_position, "--input ")
     if not rows:
         raise TfmExportError("--input has no non-empty lines to compare on")
-    return pad_batch(list(rows.values()))
+    return pad_batch(list(rows.values()), ckpt.config.src_pad_idx)
 
 
 def decode_agreement(name: str, ckpt: Checkpoint, backends: dict[str, GraphBackend], src: np.ndarray,
