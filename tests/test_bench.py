@@ -55,7 +55,7 @@ def test_ctranslate2_translates_the_demo_exactly_like_us(tmp_path):
     ckpt = load_checkpoint(DEMO_CKPT)
     model = ctranslate2.Translator(str(convert_to_ctranslate2(ckpt, tmp_path / "ct2")), intra_threads=1)
     pairs = demo_numbers.held_out_pairs()[:200]
-    tokens = [ckpt.vocab.source.tokenizer.encode(en).tokens for en, _ in pairs]
+    tokens = [ckpt.vocab.source.tokenizer.encode(en, add_special_tokens=False).tokens for en, _ in pairs]
     theirs = [r.hypotheses[0] for r in model.translate_batch(tokens, beam_size=1, max_decoding_length=200)]
     ours = Translator.load(DEMO_CKPT).translate([en for en, _ in pairs])
     assert theirs == [list(t.tokens) for t in ours]

@@ -125,7 +125,7 @@ def _ours(directory: Path) -> tuple[Transformer, object]:
 def test_full_forward_matches_transformers(hf_case) -> None:
     name, directory = hf_case
     model, loaded = _ours(directory)
-    rules = loaded.generation.rules
+    rules = loaded.rules
     src, trg = _inputs(rules.pad, rules.start)
     with torch.no_grad():
         ours = model(src, trg)
@@ -138,7 +138,7 @@ def test_cached_steps_match_transformers(hf_case) -> None:
     """Token by token through the decoder cache (PyTorch) against the transformers forward over the prefix."""
     name, directory = hf_case
     model, loaded = _ours(directory)
-    rules = loaded.generation.rules
+    rules = loaded.rules
     src, trg = _inputs(rules.pad, rules.start)
     reference = _reference(directory, src, trg, rules.pad)
     with torch.no_grad():
@@ -155,7 +155,7 @@ def test_onnx_graphs_match_transformers_over_cached_steps(hf_case) -> None:
     """The exported encoder and decoder_step graphs in ONNX Runtime, 30 cached steps."""
     name, directory = hf_case
     model, loaded = _ours(directory)
-    rules = loaded.generation.rules
+    rules = loaded.rules
     src, trg = _inputs(rules.pad, rules.start)
     reference = _reference(directory, src, trg, rules.pad).numpy()
     sessions = {graph.filename: ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
@@ -293,25 +293,24 @@ def test_greedy_matches_generate(hf_case) -> None:
     from tfm_export.runtime import decoding
     name, directory = hf_case
     model, loaded = _ours(directory)
-    gen = loaded.generation
+    rules = loaded.rules
     sources = _sources()
-    want = _generate(directory, sources, gen.rules.pad, num_beams=1, do_sample=False)
+    want = _generate(directory, sources, rules.pad, num_beams=1, do_sample=False)
     assert len({len(t) for t in want}) >= 3 and len(set(want)) >= 10  # stops at </s> and differs by input
-    src = pad_batch(sources, gen.rules.pad)
+    src = pad_batch(sources, rules.pad)
     for label, backend in _backends(model).items():
-        got = [h.tokens for h in decoding.greedy(backend, src, gen.max_new_tokens, rules=gen.rules)]
+        got = [h.tokens for h in decoding.greedy(backend, src, rules.max_new_tokens, rules=rules)]
         assert got == want, f"{name} {label}: greedy differs from transformers' generate()"
 
 
-def test_export_of_a_hugging_face_directory_is_refused_in_one_line(marian_dir, tmp_path) -> None:
-    """Until the tokenizer conversion exists, the CLI says so instead of writing a directory that cannot
-    translate text."""
+def test_directory_without_tokenizer_files_is_one_line(marian_dir, tmp_path) -> None:
+    """Weights and config alone cannot translate text: export says which files are missing, writes nothing."""
     from click.testing import CliRunner
 
     from tfm_export.cli.export_cli import main
     result = CliRunner().invoke(main, ["onnx", "--checkpoint", str(marian_dir), "--output", str(tmp_path / "out")])
     assert result.exit_code == 1
-    assert "a Hugging Face model directory; exporting these is not finished yet" in result.output
+    assert result.output.count("\n") == 1 and "no tokenizer files (tokenizer.json, or source.spm" in result.output
     assert not (tmp_path / "out").exists()
 
 

@@ -16,6 +16,7 @@ from ..core.config import ModelConfig
 from ..core.errors import TfmExportError
 from ..core.files import contained_file, file_sha256
 from ..core.graph_spec import Graph, variant_specs
+from ..core.token_rules import SEED_RULES, TokenRules
 from ..core.tokenizer import SPECIAL_IDS, Vocabulary, load_tokenizer
 from .manifest import (
     ENGINE_FORMAT,
@@ -27,10 +28,12 @@ from .manifest import (
     read_declared,
 )
 
+TOKEN_RULES = "token_rules"  # a pretrained model's ids and generation defaults; absent: the seed's layout
 PRECISIONS = ("fp32", "fp16", "int8")
 INT8_MODES = ("static", "dynamic")  # manifest int8.mode: calibrated Q/DQ graphs, or run-time activation ranges
 REMAKE = "export the model again with `tfm-export onnx`"
 _positive = lambda v: isinstance(v, int) and not isinstance(v, bool) and v > 0  # noqa: E731
+_id = lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0  # noqa: E731
 _sha = lambda v: isinstance(v, str) and len(v) == 64  # noqa: E731
 _text = lambda v: isinstance(v, str)  # noqa: E731
 MODEL_DIR = DirectoryKind(
@@ -46,7 +49,7 @@ MODEL_DIR = DirectoryKind(
             "graphs.encoder.sha256": _sha, "graphs.decoder_step.sha256": _sha,
             "files": lambda v: isinstance(v, dict) and all(isinstance(k, str) and _sha(h) for k, h in v.items()),
             "limits.max_source_length": _positive, "limits.max_target_length": _positive,
-            "special_tokens": lambda v: v == SPECIAL_IDS})
+            "special_tokens": lambda v: isinstance(v, dict) and all(map(_id, v.values()))})
 
 
 def read_manifest(directory: Path) -> dict[str, Any]:
@@ -59,6 +62,7 @@ def read_manifest(directory: Path) -> dict[str, Any]:
         return None
     manifest = read_declared(directory, MODEL_DIR, wrong_format)
     config = check_model_fields(manifest, directory / MANIFEST, REMAKE)
+    token_rules(manifest, directory / MANIFEST, REMAKE)
     graphs = manifest["graphs"]
     known = {g.value for g in (*Graph, *variant_specs(config))}  # the optional graphs this architecture has
     for name, entry in graphs.items():  # the optional graphs (decoder_step_buffered) are held to the same form
@@ -86,6 +90,20 @@ def check_model_fields(manifest: dict[str, Any], path: Path, remake: str) -> Mod
             raise ModelDirError(f"{path}: limits.{key} {limits[key]} is outside 1..{config.n_position} (the model's "
                                 f"positions); {remake}")
     return config
+
+
+def token_rules(manifest: dict[str, Any], path: Path, remake: str = REMAKE) -> TokenRules:
+    """The ids and length default decoding follows: the manifest's token_rules, or the seed's layout (whose
+    special_tokens must then be the seed's)."""
+    if TOKEN_RULES not in manifest:
+        if manifest["special_tokens"] != SPECIAL_IDS:
+            raise ModelDirError(f"{path}: special_tokens differ from the seed layout {SPECIAL_IDS} and no "
+                                f"{TOKEN_RULES} say what they are; {remake}")
+        return SEED_RULES
+    try:
+        return TokenRules.from_dict(manifest[TOKEN_RULES], manifest["model"]["trg_vocab_size"])
+    except TfmExportError as exc:
+        raise ModelDirError(f"{path}: {exc}; {remake}") from None
 
 
 def file_hashes(directory: Path, names: Iterable[str]) -> dict[str, str]:
@@ -131,7 +149,8 @@ def copy_tokenizers(directory: Path, manifest: dict[str, Any], target: Path) -> 
 def load_vocabulary(directory: Path, manifest: dict[str, Any]) -> Vocabulary:
     """The tokenizers a model or engine directory carries, checked against the vocabulary sizes of its graphs."""
     model, shared = manifest["model"], manifest["tokenizer"]["target"] == manifest["tokenizer"]["source"]
-    source = load_tokenizer(tokenizer_file(directory, manifest, "source"), model["src_vocab_size"], "source")
+    seed = TOKEN_RULES not in manifest
+    source = load_tokenizer(tokenizer_file(directory, manifest, "source"), model["src_vocab_size"], "source", seed)
     target = source if shared else load_tokenizer(tokenizer_file(directory, manifest, "target"),
-                                                  model["trg_vocab_size"], "target")
+                                                  model["trg_vocab_size"], "target", seed)
     return Vocabulary(source, target)

@@ -16,7 +16,7 @@ from ..core.files import write_text_atomically
 from ..core.tokenizer import Vocabulary
 from ..graphs.generate_dir import write_generate_dir
 from ..graphs.pipeline import export_model_dir
-from ..model.checkpoint import Checkpoint, load_checkpoint
+from ..model.checkpoint import Checkpoint, is_hf_directory, load_checkpoint
 from ..precision.pipeline import Calibration, quantize_model_dir
 from ..runtime.session import has_cuda_provider
 from ..runtime.tensorrt_platform import missing_reason
@@ -66,7 +66,7 @@ def open_model(path: Path) -> BenchModel:
         raise TfmExportError(f"{path}: is a {manifest['precision']} directory; bench --model takes a checkpoint or an "
                              "fp32 model directory and makes the fp16/int8 variants itself")
     source = Path(manifest["source_checkpoint"].get("path", ""))
-    ckpt = load_checkpoint(source) if source.is_file() else None
+    ckpt = load_checkpoint(source) if source.is_file() or is_hf_directory(source) else None
     return BenchModel(path, ckpt, path, ModelConfig.from_dict(manifest["model"]).n_position,
                       load_vocabulary(path, manifest))
 

@@ -118,7 +118,8 @@ def random_checkpoint_cmd(output: Path, d_model: int, heads: int, layers: int, f
 
 @main.command("onnx")
 @click.option("--checkpoint", type=click.Path(path_type=Path), required=True,
-              help="A tfm-export or seed train.py checkpoint.")
+              help="A tfm-export or seed train.py checkpoint, or a local Hugging Face model directory (Marian/"
+                   "opus-mt, M2M100/NLLB, BART, mBART, T5, mT5: config.json, weights, tokenizer files).")
 @vocab_option
 @click.option("--output", type=click.Path(path_type=Path, file_okay=False), required=True,
               help="Model directory to create (encoder.onnx, decoder_step.onnx, manifest.json, tokenizer).")

@@ -15,6 +15,7 @@ from importlib import metadata
 from .errors import TfmExportError
 
 DISTRIBUTION = "tfm-export"
+IMPORT_NAMES = {"protobuf": "google.protobuf", "pytest-xdist": "xdist"}  # import name differs from the name
 
 
 def extra_packages(extra: str) -> list[str]:
@@ -32,7 +33,7 @@ def extra_packages(extra: str) -> list[str]:
         if nested:
             found += [p for e in nested.group(1).split(",") for p in extra_packages(e.strip())]
         elif name != DISTRIBUTION:
-            found.append(name.lower().replace("-", "_"))
+            found.append(IMPORT_NAMES.get(name.lower(), name.lower().replace("-", "_")))
     return list(dict.fromkeys(found))
 
 

@@ -1,6 +1,7 @@
 """Source sentences as the model takes them, and the length limits every reader of text enforces.
 
-A source is `[<s>] + tokens + [</s>]`; its length (with both) and the decoded target's length must
+A source is the text's tokens framed as the model takes them (`<s> ... </s>` in the seed layout, `... </s>` in
+Marian and T5, a language code first in NLLB); its length (with the framing) and the decoded target's length must
 stay within the model's positions (or an engine's profile). Every command checks here, so the
 limit and its message are the same wherever text enters.
 """
@@ -13,14 +14,14 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from .errors import InputTextError
-from .tokenizer import BOS_ID, EOS_ID, TextTokenizer
+from .tokenizer import TextTokenizer
 
 MODEL_LIMIT = "the model's positions"
 log = logging.getLogger(__name__)
 
 
 def source_ids(tok: TextTokenizer, text: str) -> list[int]:
-    return [BOS_ID, *tok.encode(text), EOS_ID]
+    return tok.encode(text, framed=True)
 
 
 def check_source_length(length: int, limit: int, what: str = MODEL_LIMIT, remedy: str = "shorten it") -> None:
@@ -51,7 +52,7 @@ def encode_lines(tok: TextTokenizer, texts: Sequence[str], limit: int, name: str
                                      f"takes at most {limit}; shorten or split it" + ("" if name else
                                                                                       ", or pass --truncate"))
             log.warning("line %d: cut from %d to %d tokens to fit the model's positions", index + 1, len(ids), limit)
-            ids = [*ids[:limit - 1], EOS_ID]
+            ids = [*ids[:limit - 1], ids[-1]]  # every framing ends with </s>
         rows[index] = ids
     return rows
 

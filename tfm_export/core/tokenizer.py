@@ -1,8 +1,10 @@
-"""Text <-> ids with the `tokenizers` library, in the seed's special-token layout.
+"""Text <-> ids with the `tokenizers` library.
 
 Two sources: a `tokenizers` JSON file (what the project saves and ships), or a plain vocabulary
 (JSON list, JSON token->id dict, or one token per line) as the seed's users have; a plain
 vocabulary becomes a WordLevel tokenizer that splits on whitespace and maps unknown words to <unk>.
+Seed-layout tokenizers have their special tokens at fixed ids and frame a source as <s> ... </s>; a
+pretrained model's tokenizer keeps its own ids and its own framing (its post-processor).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ SPECIAL_IDS = {"unk": UNK_ID, "pad": PAD_ID, "bos": BOS_ID, "eos": EOS_ID}  # as
 MAX_VOCABULARY_BYTES = 512 << 20  # the largest real tokenizers JSON files are tens of megabytes
 FIRST_TOKEN_ID = len(SPECIAL_TOKENS)  # the first ordinary (non-special) token id
 TOKENIZER_FILE = "tokenizer.json"
+REMAKE_TOKENIZER = "export the model again"
 
 
 def tokenizer_files(shared: bool) -> dict[str, str]:
@@ -63,28 +66,36 @@ def _native_stderr_held() -> Iterator[None]:
             os.write(2, sink.read())
 
 
-class TextTokenizer:
-    """A `tokenizers.Tokenizer` whose special tokens sit at the seed's ids."""
+SEED_FRAMING = processors.TemplateProcessing(single=f"{BOS} $A {EOS}", special_tokens=[(BOS, BOS_ID), (EOS, EOS_ID)])
 
-    def __init__(self, tokenizer: Tokenizer, origin: str = "<memory>") -> None:
-        self.tokenizer, self.origin = tokenizer, origin
+
+class TextTokenizer:
+    """A `tokenizers.Tokenizer`: in the seed layout (special tokens at the seed's ids, sources framed <s> ... </s>),
+    or, with seed_layout=False, a pretrained model's own (its ids, its post-processor's framing)."""
+
+    def __init__(self, tokenizer: Tokenizer, origin: str = "<memory>", seed_layout: bool = True) -> None:
+        self.tokenizer, self.origin, self.seed_layout = tokenizer, origin, seed_layout
+        if not seed_layout:
+            return
         for expected_id, token in enumerate(SPECIAL_TOKENS):
             actual = tokenizer.token_to_id(token)
             if actual != expected_id:
                 raise VocabularyError(
                     f"{origin}: special token {token} has id {actual}, expected {expected_id} "
                     f"(the seed layout is {', '.join(f'{t}={i}' for i, t in enumerate(SPECIAL_TOKENS))})")
+        tokenizer.post_processor = SEED_FRAMING
 
     @property
     def vocab_size(self) -> int:
         return self.tokenizer.get_vocab_size(with_added_tokens=True)
 
-    def encode(self, text: str) -> list[int]:
-        """Token ids of `text`, without <s>/</s>. A tokenizer whose rules fail on the text (the Rust side panics,
-        e.g. a regex past its backtracking limit) is one line about the text, not a crash with a Rust backtrace."""
+    def encode(self, text: str, framed: bool = False) -> list[int]:
+        """Token ids of `text`; framed: as the model takes a source (<s> ... </s> in the seed layout, the
+        post-processor's framing otherwise). A tokenizer whose rules fail on the text (the Rust side panics, e.g.
+        a regex past its backtracking limit) is one line about the text, not a crash with a Rust backtrace."""
         try:
             with _native_stderr_held():
-                return self.tokenizer.encode(text, add_special_tokens=False).ids
+                return self.tokenizer.encode(text, add_special_tokens=framed).ids
         except (KeyboardInterrupt, SystemExit):
             raise
         except BaseException as exc:  # noqa: BLE001 (pyo3's PanicException derives from BaseException)
@@ -100,12 +111,9 @@ class TextTokenizer:
         return [self.tokenizer.id_to_token(i) for i in range(self.vocab_size)]
 
     def save(self, path: Path) -> None:
-        """The `tokenizers` JSON, with a post-processor that wraps a text in <s> ... </s> as the model's sources
-        are, so `encode(text)` in other languages' tokenizer libraries gives the source ids as they are."""
-        tok = Tokenizer.from_str(self.tokenizer.to_str())
-        tok.post_processor = processors.TemplateProcessing(single=f"{BOS} $A {EOS}",
-                                                           special_tokens=[(BOS, BOS_ID), (EOS, EOS_ID)])
-        tok.save(str(path))
+        """The `tokenizers` JSON with its source framing, so `encode(text)` in other languages' tokenizer
+        libraries gives the source ids as they are."""
+        self.tokenizer.save(str(path))
 
 
 @dataclass(frozen=True)
@@ -169,9 +177,11 @@ def _tokens_from_json(data: object, origin: str) -> list[str]:
     raise VocabularyError(f"{origin}: expected a JSON list of tokens or a token->id object")
 
 
-def load_tokenizer(path: str | Path, expected_size: int | None = None, side: str = "") -> TextTokenizer:
+def load_tokenizer(path: str | Path, expected_size: int | None = None, side: str = "",
+                   seed_layout: bool = True) -> TextTokenizer:
     """Read a `tokenizers` JSON file or a plain vocabulary file; with `expected_size`, a vocabulary of another
-    size is refused before a tokenizer is built from it."""
+    size is refused before a tokenizer is built from it (a pretrained model's may be smaller than its embedding
+    table: T5 pads its table past the tokenizer)."""
     path = Path(path)
     text = _read_vocabulary(path)
     try:
@@ -184,13 +194,15 @@ def load_tokenizer(path: str | Path, expected_size: int | None = None, side: str
         raise VocabularyError(f"{path}: JSON nested too deeply to be a vocabulary") from None
     if isinstance(data, dict) and "model" in data:  # a `tokenizers` JSON file
         try:
-            tok = TextTokenizer(Tokenizer.from_str(text), str(path))
+            tok = TextTokenizer(Tokenizer.from_str(text), str(path), seed_layout)
         except VocabularyError:
             raise
         except Exception as exc:  # the Rust side raises plain Exception
             raise VocabularyError(f"{path}: not a valid tokenizers JSON file ({first_line(exc, 200)})") from None
-        _check_size(path, tok.vocab_size, expected_size, side)
+        _check_size(path, tok.vocab_size, expected_size, side, exact=seed_layout)
         return tok
+    if not seed_layout:
+        raise VocabularyError(f"{path}: not a tokenizers JSON file; {REMAKE_TOKENIZER}")
     tokens = _tokens_from_json(data, str(path))
     _check_size(path, len(tokens), expected_size, side)
     return plain_word_tokenizer(tokens, str(path))
@@ -213,7 +225,7 @@ def _read_vocabulary(path: Path) -> str:
     return text
 
 
-def _check_size(path: Path, size: int, expected: int | None, side: str) -> None:
-    if expected is not None and size != expected:
+def _check_size(path: Path, size: int, expected: int | None, side: str, exact: bool = True) -> None:
+    if expected is not None and (size != expected if exact else size > expected):
         raise VocabularyError(f"{path}: has {size} tokens but the model's {side + ' ' if side else ''}vocabulary "
                               f"has {expected}; pass the vocabulary the model was trained with")

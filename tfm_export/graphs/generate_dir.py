@@ -15,7 +15,7 @@ import numpy as np
 from tqdm import tqdm
 
 from ..artifacts.manifest import write_manifest
-from ..artifacts.model_dir import file_hashes, graph_path, load_vocabulary, read_manifest
+from ..artifacts.model_dir import TOKEN_RULES, file_hashes, graph_path, load_vocabulary, read_manifest
 from ..artifacts.staging import staged_directory
 from ..core.config import ModelConfig
 from ..core.errors import TfmExportError
@@ -38,6 +38,9 @@ def write_generate_dir(model_dir: Path, output: Path, early_stopping: bool = Fal
     """Write `output`: `model_dir` plus generate.onnx; returns the new manifest. Refuses, before any work,
     a directory whose graphs the BeamSearch op cannot take, saying why."""
     manifest = read_manifest(model_dir)
+    if TOKEN_RULES in manifest:
+        raise TfmExportError(f"{model_dir}: generate.onnx is built for the seed's token layout; a Hugging Face model "
+                             "decodes with `tfm-run translate` on the model directory itself")
     refusal = op_refusal(manifest, model_dir)
     if refusal:
         raise TfmExportError(refusal)

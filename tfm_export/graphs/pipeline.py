@@ -12,12 +12,13 @@ from tqdm import tqdm
 
 from .. import __version__
 from ..artifacts.manifest import MODEL_FORMAT, MODEL_FORMAT_VERSION, write_manifest
-from ..artifacts.model_dir import file_hashes
+from ..artifacts.model_dir import TOKEN_RULES, file_hashes
 from ..artifacts.staging import staged_directory
 from ..core.errors import TfmExportError
 from ..core.files import file_sha256
 from ..core.graph_spec import DEFAULT_OPSET, Graph, GraphVariant, graph_specs, variant_specs
-from ..core.tokenizer import BOS_ID, EOS_ID, PAD_ID, SPECIAL_IDS, UNK_ID, tokenizer_files
+from ..core.token_rules import SEED_RULES
+from ..core.tokenizer import SPECIAL_IDS, tokenizer_files
 from ..model.checkpoint import Checkpoint
 from ..runtime.ort_backend import OrtBackend
 from ..runtime.ort_buffered import OrtBufferedBackend
@@ -39,8 +40,15 @@ def _metadata(ckpt: Checkpoint, opset: int, graph: Graph) -> dict[str, str]:
     return {"tfm_export.format": MODEL_FORMAT, "tfm_export.version": __version__, "tfm_export.graph": graph.value,
             "tfm_export.config": ckpt.config.to_json(), "tfm_export.precision": "fp32",
             "tfm_export.opset": str(opset), "tfm_export.max_positions": str(ckpt.config.n_position),
-            "tfm_export.special_tokens": f"unk={UNK_ID},pad={PAD_ID},bos={BOS_ID},eos={EOS_ID}",
+            "tfm_export.special_tokens": ",".join(f"{k}={v}" for k, v in special_tokens(ckpt).items()),
             "tfm_export.source_checkpoint_sha256": ckpt.sha256}
+
+
+def special_tokens(ckpt: Checkpoint) -> dict[str, int]:
+    """The seed's layout, or a pretrained model's own ids (its token_rules say the rest)."""
+    if ckpt.rules == SEED_RULES:
+        return SPECIAL_IDS
+    return {"pad": ckpt.rules.pad, "bos": ckpt.rules.start, "eos": ckpt.rules.eos}
 
 
 def build_manifest(ckpt: Checkpoint, opset: int, hashes: dict[Graph | GraphVariant, str], files: dict[str, str],
@@ -52,7 +60,8 @@ def build_manifest(ckpt: Checkpoint, opset: int, hashes: dict[Graph | GraphVaria
         "tool_version": __version__,
         "model": cfg.to_dict(), "precision": "fp32", "opset": opset, "optimizations": applied,
         "optimizations_not_applied": {"onnxruntime.transformers fusions": NOT_SAVED_REASON},
-        "special_tokens": SPECIAL_IDS,
+        "special_tokens": special_tokens(ckpt),
+        **({} if ckpt.rules == SEED_RULES else {TOKEN_RULES: ckpt.rules.to_dict()}),
         "limits": {"max_source_length": cfg.n_position, "max_target_length": cfg.n_position,
                    "note": "source length counts <s> and </s>; past + new decoder tokens (with <s>) "
                            "must stay <= max_target_length"},
@@ -72,8 +81,8 @@ def check_parity(ckpt: Checkpoint, directory: Path, steps: int = 3, seed: int = 
     buffered = directory / GraphVariant.DECODER_STEP_BUFFERED.filename
     if buffered.exists():
         backends.append(OrtBufferedBackend(encoder, open_session(buffered), cfg))
-    src = random_sources(cfg.src_vocab_size, 3, cfg.n_position, seed)
-    trg = random_targets(cfg.trg_vocab_size, 3, cfg.n_position, seed)
+    src = random_sources(cfg.src_vocab_size, 3, cfg.n_position, seed, cfg.src_pad_idx)
+    trg = random_targets(cfg.trg_vocab_size, 3, cfg.n_position, seed, cfg.trg_pad_idx)
     diffs = [d for backend in backends for d in compare_stepwise(ckpt.model, backend, src, trg, steps)]
     failed = [d for d in diffs if not d.within(DEFAULT_TOLERANCE)]
     noise = float32_noise(ckpt.model, src, trg) if failed and all("logits" in d.name for d in failed) else 0.0

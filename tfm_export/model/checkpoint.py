@@ -23,6 +23,7 @@ import torch
 from ..core.config import ModelConfig
 from ..core.errors import CheckpointError, VocabularyError, first_line
 from ..core.files import contained_file, file_sha256, write_atomically
+from ..core.token_rules import SEED_RULES, TokenRules
 from ..core.tokenizer import Vocabulary, load_tokenizer, tokenizer_files
 from .transformer import Transformer
 
@@ -42,11 +43,12 @@ SHARED_WEIGHTS = {
 @dataclass(frozen=True)
 class Checkpoint:
     path: Path
-    kind: str  # "tfm-export" or "seed"
+    kind: str  # "tfm-export", "seed" or "huggingface"
     config: ModelConfig
     model: Transformer  # in eval mode
     vocab: Vocabulary
     sha256: str
+    rules: TokenRules = SEED_RULES
 
 
 def _pickle_globals(path: Path) -> list[str]:
@@ -79,6 +81,10 @@ def _unsafe_globals(path: Path) -> list[str]:
     return sorted(set(names) - allowed)
 
 
+def is_hf_directory(path: Path) -> bool:
+    return path.is_dir() and (path / HF_CONFIG_FILE).is_file()
+
+
 def _refusal(path: Path, names: list[str]) -> CheckpointError:
     return CheckpointError(
         f"{path}: refused: the pickle wants to import {', '.join(names)}, which a checkpoint never needs "
@@ -90,9 +96,6 @@ def read_checkpoint_file(path: Path) -> dict[str, Any]:
     """torch.load with weights_only=True, every failure turned into one clear line."""
     if not path.exists():
         raise CheckpointError(f"{path}: checkpoint not found")
-    if path.is_dir() and (path / HF_CONFIG_FILE).is_file():
-        raise CheckpointError(f"{path}: a Hugging Face model directory; exporting these is not finished yet "
-                              "(README, 'Hugging Face models'): pass a tfm-export or seed checkpoint file")
     if not path.is_file():
         raise CheckpointError(f"{path}: is a {'directory' if path.is_dir() else 'pipe or device'}, not a checkpoint "
                               "file")
@@ -223,8 +226,14 @@ def _stored_vocab_files(data: dict[str, Any], path: Path) -> list[Path]:
 
 
 def load_checkpoint(path: str | Path, vocab: list[Path] | None = None) -> Checkpoint:
-    """Load either checkpoint format; `vocab` overrides (own format) or supplies (seed) the vocabulary."""
+    """Load either checkpoint format, or a Hugging Face model directory; `vocab` overrides (own format) or
+    supplies (seed) the vocabulary."""
     path = Path(path)
+    if is_hf_directory(path):
+        from .huggingface import load_hf_checkpoint  # it builds on this module
+        if vocab:
+            raise VocabularyError(f"{path}: a Hugging Face model directory carries its own tokenizer; drop --vocab")
+        return load_hf_checkpoint(path)
     data = read_checkpoint_file(path)
     kind, config, state = classify(data, path)
     model = build_model(config, state, path)

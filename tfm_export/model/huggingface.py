@@ -16,6 +16,7 @@ weights at load time instead of becoming another option:
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,11 +26,12 @@ import torch
 
 from ..core.config import ModelConfig
 from ..core.errors import CheckpointError, first_line
-from ..core.files import contained_file, read_json
+from ..core.files import contained_file, file_sha256, read_json
 from ..core.token_rules import TokenRules
 from ..core.variants import GATED_ACTIVATIONS
 from .checkpoint import HF_CONFIG_FILE as CONFIG_FILE
-from .checkpoint import read_checkpoint_file, validate_state_dict
+from .checkpoint import Checkpoint, build_model, read_checkpoint_file, validate_state_dict
+from .hf_tokenizer import hf_vocabulary
 from .positions import fairseq_sinusoid_table, halves_sinusoid_table
 
 GENERATION_CONFIG_FILE = "generation_config.json"
@@ -45,25 +47,12 @@ LINKED = "copy the model directory with its files, not links to elsewhere"
 
 
 @dataclass(frozen=True)
-class Generation:
-    """What `generate()` does with this model by default, as far as greedy parity needs it."""
-
-    rules: TokenRules
-    max_length: int  # tokens including the decoder start, as transformers counts
-
-    @property
-    def max_new_tokens(self) -> int:
-        """max_length as tfm-export counts it: generated tokens, the decoder start not included."""
-        return self.max_length - 1
-
-
-@dataclass(frozen=True)
 class HfModel:
     directory: Path
     model_type: str
     config: ModelConfig
     state: dict[str, torch.Tensor]
-    generation: Generation
+    rules: TokenRules  # what generate() does with this model by default
 
 
 def _layer_names(prefix: str, names: dict[str, str]) -> Callable[[str, int], dict[str, str]]:
@@ -408,8 +397,9 @@ def _max_length(merged: dict[str, Any]) -> int:
     return min(DEFAULT_NEW_TOKENS + 1, cap) if _is_id(cap) and cap > 1 else DEFAULT_NEW_TOKENS + 1
 
 
-def generation(hf: dict[str, Any], directory: Path, vocab_size: int) -> Generation:
-    """generation_config.json over config.json, with generate()'s own fallbacks for what neither says."""
+def generation(hf: dict[str, Any], directory: Path, vocab_size: int) -> TokenRules:
+    """generation_config.json over config.json, with generate()'s own fallbacks for what neither says;
+    max_length counts the decoder start, max_new_tokens does not."""
     gen = (_json_object(directory, GENERATION_CONFIG_FILE, "generation config")
            if (directory / GENERATION_CONFIG_FILE).is_file() else {})
     merged = {**hf, **gen}
@@ -419,8 +409,8 @@ def generation(hf: dict[str, Any], directory: Path, vocab_size: int) -> Generati
         start = _first_id(merged, "bos_token_id") if start is None else start  # generate()'s fallback
         rules = TokenRules(pad=pad, start=start, eos=eos, banned=_banned(merged),
                            forced_bos=_first_id(merged, "forced_bos_token_id"),
-                           forced_eos=_first_id(merged, "forced_eos_token_id"))
-        max_length = _max_length(merged)
+                           forced_eos=_first_id(merged, "forced_eos_token_id"),
+                           max_new_tokens=_max_length(merged) - 1, beam_rule="transformers")
     except CheckpointError as exc:
         raise CheckpointError(f"{directory}: {exc}") from None
     if pad is None or eos is None:
@@ -433,7 +423,18 @@ def generation(hf: dict[str, Any], directory: Path, vocab_size: int) -> Generati
     if outside:
         raise CheckpointError(f"{directory}: the generation config names token ids {outside} outside the "
                               f"target vocabulary of {vocab_size}")
-    return Generation(rules, max_length)
+    return rules
+
+
+def load_hf_checkpoint(directory: Path) -> Checkpoint:
+    """The directory as a checkpoint: the reference model, its tokenizers and its generation rules. Its sha256
+    covers every file it was read from."""
+    hf = load_hf_directory(directory)
+    vocab = hf_vocabulary(directory, read_config(directory), hf.config)
+    files = sorted(p for p in directory.iterdir() if p.is_file() and not p.is_symlink())
+    digest = hashlib.sha256("".join(f"{p.name}:{file_sha256(p)}\n" for p in files).encode()).hexdigest()
+    return Checkpoint(directory, "huggingface", hf.config, build_model(hf.config, hf.state, directory), vocab, digest,
+                      hf.rules)
 
 
 def load_hf_directory(directory: str | Path) -> HfModel:

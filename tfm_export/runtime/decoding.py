@@ -60,13 +60,14 @@ def _normalizers(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def _masked(x: np.ndarray, rules: TokenRules, allow_eos: bool, first: bool, last: bool) -> np.ndarray:
     """x with the tokens that may not be generated at -inf (in place): the banned ids, </s> before the minimum
-    length, and everything but the forced token at the first (forced_bos) or last step (forced_eos)."""
+    length, and everything but the forced token at the first (forced_bos) or last step (forced_eos), whose
+    logit becomes the row's log-sum-exp (log p = 0 against the unmasked row)."""
     forced = rules.forced_bos if first else None
     forced = rules.forced_eos if last and rules.forced_eos is not None else forced
-    if forced is not None:
-        kept = x[:, forced].copy()
+    if forced is not None:  # its log-probability becomes 0, as generate()'s forcing processors leave it
+        top, norm = _normalizers(x)
         x[:] = -np.inf
-        x[:, forced] = kept
+        x[:, forced] = (top + norm)[:, 0]
         return x
     x[:, list(rules.banned)] = -np.inf
     if not allow_eos:
@@ -250,3 +251,57 @@ def beam_search(backend: StepBackend, src: np.ndarray, beam_size: int, max_lengt
         history = np.concatenate([history[rows], tokens[:, None]], axis=1)
         active = active if everyone else active[choice.going]
     return [sorted(f, key=lambda h: -h.normalized_score)[:n_best] for f in finished]
+
+
+def transformers_beam_search(backend: StepBackend, src: np.ndarray, beam_size: int, max_length: int,
+                             length_penalty: float = 1.0, n_best: int = 1,
+                             rules: TokenRules = SEED_RULES) -> list[list[Hypothesis]]:
+    """Beam search as transformers' generate() runs it (early_stopping=False), for pretrained models whose
+    outputs must match it: of the 2k best candidates, a </s> among the k best is kept as finished with its
+    score / generated length ** penalty (the k best finished are kept); the k best others go on. An input is
+    done once it has k finished and its best live beam, divided by the current length ** penalty, cannot beat
+    the worst of them; at max_length the k best candidates end as they are."""
+    k, batch = beam_size, len(src)
+    state = backend.reorder(backend.encode(src), np.repeat(np.arange(batch), k))
+    running = np.full((batch, k), -1e9, dtype=np.float32)
+    running[:, 0] = 0.0  # one live beam at first, as generate() starts
+    history = np.zeros((batch * k, 0), dtype=np.int64)
+    tokens = np.full(batch * k, rules.start, dtype=np.int64)
+    finished: list[list[Hypothesis]] = [[] for _ in range(batch)]
+    searching = np.ones(batch, dtype=bool)
+    for step in range(max_length):
+        state, logits = backend.step(state, tokens)
+        last = step + 1 == max_length
+        x = logits.astype(np.float32, copy=False)
+        top, norm = _normalizers(x)
+        _masked(x, rules, True, step == 0, last)
+        values = (((x - top) - norm).reshape(batch, k, -1) + running[:, :, None]).reshape(batch, -1)
+        order = np.argsort(-values, axis=1, kind="stable")[:, :2 * k]
+        beam, token = np.divmod(order, x.shape[1])
+        value = np.take_along_axis(values, order, axis=1)
+        ends = (token == rules.eos) | last
+        _file_transformers(finished, searching, history, beam, token, value, ends, k, length_penalty, rules.eos)
+        going = np.argsort(-(value - 1e9 * ends), axis=1, kind="stable")[:, :k]
+        running = np.take_along_axis(value - 1e9 * ends, going, axis=1).astype(np.float32)
+        searching &= [len(f) < k or running[i, 0] / (step + 1) ** length_penalty > f[-1].normalized_score
+                      for i, f in enumerate(finished)]
+        if last or not searching.any():
+            break
+        rows = (np.arange(batch)[:, None] * k + np.take_along_axis(beam, going, axis=1)).ravel()
+        tokens = np.take_along_axis(token, going, axis=1).ravel()
+        state = backend.reorder(state, rows, same_sources=True)
+        history = np.concatenate([history[rows], tokens[:, None]], axis=1)
+    return [f[:n_best] for f in finished]
+
+
+def _file_transformers(finished: list[list[Hypothesis]], searching: np.ndarray, history: np.ndarray,
+                       beam: np.ndarray, token: np.ndarray, value: np.ndarray, ends: np.ndarray, k: int,
+                       length_penalty: float, eos: int) -> None:
+    """The ending candidates among each searching input's k best join its finished list, which keeps the k
+    best by normalized score (earlier ones first among equals)."""
+    for i, rank in zip(*np.nonzero(ends[:, :k] & searching[:, None]), strict=True):
+        prefix = tuple(history[i * k + beam[i, rank]].tolist())
+        done = token[i, rank] == eos
+        hyp = Hypothesis(prefix if done else (*prefix, int(token[i, rank])), float(value[i, rank]),
+                         length_penalty, finished=bool(done))
+        finished[i] = sorted([*finished[i], hyp], key=lambda h: -h.normalized_score)[:k]

@@ -16,13 +16,15 @@ from pathlib import Path
 import numpy as np
 
 from ..artifacts.engine_dir import is_engine_dir
-from ..artifacts.model_dir import load_vocabulary, read_manifest
+from ..artifacts.manifest import MANIFEST
+from ..artifacts.model_dir import load_vocabulary, read_manifest, token_rules
 from ..core.batching import length_buckets, pad_batch
 from ..core.config import ModelConfig
 from ..core.errors import InputTextError, TfmExportError
 from ..core.extras import require_extra
 from ..core.hypothesis import Hypothesis
 from ..core.sources import encode_lines
+from ..core.token_rules import SEED_RULES, TokenRules
 from ..core.tokenizer import Vocabulary
 from . import decoding
 from .decoding import StepBackend
@@ -60,10 +62,11 @@ class Translator:
     """Translate sentences with any StepBackend."""
 
     def __init__(self, backend: StepBackend, vocab: Vocabulary, config: ModelConfig,
-                 limits: dict[str, int] | None = None) -> None:
+                 limits: dict[str, int] | None = None, rules: TokenRules = SEED_RULES) -> None:
         """limits: what engines were built for (max_batch rows, max_source_length, max_target_length);
-        without them the model's positions bound both lengths and rows are unbounded."""
-        self.backend, self.vocab, self.config = backend, vocab, config
+        without them the model's positions bound both lengths and rows are unbounded. rules: the model's ids and
+        default length (a pretrained model's generation config)."""
+        self.backend, self.vocab, self.config, self.rules = backend, vocab, config, rules
         limits = limits or {}
         self.max_rows = limits.get("max_batch")
         self.max_source = min(config.n_position, limits.get("max_source_length", config.n_position))
@@ -102,16 +105,17 @@ class Translator:
         require_extra("export", "--backend torch")
         import torch  # only this backend needs PyTorch
 
-        from ..model.checkpoint import load_checkpoint
+        from ..model.checkpoint import is_hf_directory, load_checkpoint
         from .torch_backend import TorchBackend
-        if model.is_dir():
-            raise TfmExportError(f"{model}: is a model directory; the torch backend takes a checkpoint file")
+        if model.is_dir() and not is_hf_directory(model):
+            raise TfmExportError(f"{model}: is a model directory; the torch backend takes a checkpoint file or a "
+                                 "Hugging Face model directory")
         if check_threads(threads):
             torch.set_num_threads(int(threads))
         if device == "cuda" and not torch.cuda.is_available():
             raise TfmExportError("--device cuda: PyTorch sees no CUDA GPU on this machine; use --device cpu")
         ckpt = load_checkpoint(model, list(vocab))
-        return cls(TorchBackend(ckpt.model, device), ckpt.vocab, ckpt.config)
+        return cls(TorchBackend(ckpt.model, device), ckpt.vocab, ckpt.config, rules=ckpt.rules)
 
     @classmethod
     def _load_tensorrt(cls, model: Path, vocab: Sequence[Path], device: str) -> Translator:
@@ -124,7 +128,8 @@ class Translator:
                                  "--model MODEL_DIR --output ENGINES`")
         current_platform()  # what is missing, in one line, before any engine is read
         backend = TrtBackend(model)
-        return cls(backend, _directory_vocab(model, backend.manifest, vocab), backend.config, backend.limits)
+        return cls(backend, _directory_vocab(model, backend.manifest, vocab), backend.config, backend.limits,
+                   _rules(model, backend.manifest))
 
     @classmethod
     def _load_onnxruntime(cls, model: Path, vocab: Sequence[Path], device: str, session_options: SessionOptions,
@@ -143,11 +148,11 @@ class Translator:
             buffered = OrtBufferedBackend.open(model, options)
             return cls(buffered, _directory_vocab(model, buffered.manifest, vocab), buffered.config)
         backend = OrtBackend.open(model, options)
-        vocabulary = _directory_vocab(model, backend.manifest, vocab)
+        vocabulary, rules = _directory_vocab(model, backend.manifest, vocab), _rules(model, backend.manifest)
         if device == "cuda":  # keep the cache on the GPU: IO binding over torch CUDA tensors
             from .iobinding_backend import OrtBoundBackend
-            return cls(OrtBoundBackend(backend, "cuda"), vocabulary, backend.config)
-        return cls(backend, vocabulary, backend.config)
+            return cls(OrtBoundBackend(backend, "cuda"), vocabulary, backend.config, rules=rules)
+        return cls(backend, vocabulary, backend.config, rules=rules)
 
     def translate(self, texts: Sequence[str], options: DecodeOptions = DecodeOptions(),
                   progress: Callable[[int], None] | None = None) -> list[Translation]:
@@ -191,13 +196,15 @@ class Translator:
         return min(options.batch_size, self.max_rows // options.beam_size)
 
     def _decode(self, src: np.ndarray, options: DecodeOptions) -> list[list[Hypothesis]]:
-        max_length = options.max_length or self.max_target
+        max_length = options.max_length or min(self.rules.max_new_tokens or self.max_target, self.max_target)
         if hasattr(self.backend, "search"):  # generate.onnx: the whole search runs in the graph
             return self.backend.search(src, options.beam_size, max_length, options.length_penalty, options.n_best)
         if options.beam_size == 1:
-            return [[hyp] for hyp in decoding.greedy(self.backend, src, max_length)]
-        return decoding.beam_search(self.backend, src, options.beam_size, max_length, options.length_penalty,
-                                    options.n_best)
+            return [[hyp] for hyp in decoding.greedy(self.backend, src, max_length, rules=self.rules)]
+        search = decoding.transformers_beam_search if self.rules.beam_rule == "transformers" else \
+            decoding.beam_search
+        return search(self.backend, src, options.beam_size, max_length, options.length_penalty, options.n_best,
+                      rules=self.rules)
 
     def _result(self, nbest: list[Hypothesis], time_ms: float, keep_alternatives: bool) -> Translation:
         target, best = self.vocab.target, nbest[0]
@@ -210,6 +217,10 @@ def _default_backend(model: Path) -> str:
     if model.is_dir():
         return "tensorrt" if is_engine_dir(model) else "onnxruntime"
     return "torch"
+
+
+def _rules(directory: Path, manifest: dict) -> TokenRules:
+    return token_rules(manifest, directory / MANIFEST)
 
 
 def _directory_vocab(directory: Path, manifest: dict, given: Sequence[Path]) -> Vocabulary:

@@ -25,6 +25,7 @@ from ..artifacts.engine_dir import plan_name, read_engine_manifest
 from ..artifacts.manifest import ENGINE_FORMAT, ENGINE_FORMAT_VERSION, write_manifest
 from ..artifacts.model_dir import (
     PRECISIONS,
+    TOKEN_RULES,
     copy_tokenizers,
     file_hashes,
     graph_path,
@@ -207,6 +208,7 @@ def _engine_manifest(parent: dict[str, Any], model_dir: Path, source: dict[str, 
     return {
         "format": ENGINE_FORMAT, "format_version": ENGINE_FORMAT_VERSION, "tool": "tfm-export",
         "tool_version": __version__, "model": parent["model"], "special_tokens": parent["special_tokens"],
+        **({TOKEN_RULES: parent[TOKEN_RULES]} if TOKEN_RULES in parent else {}),
         "tokenizer": parent["tokenizer"], "precision": plan.precision,
         "limits": {"max_batch": limits.max_batch, "max_source_length": limits.max_source_length,
                    "max_target_length": limits.max_target_length},

@@ -29,7 +29,7 @@ from ..graphs.parity import (
     token_agreement,
 )
 from ..model import reference_decoding
-from ..model.checkpoint import Checkpoint, load_checkpoint
+from ..model.checkpoint import Checkpoint, is_hf_directory, load_checkpoint
 from ..runtime import decoding
 from ..runtime.decoding import GraphBackend
 from ..runtime.ort_backend import OrtBackend
@@ -56,7 +56,7 @@ def checkpoint_for(directory: Path, given: Path | None, vocab: Sequence[Path]) -
     load_vocabulary(directory, manifest)  # the directory must be whole, its tokenizer included
     source = manifest["source_checkpoint"]
     path = given or Path(source.get("path", ""))
-    if not given and not path.is_file():
+    if not given and not (path.is_file() or is_hf_directory(path)):
         raise TfmExportError(f"{directory}: the exported checkpoint {source.get('path')} is not here; "
                              "pass --checkpoint")
     ckpt = load_checkpoint(path, list(vocab) or None)
@@ -108,17 +108,17 @@ def verify(directory: Path, ckpt: Checkpoint, texts: Sequence[str] = (), samples
     backends = graph_backends(directory)
     report = VerifyReport(tolerance=tolerance, min_agreement=min_agreement)
     src_len = min(cfg.n_position, 24)
-    src = random_sources(cfg.src_vocab_size, 4, src_len, seed)
-    trg = random_targets(cfg.trg_vocab_size, 4, min(steps, cfg.n_position), seed)
+    src = random_sources(cfg.src_vocab_size, 4, src_len, seed, cfg.src_pad_idx)
+    trg = random_targets(cfg.trg_vocab_size, 4, min(steps, cfg.n_position), seed, cfg.trg_pad_idx)
     for label, backend in backends.items():
         report.tensors += [_renamed(d, f"random{label}") for d in compare_stepwise(ckpt.model, backend, src, trg)]
     max_length = min(max_length, cfg.n_position)
-    random_src = random_sources(cfg.src_vocab_size, samples, src_len, seed + 7)
+    random_src = random_sources(cfg.src_vocab_size, samples, src_len, seed + 7, cfg.src_pad_idx)
     report.agreements += decode_agreement(f"{samples} random sources", ckpt, backends, random_src, beam_size,
                                           max_length)
     if texts:
         real = encode_texts(ckpt, texts)
-        trg = random_targets(cfg.trg_vocab_size, min(4, len(real)), min(steps, cfg.n_position), seed)
+        trg = random_targets(cfg.trg_vocab_size, min(4, len(real)), min(steps, cfg.n_position), seed, cfg.trg_pad_idx)
         for label, backend in backends.items():
             report.tensors += [_renamed(d, f"real{label}") for d in compare_stepwise(ckpt.model, backend, real[:4],
                                                                                       trg)]

@@ -1,0 +1,175 @@
+"""The tokenizers of a Hugging Face model directory as `tokenizers` JSON with the model's own ids and source framing.
+
+A directory with a `tokenizer.json` (BART, mBART, NLLB, T5 saved by a fast tokenizer) already has one: it is read
+as it is. Marian (opus-mt) directories have two SentencePiece models and a `vocab.json` that gives every piece its
+model id; they become a source and a target Unigram model in vocab.json's order, with the SentencePiece model's
+normalizer (its precompiled charsmap), whitespace rules, scores and unknown-piece handling, and the `$A </s>`
+framing MarianTokenizer gives sources. Other directories without `tokenizer.json` go through transformers' own
+conversion (the `hf` extra).
+
+A joint vocabulary lists the target language's pieces too. MarianTokenizer never produces them from source text,
+except one way: SentencePiece gives a run of characters it lacks as one unknown piece, and MarianTokenizer looks
+that run up in vocab.json. The source tokenizer reproduces both: target pieces get names no text reaches, and the
+normalizer marks every run of characters the source model lacks, which only a piece named as that whole marked run
+matches. Scores stay SentencePiece's. The target tokenizer, which only decodes, keeps every name.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
+
+from ..core.config import ModelConfig
+from ..core.errors import VocabularyError, first_line
+from ..core.extras import require_extra
+from ..core.files import contained_file, read_json
+from ..core.tokenizer import TOKENIZER_FILE, TextTokenizer, Vocabulary, load_tokenizer
+
+MARIAN_SOURCE_SPM, MARIAN_TARGET_SPM = "source.spm", "target.spm"
+MARIAN_VOCAB, MARIAN_TARGET_VOCAB = "vocab.json", "target_vocab.json"  # the second only with separate_vocabs
+METASPACE = "▁"
+EOS = "</s>"
+MARIAN_SPECIALS = (EOS, "<unk>", "<pad>")  # MarianTokenizer's eos, unk and pad: matched in text as they are
+RUN_START, RUN_END = "\ufdd0", "\ufdd1"  # noncharacters: never in text, they mark runs the source model lacks
+NORMAL, UNKNOWN, CONTROL = 1, 2, 3  # SentencePiece piece types
+UNIGRAM = 1  # SentencePiece model type
+LINKED = "copy the model directory with its files, not links to elsewhere"
+NO_TOKENIZER = (f"no tokenizer files ({TOKENIZER_FILE}, or {MARIAN_SOURCE_SPM}, {MARIAN_TARGET_SPM} and "
+                f"{MARIAN_VOCAB} for Marian); copy the tokenizer files that came with the model into the directory")
+
+
+def hf_vocabulary(directory: Path, hf: dict[str, Any], config: ModelConfig) -> Vocabulary:
+    """Source and target tokenizers of the model in `directory` (nothing outside it is read)."""
+    if (directory / TOKENIZER_FILE).exists():
+        path = contained_file(directory, TOKENIZER_FILE, VocabularyError, "tokenizer", LINKED)
+        tok = load_tokenizer(path, max(config.src_vocab_size, config.trg_vocab_size), seed_layout=False)
+        return Vocabulary(tok, tok)
+    if (directory / MARIAN_SOURCE_SPM).exists() or hf["model_type"] == "marian":
+        return _marian(directory, hf, config)
+    return _converted(directory, config)
+
+
+def _marian(directory: Path, hf: dict[str, Any], config: ModelConfig) -> Vocabulary:
+    inside = lambda name, what: contained_file(directory, name, VocabularyError, what, LINKED)  # noqa: E731
+    for name in (MARIAN_SOURCE_SPM, MARIAN_TARGET_SPM, MARIAN_VOCAB):
+        if not (directory / name).exists():
+            raise VocabularyError(f"{directory}: {NO_TOKENIZER}")
+    separate = hf.get("separate_vocabs") is True or (directory / MARIAN_TARGET_VOCAB).exists()
+    source_ids = _vocab_json(inside(MARIAN_VOCAB, "Marian vocabulary"), config.src_vocab_size)
+    target_ids = (_vocab_json(inside(MARIAN_TARGET_VOCAB, "Marian target vocabulary"), config.trg_vocab_size)
+                  if separate else source_ids)
+    source = _spm_tokenizer(inside(MARIAN_SOURCE_SPM, "source SentencePiece model"), source_ids, encodes=True)
+    target = _spm_tokenizer(inside(MARIAN_TARGET_SPM, "target SentencePiece model"), target_ids, encodes=False)
+    return Vocabulary(source, target)
+
+
+def _vocab_json(path: Path, model_size: int) -> list[str]:
+    """vocab.json's tokens by id; ids must be 0..n-1 and fit the model's embedding table."""
+    data = read_json(path, VocabularyError, LINKED)
+    if not isinstance(data, dict) or not all(isinstance(i, int) and not isinstance(i, bool) for i in data.values()):
+        raise VocabularyError(f"{path}: expected a JSON object of piece -> id")
+    by_id = sorted(data, key=data.__getitem__)
+    if [data[t] for t in by_id] != list(range(len(by_id))):
+        raise VocabularyError(f"{path}: ids must be 0..{len(by_id) - 1}, each once")
+    if len(by_id) > model_size:
+        raise VocabularyError(f"{path}: {len(by_id)} pieces, but the model's embedding table has {model_size} rows; "
+                              "pass the vocabulary the model was trained with")
+    return by_id
+
+
+def _spm_proto(path: Path) -> Any:
+    require_extra("hf", f"reading {path.name}")
+    from transformers.utils import sentencepiece_model_pb2_new as sentencepiece_model  # protobuf-version neutral
+    proto = sentencepiece_model.ModelProto()
+    try:
+        proto.ParseFromString(path.read_bytes())
+    except Exception as exc:  # DecodeError, OSError
+        raise VocabularyError(f"{path}: not a SentencePiece model ({first_line(exc)})") from None
+    spec = proto.trainer_spec
+    unsupported = [what for what, bad in (
+        ("a model type other than unigram", spec.model_type != UNIGRAM), ("byte fallback", spec.byte_fallback),
+        ("pieces across spaces", not spec.split_by_whitespace),
+        ("whitespace as suffix", spec.treat_whitespace_as_suffix),
+        ("user-defined pieces", any(p.type not in (NORMAL, UNKNOWN, CONTROL) for p in proto.pieces))) if bad]
+    if not proto.pieces or unsupported:
+        raise VocabularyError(f"{path}: SentencePiece model with {', '.join(unsupported) or 'no pieces'} cannot be "
+                              "reproduced exactly; please report the model")
+    return proto
+
+
+def _spm_tokenizer(path: Path, tokens: list[str], encodes: bool) -> TextTokenizer:
+    """A Unigram model over `tokens` (the model's ids) with the SentencePiece model's scores and normalization;
+    encodes: the source side, whose text must give MarianTokenizer's ids exactly."""
+    proto = _spm_proto(path)
+    scores = {p.piece: p.score for p in proto.pieces if p.type == NORMAL}
+    unk = next(p.piece for p in proto.pieces if p.type == UNKNOWN)
+    missing = [t for t in (unk, EOS, *scores) if t not in set(tokens)]
+    if missing:
+        raise VocabularyError(f"{path}: piece {missing[0]!r} has no id in {MARIAN_VOCAB}; pass the vocabulary "
+                              "that came with this SentencePiece model")
+    specials = {p.piece for p in proto.pieces if p.type in (UNKNOWN, CONTROL)} | (set(MARIAN_SPECIALS) & set(tokens))
+    codes = [t for t in tokens if t.startswith(">>") and t.endswith("<<")]  # multilingual opus-mt target codes
+    known = {c for piece in scores for c in piece.replace(METASPACE, " ")}
+    vocab = _source_vocab(tokens, scores, specials | set(codes), known) if encodes else \
+        [(t, scores.get(t, min(scores.values(), default=0.0))) for t in tokens]
+    tok = Tokenizer(models.Unigram(vocab, unk_id=tokens.index(unk), byte_fallback=False))
+    tok.normalizer = _normalizer(proto, known if encodes else None)
+    scheme = "always" if proto.normalizer_spec.add_dummy_prefix else "never"
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement=METASPACE, prepend_scheme=scheme, split=True)
+    tok.decoder = decoders.Metaspace(replacement=METASPACE, prepend_scheme=scheme, split=True)
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in tokens if t in specials])
+    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in codes])
+    tok.post_processor = processors.TemplateProcessing(single=f"$A {EOS}", special_tokens=[(EOS, tokens.index(EOS))])
+    return TextTokenizer(tok, str(path), seed_layout=False)
+
+
+def _source_vocab(tokens: list[str], scores: dict[str, float], added: set[str], known: set[str]) \
+        -> list[tuple[str, float]]:
+    """(name, score) by id for the source side. Its own pieces keep their names and scores; added tokens are
+    matched before the model. A piece made only of characters this model lacks is what MarianTokenizer looks up
+    when SentencePiece leaves such a run unknown: it is named between the run markers, so it matches a whole
+    run and nothing else. Any other piece (the target language's) gets a name no text reaches."""
+    floor = min(scores.values(), default=0.0)  # so the unknown-piece penalty (lowest score - 10) stays SentencePiece's
+    def entry(token: str) -> tuple[str, float]:
+        if token in scores or token in added:
+            return token, scores.get(token, floor)
+        if not known & set(token.replace(METASPACE, " ")):
+            return RUN_START + token + RUN_END, 0.0  # beats the run as unknown characters
+        return token[:1] + METASPACE + token[1:], floor  # the pre-tokenizer leaves '▁' only first
+    return [entry(t) for t in tokens]
+
+
+def _normalizer(proto: Any, known: set[str] | None) -> normalizers.Normalizer:
+    """SentencePiece's normalization: its charsmap, then (remove_extra_whitespaces) no leading, trailing or
+    repeated spaces; with `known`, every run of other characters is marked at both ends."""
+    spec = proto.normalizer_spec
+    steps = [normalizers.Precompiled(spec.precompiled_charsmap)] if spec.precompiled_charsmap else []
+    if spec.remove_extra_whitespaces:
+        steps += [normalizers.Replace(Regex(" {2,}"), " "), normalizers.Strip(left=True, right=True)]
+    if known is not None:
+        other = "[^" + "".join(f"\\x{{{ord(c):x}}}" for c in sorted(known)) + "]"
+        steps += [normalizers.Replace(Regex(f"(?<!{other})(?={other})"), RUN_START),
+                  normalizers.Replace(Regex(f"(?<={other})(?!{other})"), RUN_END)]
+    return normalizers.Sequence(steps)
+
+
+def _converted(directory: Path, config: ModelConfig) -> Vocabulary:
+    """transformers' own conversion of a directory with tokenizer files but no tokenizer.json."""
+    require_extra("hf", f"reading the tokenizer files of {directory} (it has no {TOKENIZER_FILE})")
+    from transformers import AutoTokenizer
+    try:
+        hf_tok = AutoTokenizer.from_pretrained(str(directory), local_files_only=True)
+    except Exception as exc:  # OSError for missing files, ValueError, ...
+        raise VocabularyError(f"{directory}: {NO_TOKENIZER} ({first_line(exc, 120)})") from None
+    backend = getattr(hf_tok, "backend_tokenizer", None)
+    if backend is None:
+        raise VocabularyError(f"{directory}: transformers reads this tokenizer ({type(hf_tok).__name__}) only in "
+                              f"Python; save it as {TOKENIZER_FILE} with a fast tokenizer and export again")
+    tok = TextTokenizer(Tokenizer.from_str(backend.to_str()), str(directory), seed_layout=False)
+    if tok.vocab_size > max(config.src_vocab_size, config.trg_vocab_size):
+        raise VocabularyError(f"{directory}: the tokenizer has {tok.vocab_size} tokens, more than the model's "
+                              "embedding table; pass the tokenizer the model was trained with")
+    return Vocabulary(tok, tok)
+
