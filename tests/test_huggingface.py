@@ -10,13 +10,13 @@ from __future__ import annotations
 import json
 import pickle
 import shutil
-from collections import Counter
 from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
 import pytest
 import torch
+from hf_oracle import retarget_stop
 
 from tfm_export.core.batching import pad_batch
 from tfm_export.core.errors import CheckpointError
@@ -78,18 +78,9 @@ def _save(name: str, directory: Path) -> Path:
     opus-mt's configs have it), so banning is compared where it changes outputs. Only ids change, no weight."""
     model = _random_model(name)
     model.save_pretrained(directory)
-    pad, start = model.config.pad_token_id, model.generation_config.decoder_start_token_id
-    outputs = _generate(directory, _sources(), pad, num_beams=1, do_sample=False, eos_token_id=None,
-                        forced_eos_token_id=None)
-    longest = max(map(len, outputs))
-    early = {token: sum(0 < row.index(token) < longest - 1 for row in outputs if token in row)
-             for token in {t for row in outputs for t in row} - {pad, start}}
-    eos = max(sorted(early), key=lambda t: min(early[t], len(outputs) - early[t]))
-    frequent = Counter(t for row in outputs for t in row if t not in (pad, start, eos)).most_common(1)[0][0]
-    model.generation_config.bad_words_ids = [[pad], [frequent]]
-    model.config.eos_token_id = model.generation_config.eos_token_id = eos
-    if model.generation_config.forced_eos_token_id is not None:
-        model.config.forced_eos_token_id = model.generation_config.forced_eos_token_id = eos
+    outputs = _generate(directory, _sources(), model.config.pad_token_id, num_beams=1, do_sample=False,
+                        eos_token_id=None, forced_eos_token_id=None)
+    retarget_stop(model, outputs, force_eos=True)
     model.save_pretrained(directory)
     return directory
 

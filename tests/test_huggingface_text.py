@@ -8,12 +8,12 @@ models are random (tiny configs), nothing is downloaded.
 from __future__ import annotations
 
 import json
-from collections import Counter
 from pathlib import Path
 
 import pytest
 import torch
 from click.testing import CliRunner
+from hf_oracle import retarget_stop
 
 from tfm_export.cli.export_cli import main as export_main
 from tfm_export.cli.run_cli import main as run_main
@@ -129,21 +129,12 @@ def _generate(directory: Path, texts: list[str], **options) -> list[tuple[int, .
 
 
 def _save_model(kind: str, directory: Path) -> Path:
-    """A random model with its tokenizer; its </s> is a token it generates mid-sentence for many inputs (a random
-    model rarely chooses the configured one) and its most frequent other token is banned, as in
-    test_huggingface, so stopping and banning are compared where they change outputs."""
+    """A random model with its tokenizer, stopping and banning where they change outputs (retarget_stop)."""
     size = _marian_tokenizer(directory) if kind == "marian" else _t5_tokenizer(directory)
     model = _random_model(kind, size)
     model.save_pretrained(directory)
-    pad, start = model.config.pad_token_id, model.generation_config.decoder_start_token_id
     outputs = _generate(directory, _texts(), num_beams=1, do_sample=False, eos_token_id=None, max_length=21)
-    longest = max(map(len, outputs))
-    early = {token: sum(0 < row.index(token) < longest - 1 for row in outputs if token in row)
-             for token in {t for row in outputs for t in row} - {pad, start}}
-    eos = max(sorted(early), key=lambda t: min(early[t], len(outputs) - early[t]))
-    frequent = Counter(t for row in outputs for t in row if t not in (pad, start, eos)).most_common(1)[0][0]
-    model.generation_config.bad_words_ids = [[pad], [frequent]]
-    model.config.eos_token_id = model.generation_config.eos_token_id = eos
+    retarget_stop(model, outputs, force_eos=False)
     model.generation_config.max_length = 24
     model.save_pretrained(directory)
     return directory
