@@ -104,24 +104,25 @@ def _spm_tokenizer(path: Path, tokens: list[str], encodes: bool) -> TextTokenize
     encodes: the source side, whose text must give MarianTokenizer's ids exactly."""
     proto = _spm_proto(path)
     scores = {p.piece: p.score for p in proto.pieces if p.type == NORMAL}
-    unk = next(p.piece for p in proto.pieces if p.type == UNKNOWN)
-    missing = [t for t in (unk, EOS, *scores) if t not in set(tokens)]
+    unk = next((p.piece for p in proto.pieces if p.type == UNKNOWN), None)
+    ids = {t: i for i, t in enumerate(tokens)}
+    missing = [t for t in (unk, EOS, *scores) if t not in ids]
     if missing:
         raise VocabularyError(f"{path}: piece {missing[0]!r} has no id in {MARIAN_VOCAB}; pass the vocabulary "
                               "that came with this SentencePiece model")
-    specials = {p.piece for p in proto.pieces if p.type in (UNKNOWN, CONTROL)} | (set(MARIAN_SPECIALS) & set(tokens))
+    specials = {p.piece for p in proto.pieces if p.type in (UNKNOWN, CONTROL)} | (set(MARIAN_SPECIALS) & ids.keys())
     codes = [t for t in tokens if t.startswith(">>") and t.endswith("<<")]  # multilingual opus-mt target codes
     known = {c for piece in scores for c in piece.replace(METASPACE, " ")}
     vocab = _source_vocab(tokens, scores, specials | set(codes), known) if encodes else \
         [(t, scores.get(t, min(scores.values(), default=0.0))) for t in tokens]
-    tok = Tokenizer(models.Unigram(vocab, unk_id=tokens.index(unk), byte_fallback=False))
+    tok = Tokenizer(models.Unigram(vocab, unk_id=ids[unk], byte_fallback=False))
     tok.normalizer = _normalizer(proto, known if encodes else None)
     scheme = "always" if proto.normalizer_spec.add_dummy_prefix else "never"
     tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement=METASPACE, prepend_scheme=scheme, split=True)
     tok.decoder = decoders.Metaspace(replacement=METASPACE, prepend_scheme=scheme, split=True)
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in tokens if t in specials])
     tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in codes])
-    tok.post_processor = processors.TemplateProcessing(single=f"$A {EOS}", special_tokens=[(EOS, tokens.index(EOS))])
+    tok.post_processor = processors.TemplateProcessing(single=f"$A {EOS}", special_tokens=[(EOS, ids[EOS])])
     return TextTokenizer(tok, str(path), seed_layout=False)
 
 

@@ -49,7 +49,7 @@ LINKED = "copy the model directory with its files, not links to elsewhere"
 @dataclass(frozen=True)
 class HfModel:
     directory: Path
-    model_type: str
+    hf_config: dict[str, Any]  # config.json as read
     config: ModelConfig
     state: dict[str, torch.Tensor]
     rules: TokenRules  # what generate() does with this model by default
@@ -430,7 +430,7 @@ def load_hf_checkpoint(directory: Path) -> Checkpoint:
     """The directory as a checkpoint: the reference model, its tokenizers and its generation rules. Its sha256
     covers every file it was read from."""
     hf = load_hf_directory(directory)
-    vocab = hf_vocabulary(directory, read_config(directory), hf.config)
+    vocab = hf_vocabulary(directory, hf.hf_config, hf.config)
     files = sorted(p for p in directory.iterdir() if p.is_file() and not p.is_symlink())
     digest = hashlib.sha256("".join(f"{p.name}:{file_sha256(p)}\n" for p in files).encode()).hexdigest()
     return Checkpoint(directory, "huggingface", hf.config, build_model(hf.config, hf.state, directory), vocab, digest,
@@ -442,4 +442,4 @@ def load_hf_directory(directory: str | Path) -> HfModel:
     directory = Path(directory)
     hf = read_config(directory)
     config, state = convert(hf, read_weights(directory), directory)
-    return HfModel(directory, hf["model_type"], config, state, generation(hf, directory, config.trg_vocab_size))
+    return HfModel(directory, hf, config, state, generation(hf, directory, config.trg_vocab_size))
