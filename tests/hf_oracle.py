@@ -1,21 +1,79 @@
-"""Shared by the Hugging Face tests: ids that make a random model's decoding stop and ban where it matters."""
+"""Shared by the Hugging Face tests: random models whose decoding stops and bans where it matters, the
+repository's own text to train tokenizers on, generate() as the oracle and `tfm-run translate` as the subject."""
 
 from __future__ import annotations
 
+import json
 from collections import Counter
+from pathlib import Path
+
+import torch
+from click.testing import CliRunner
+
+from tfm_export.cli.run_cli import main as run_main
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
-def retarget_stop(model, outputs: list[tuple[int, ...]], force_eos: bool) -> None:
+def retarget_stop(model, outputs: list[tuple[int, ...]], force_eos: bool, keep: tuple[int, ...] = ()) -> None:
     """Name as </s> a token the model generates mid-sentence for about half of `outputs` (a random model rarely
     chooses its configured </s>), and ban its most frequent other token (bad_words_ids, with pad as opus-mt's
-    configs have it); force_eos: a configured forced </s> becomes that token too. Only ids change, no weight."""
+    configs have it); force_eos: a configured forced </s> becomes that token too; `keep` (a forced language
+    code) is neither. Only ids change, no weight."""
     pad, start = model.config.pad_token_id, model.generation_config.decoder_start_token_id
+    skip = {pad, start, *keep}
     longest = max(map(len, outputs))
     early = {token: sum(0 < row.index(token) < longest - 1 for row in outputs if token in row)
-             for token in {t for row in outputs for t in row} - {pad, start}}
+             for token in {t for row in outputs for t in row} - skip}
     eos = max(sorted(early), key=lambda t: min(early[t], len(outputs) - early[t]))
-    frequent = Counter(t for row in outputs for t in row if t not in (pad, start, eos)).most_common(1)[0][0]
+    frequent = Counter(t for row in outputs for t in row if t not in {*skip, eos}).most_common(1)[0][0]
     model.generation_config.bad_words_ids = [[pad], [frequent]]
     model.config.eos_token_id = model.generation_config.eos_token_id = eos
     if force_eos and model.generation_config.forced_eos_token_id is not None:
         model.config.forced_eos_token_id = model.generation_config.forced_eos_token_id = eos
+
+
+def repository_lines() -> list[str]:
+    """Lines of the repository's own prose and code (>= 500 of them), as they are."""
+    files = sorted(ROOT.glob("docs/*.md")) + [ROOT / "README.md"] + sorted((ROOT / "tfm_export" / "core").glob("*.py"))
+    return [line for f in files for line in f.read_text(encoding="utf-8").split("\n")]
+
+
+def sample_texts() -> list[str]:
+    """50 distinct non-empty inputs of varied length."""
+    lines = list(dict.fromkeys(t.strip() for t in repository_lines() if 3 < len(t.strip()) < 60))
+    return lines[::max(1, len(lines) // 50)][:50]
+
+
+def randomize(model, spread: float):
+    """Weights large enough that outputs depend on the input; norm gains near 1; fixed position tables kept
+    (seed torch before building the model)."""
+    with torch.no_grad():
+        for key, tensor in model.state_dict().items():
+            if "norm" in key and key.endswith("weight"):
+                tensor.copy_(1 + torch.randn_like(tensor) * 0.1)
+            elif "embed_positions" not in key:
+                tensor.normal_(0, spread / tensor.shape[-1] ** 0.5 if tensor.dim() > 1 else 0.1)
+    return model.eval()
+
+
+def generate(transformers, directory: Path, texts: list[str], source_lang: str | None = None,
+             **options) -> list[tuple[int, ...]]:
+    """generate() on the Hugging Face tokenizer's ids (from `source_lang` where given), each output without
+    the decoder start and cut at its first </s> (exclusive)."""
+    model = transformers.AutoModelForSeq2SeqLM.from_pretrained(directory).eval()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(directory))
+    if source_lang is not None:
+        tokenizer.src_lang = source_lang
+    batch = tokenizer(texts, return_tensors="pt", padding=True)
+    with torch.no_grad():
+        out = model.generate(**batch, **options)
+    eos = options.get("eos_token_id", model.generation_config.eos_token_id)
+    return [tuple(row[:row.index(eos)] if eos in row else row) for row in out[:, 1:].tolist()]
+
+
+def translate(model: Path, texts: list[str], *options: str) -> list[tuple[int, ...]]:
+    """`tfm-run translate --format jsonl`'s ids, which must succeed."""
+    result = CliRunner().invoke(run_main, ["translate", "--model", str(model), "--format", "jsonl", *options, *texts])
+    assert result.exit_code == 0, result.output
+    return [tuple(json.loads(line)["ids"]) for line in result.stdout.splitlines()]

@@ -7,6 +7,7 @@ cached decoding steps (PyTorch and the exported ONNX graphs) must match the tran
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import pickle
 import shutil
@@ -352,3 +353,34 @@ def test_files_outside_the_directory_are_not_read(marian_dir, tmp_path) -> None:
     (directory / "model.safetensors.index.json").write_text(json.dumps(index))
     with pytest.raises(CheckpointError, match=r"is not a plain file name in the directory"):
         load_hf_directory(directory)
+
+
+@pytest.mark.parametrize("early_stopping", [True, "never"])
+@pytest.mark.parametrize("penalty", [1.0, 2.0])
+def test_beam_early_stopping_matches_generate(marian_dir, early_stopping, penalty) -> None:
+    """generate()'s early_stopping rules (True: an input is done with k finished; "never": the best live beam
+    is judged at max_length when the penalty is positive), on inputs where each rule changes outputs."""
+    from tfm_export.runtime import decoding
+    model, loaded = _ours(marian_dir)
+    rules = dataclasses.replace(loaded.rules, early_stopping=early_stopping)
+    sources = _sources()
+    options = dict(num_beams=4, do_sample=False, length_penalty=penalty)
+    want = _generate(marian_dir, sources, rules.pad, early_stopping=early_stopping, **options)
+    assert want != _generate(marian_dir, sources, rules.pad, early_stopping=False, **options)  # the rule acts
+    backend = _backends(model)["onnxruntime"]
+    got = decoding.transformers_beam_search(backend, pad_batch(sources, rules.pad), 4, rules.max_new_tokens, penalty,
+                                            rules=rules)
+    assert [h[0].tokens for h in got] == want
+
+
+def test_generation_settings_not_applied_are_named(marian_dir, tmp_path, caplog) -> None:
+    """Settings generate() would apply and tfm-export does not (bart-large-cnn's no_repeat_ngram_size and
+    min_length) are named at read time, not silently dropped; the ones it applies become the defaults."""
+    directory = _copy(marian_dir, tmp_path / "m")
+    _edit_json(directory, "generation_config.json", {"no_repeat_ngram_size": 3, "min_length": 5,
+                                                     "repetition_penalty": 1.0, "num_beams": 6, "max_new_tokens": 9})
+    with caplog.at_level("WARNING"):
+        rules = load_hf_directory(directory).rules
+    assert "min_length=5, no_repeat_ngram_size=3, which tfm-export does not apply" in caplog.text
+    assert "repetition_penalty" not in caplog.text  # 1.0 is off
+    assert (rules.num_beams, rules.max_new_tokens) == (6, 9)

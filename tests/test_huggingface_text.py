@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 from click.testing import CliRunner
-from hf_oracle import retarget_stop
+from hf_oracle import generate, randomize, repository_lines, retarget_stop, sample_texts, translate
 
 from tfm_export.cli.export_cli import main as export_main
 from tfm_export.cli.run_cli import main as run_main
@@ -22,7 +22,6 @@ from tfm_export.model.checkpoint import load_checkpoint
 transformers = pytest.importorskip("transformers", reason="the oracle needs the hf extra: pip install '.[hf]'")
 spm = pytest.importorskip("sentencepiece", reason="the oracle needs the hf extra: pip install '.[hf]'")
 
-ROOT = Path(__file__).resolve().parents[1]
 SIZES = dict(d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4, decoder_attention_heads=4,
              encoder_ffn_dim=48, decoder_ffn_dim=48, max_position_embeddings=64)
 T5_SIZES = dict(d_model=32, d_kv=16, d_ff=48, num_layers=2, num_heads=4, relative_attention_num_buckets=8,
@@ -32,6 +31,7 @@ HOSTILE = [
     "\u6f22\u5b57\u304b\u306a\u4ea4\u3058\u308a\u6587 \U0001f600\U0001f44d\U0001f3fd",
     "e\u0301 vs \u00e9, \ufb01 ligature, \uff26\uff55\uff4c\uff4c", "tab\there  and  double  spaces ",
     "\u00a0non-breaking\u2003em space", "x </s> y <pad> z <unk>", ">>fra<< with a language code",
+    ">>fra<<glued", "mid >>fra<< text", "  >>fra<< after spaces", "</s>>>fra<< after a special token",
     "\u00c6\u00d8\u00c5 \u00e6\u00f8\u00e5 \u00df\u1e9e \u0132\u0133\u0152\u0153", "#!@$%^&*()_+{}|:\"<>?",
     "Stra\u00dfe \u00c4rger \u00d6l \u00dcbel", "\u200bzero\u200dwidth",
     "\u0645\u0631\u062d\u0628\u0627 \u0628\u0627\u0644\u0639\u0627\u0644\u0645",
@@ -39,13 +39,7 @@ HOSTILE = [
 ]
 
 
-def _repository_lines() -> list[str]:
-    """Lines of the repository's own prose and code (>= 500 of them), as they are."""
-    files = sorted(ROOT.glob("docs/*.md")) + [ROOT / "README.md"] + sorted((ROOT / "tfm_export" / "core").glob("*.py"))
-    return [line for f in files for line in f.read_text(encoding="utf-8").split("\n")]
-
-
-LINES = _repository_lines() + HOSTILE
+LINES = repository_lines() + HOSTILE
 
 
 def _train_spm(text: list[str], prefix: Path, size: int, **ids: int) -> Path:
@@ -57,7 +51,7 @@ def _train_spm(text: list[str], prefix: Path, size: int, **ids: int) -> Path:
 def _marian_tokenizer(directory: Path) -> int:
     """source.spm (on the prose) and target.spm (on the code, upper-cased: characters the source lacks), joined in
     one vocab.json as opus-mt has it; returns the vocabulary size."""
-    lines = [t for t in _repository_lines() if t.strip()]
+    lines = [t for t in repository_lines() if t.strip()]
     ids = dict(unk_id=1, eos_id=0, bos_id=-1, pad_id=-1)
     source = _train_spm(lines[: len(lines) // 2], directory / "src", 300, **ids)
     target = _train_spm([t.upper() for t in lines[len(lines) // 2:]], directory / "tgt", 250, **ids)
@@ -78,7 +72,7 @@ def _marian_tokenizer(directory: Path) -> int:
 
 def _t5_tokenizer(directory: Path) -> int:
     """T5's fast tokenizer over a SentencePiece model (pad 0, </s> 1, <unk> 2), saved as tokenizer.json."""
-    model = _train_spm([t for t in _repository_lines() if t.strip()], directory / "t5", 300,
+    model = _train_spm([t for t in repository_lines() if t.strip()], directory / "t5", 300,
                        pad_id=0, eos_id=1, unk_id=2, bos_id=-1)
     sp = spm.SentencePieceProcessor(model_file=str(model))
     tok = transformers.T5Tokenizer(vocab=[(sp.id_to_piece(i), sp.get_score(i)) for i in range(sp.get_piece_size())],
@@ -99,33 +93,9 @@ def _random_model(kind: str, vocab_size: int):
         config = transformers.MarianConfig(**SIZES, vocab_size=vocab_size, pad_token_id=vocab_size - 1,
                                            decoder_start_token_id=vocab_size - 1, eos_token_id=0,
                                            activation_function="swish", scale_embedding=True)
-        model = transformers.MarianMTModel(config)
-    else:
-        model = transformers.T5ForConditionalGeneration(transformers.T5Config(**T5_SIZES, vocab_size=vocab_size))
-    with torch.no_grad():  # weights large enough that outputs depend on the input
-        for key, tensor in model.state_dict().items():
-            if "norm" in key and key.endswith("weight"):
-                tensor.copy_(1 + torch.randn_like(tensor) * 0.1)
-            elif "embed_positions" not in key:
-                tensor.normal_(0, (2.0 if kind == "marian" else 1.0) / tensor.shape[-1] ** 0.5
-                               if tensor.dim() > 1 else 0.1)
-    return model.eval()
-
-
-def _texts() -> list[str]:
-    """50 distinct non-empty inputs of varied length."""
-    lines = list(dict.fromkeys(t.strip() for t in _repository_lines() if 3 < len(t.strip()) < 60))
-    return lines[::max(1, len(lines) // 50)][:50]
-
-
-def _generate(directory: Path, texts: list[str], **options) -> list[tuple[int, ...]]:
-    """generate() on the Hugging Face tokenizer's ids, each output cut at its first </s> (exclusive)."""
-    model = transformers.AutoModelForSeq2SeqLM.from_pretrained(directory).eval()
-    batch = _hf_tokenizer(directory)(texts, return_tensors="pt", padding=True)
-    with torch.no_grad():
-        out = model.generate(**batch, **options)
-    eos = options.get("eos_token_id", model.generation_config.eos_token_id)
-    return [tuple(row[:row.index(eos)] if eos in row else row) for row in out[:, 1:].tolist()]
+        return randomize(transformers.MarianMTModel(config), 2.0)
+    return randomize(transformers.T5ForConditionalGeneration(transformers.T5Config(**T5_SIZES,
+                                                                                 vocab_size=vocab_size)), 1.0)
 
 
 def _save_model(kind: str, directory: Path) -> Path:
@@ -133,7 +103,8 @@ def _save_model(kind: str, directory: Path) -> Path:
     size = _marian_tokenizer(directory) if kind == "marian" else _t5_tokenizer(directory)
     model = _random_model(kind, size)
     model.save_pretrained(directory)
-    outputs = _generate(directory, _texts(), num_beams=1, do_sample=False, eos_token_id=None, max_length=21)
+    outputs = generate(transformers, directory, sample_texts(), num_beams=1, do_sample=False, eos_token_id=None,
+                       max_length=21)
     retarget_stop(model, outputs, force_eos=False)
     model.generation_config.max_length = 24
     model.save_pretrained(directory)
@@ -183,12 +154,6 @@ def test_marian_target_pieces_decode_as_marian_does(hf_dir) -> None:
         assert ours.decode(ids) == theirs.decode(ids, skip_special_tokens=True), f"{kind}: ids {ids}"
 
 
-def _translate(model: Path, texts: list[str], *options: str) -> list[tuple[int, ...]]:
-    result = CliRunner().invoke(run_main, ["translate", "--model", str(model), "--format", "jsonl", *options, *texts])
-    assert result.exit_code == 0, result.output
-    return [tuple(json.loads(line)["ids"]) for line in result.stdout.splitlines()]
-
-
 @pytest.fixture(scope="module")
 def exported(hf_dir, tmp_path_factory) -> tuple[str, Path, Path]:
     kind, directory = hf_dir
@@ -204,10 +169,23 @@ def test_translate_matches_generate(exported, beam, penalty) -> None:
     (PyTorch): token-identical to generate() with the model's generation config, on 50 inputs, greedy and beam 4
     with length penalties below, at and above 1."""
     kind, directory, output = exported
-    texts = _texts()
-    want = _generate(directory, texts, num_beams=beam, do_sample=False, length_penalty=penalty)
+    texts = sample_texts()
+    want = generate(transformers, directory, texts, num_beams=beam, do_sample=False, length_penalty=penalty)
     lengths = 2 if penalty > 1 else 3  # a penalty above 1 favours running to max_length
     assert len({len(t) for t in want}) >= lengths and len(set(want)) >= 10  # stops at </s>, differs by input
     options = ["--beam-size", str(beam), "--length-penalty", str(penalty)]
-    assert _translate(output, texts, *options) == want, f"{kind} beam {beam}: onnxruntime"
-    assert _translate(directory, texts, "--backend", "torch", *options) == want, f"{kind} beam {beam}: torch"
+    assert translate(output, texts, *options) == want, f"{kind} beam {beam}: onnxruntime"
+    assert translate(directory, texts, "--backend", "torch", *options) == want, f"{kind} beam {beam}: torch"
+
+
+@pytest.mark.parametrize("hf_dir", ["marian"], indirect=True)
+def test_marian_target_language_code_goes_before_the_source(exported) -> None:
+    """Multilingual opus-mt: --target-lang >>fra<< translates as generate() does on ">>fra<< " + text."""
+    _, directory, output = exported
+    assert load_checkpoint(directory).rules.languages == (">>fra<<",)
+    texts = sample_texts()
+    want = generate(transformers, directory, [">>fra<< " + t for t in texts], num_beams=4, do_sample=False)
+    assert want != generate(transformers, directory, texts, num_beams=4, do_sample=False)  # the code acts
+    assert translate(output, texts, "--target-lang", ">>fra<<", "--beam-size", "4") == want
+    result = CliRunner().invoke(run_main, ["translate", "--model", str(output), "--source-lang", ">>fra<<", "x"])
+    assert result.exit_code == 1 and "sources carry no language code" in result.output, result.output

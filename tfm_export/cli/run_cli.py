@@ -85,15 +85,24 @@ def write_output(lines: list[str], output: Path | None) -> None:
                    "torch for a checkpoint.")
 @click.option("--device", type=click.Choice(["cpu", "cuda"]), default=None,
               help="Default: cuda for TensorRT engines, cpu otherwise.")
-@click.option("--beam-size", type=click.IntRange(1, MAX_BEAM), default=1, show_default=True, help="1 = greedy.")
-@click.option("--length-penalty", type=click.FloatRange(*LENGTH_PENALTY_RANGE), default=1.0, show_default=True,
-              help="Beam hypotheses are ranked by score / length ** this (0: by summed log-probability).")
+@click.option("--beam-size", type=click.IntRange(1, MAX_BEAM), default=None,
+              help="1 = greedy. Default: the model's (a Hugging Face model's num_beams), else 1.")
+@click.option("--length-penalty", type=click.FloatRange(*LENGTH_PENALTY_RANGE), default=None,
+              help="Beam hypotheses are ranked by score / length ** this (0: by summed log-probability). Default: "
+                   "the model's (a Hugging Face model's length_penalty), else 1.0.")
 @click.option("--max-length", type=click.IntRange(min=1), default=None,
               help="Most tokens to generate (default: the model's positions).")
 @click.option("--n-best", type=click.IntRange(min=1), default=1, show_default=True,
               help="With --format jsonl, list this many best hypotheses per line (needs --beam-size >= it).")
 @click.option("--batch-size", type=click.IntRange(min=1), default=32, show_default=True,
               help="Sentences decoded together (grouped by length; output order is kept).")
+@click.option("--source-lang", default=None,
+              help="Multilingual models: the source language code, as the model spells it (NLLB eng_Latn, M2M100 "
+                   "__en__, mBART en_XX). Default: the one the model's tokenizer was saved with.")
+@click.option("--target-lang", default=None,
+              help="Multilingual models: the target language code (NLLB fra_Latn, M2M100 __fr__, mBART fr_XX, "
+                   "multilingual opus-mt >>fra<<). Default: the model's generation config; NLLB and M2M100 "
+                   "models that name none need it.")
 @click.option("--truncate", is_flag=True, help="Cut sources longer than the model's positions instead of failing.")
 @click.option("--input", "input_file", type=click.Path(path_type=Path, dir_okay=False), default=None,
               help="Read sentences from this file (one per line) instead of TEXT or stdin.")
@@ -109,9 +118,10 @@ def write_output(lines: list[str], output: Path | None) -> None:
               help="Disable ONNX Runtime's CPU memory arena (less memory held, slower). Env: TFM_ORT_NO_ARENA.")
 @click.option("--ort-trt", is_flag=True, help="With --device cuda: ONNX Runtime's TensorRT execution provider first.")
 def translate(texts: tuple[str, ...], model_path: Path, vocab: tuple[Path, ...], backend: str | None,
-              device: str | None, beam_size: int, length_penalty: float, max_length: int | None, n_best: int,
-              batch_size: int, truncate: bool, input_file: Path | None, output: Path | None, fmt: str, threads: int,
-              ort_opt_level: str, no_memory_arena: bool, ort_trt: bool) -> None:
+              device: str | None, beam_size: int | None, length_penalty: float | None, max_length: int | None,
+              n_best: int, batch_size: int, source_lang: str | None, target_lang: str | None, truncate: bool,
+              input_file: Path | None, output: Path | None, fmt: str, threads: int, ort_opt_level: str,
+              no_memory_arena: bool, ort_trt: bool) -> None:
     """Translate TEXT arguments, a file or stdin: one translation per line, in input order.
 
     Empty lines give empty lines. A line longer than the model's positions is an error naming the line
@@ -123,6 +133,7 @@ def translate(texts: tuple[str, ...], model_path: Path, vocab: tuple[Path, ...],
     session = SessionOptions(intra_op_threads=threads, optimization=ort_opt_level, memory_arena=not no_memory_arena,
                              tensorrt_ep=ort_trt)
     translator = Translator.load(model_path, vocab, backend, device, session)
+    translator = translator.with_languages(source_lang, target_lang)
     check_output_path(output, "--output", [*inputs, *translator.vocab.files])  # a checkpoint's tokenizer too
     options = DecodeOptions(beam_size, length_penalty, max_length, batch_size, truncate, n_best)
     show = input_file is not None and sys.stderr.isatty()

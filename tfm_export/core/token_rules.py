@@ -4,6 +4,7 @@ by default: the seed's layout by default, a Hugging Face model's generation conf
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -13,6 +14,13 @@ from .tokenizer import BOS_ID, EOS_ID, PAD_ID
 # tfm-export: an input is done when </s> is its best candidate (the reference decoders' rule);
 # transformers: generate()'s rule (k finished hypotheses and no live beam that could beat them)
 BEAM_RULES = ("tfm-export", "transformers")
+# Where a chosen target language goes. forced_bos: it is the first generated token (NLLB, M2M100, mBART-50);
+# decoder_start: it is the decoder's first input (mBART-cc25); source_prefix: its code comes before the source
+# text (multilingual opus-mt, >>fra<<).
+LANGUAGE_RULES = ("forced_bos", "decoder_start", "source_prefix")
+# absent from manifests written before languages and generation defaults were recorded
+OPTIONAL_FIELDS = {"languages": [], "language_rule": None, "early_stopping": False, "num_beams": 1,
+                   "length_penalty": 1.0}
 
 
 @dataclass(frozen=True)
@@ -25,33 +33,61 @@ class TokenRules:
     forced_eos: int | None = None  # forced at the last step a length limit allows
     max_new_tokens: int | None = None  # the default length limit (generated tokens); None: the model's positions
     beam_rule: str = "tfm-export"  # when beam search stops and how it ranks: one of BEAM_RULES
+    early_stopping: bool | str = False  # generate()'s (beam_rule transformers): False, True or "never"
+    num_beams: int = 1  # the default beam size
+    length_penalty: float = 1.0  # the default length penalty
+    languages: tuple[str, ...] = ()  # the language codes (token names) a multilingual model takes
+    language_rule: str | None = None  # one of LANGUAGE_RULES when there are languages
+
+    def with_target(self, token_id: int) -> TokenRules:
+        """The rules with a target language's token where language_rule puts it (source_prefix: in the source)."""
+        if self.language_rule == "forced_bos":
+            return dataclasses.replace(self, forced_bos=token_id)
+        if self.language_rule == "decoder_start":
+            return dataclasses.replace(self, start=token_id)
+        return self
 
     def to_dict(self) -> dict[str, Any]:
-        return {**dataclasses.asdict(self), "banned": list(self.banned)}
+        return {**dataclasses.asdict(self), "banned": list(self.banned), "languages": list(self.languages)}
 
     @classmethod
     def from_dict(cls, data: Any, vocab_size: int) -> TokenRules:
         """Rules as a manifest records them; anything else (a missing field, an id outside the target vocabulary)
         raises TfmExportError naming the field."""
         fields = {f.name for f in dataclasses.fields(cls)}
+        if isinstance(data, dict):
+            data = {**OPTIONAL_FIELDS, **data}
         if not isinstance(data, dict) or set(data) != fields:
             raise TfmExportError(f"token_rules must have exactly the fields {', '.join(sorted(fields))}")
-        if data["beam_rule"] not in BEAM_RULES:
-            raise TfmExportError(f"token_rules.beam_rule must be one of {', '.join(BEAM_RULES)}")
-        banned = data["banned"]
-        if not isinstance(banned, list) or not all(map(_is_id, banned)):
-            raise TfmExportError("token_rules.banned must be a list of token ids")
-        for name in fields - {"banned", "beam_rule"}:
-            value = data[name]
-            optional = name in ("forced_bos", "forced_eos", "max_new_tokens")
-            if not (_is_id(value) or (optional and value is None)):
-                raise TfmExportError(f"token_rules.{name} must be a token id{' or null' if optional else ''}")
+        for name, ok, what in _checks(data):
+            if not ok:
+                raise TfmExportError(f"token_rules.{name} must be {what}")
         ids = [data[n] for n in ("pad", "start", "eos", "forced_bos", "forced_eos") if data[n] is not None]
-        if any(i >= vocab_size for i in [*ids, *banned]):
+        if any(i >= vocab_size for i in [*ids, *data["banned"]]):
             raise TfmExportError(f"token_rules names an id outside the target vocabulary of {vocab_size}")
-        if data["max_new_tokens"] == 0:
-            raise TfmExportError("token_rules.max_new_tokens must be at least 1")
-        return cls(**{**data, "banned": tuple(banned)})
+        return cls(**{**data, "banned": tuple(data["banned"]), "languages": tuple(data["languages"])})
+
+
+def _checks(data: dict[str, Any]) -> list[tuple[str, bool, str]]:
+    """(field, valid, what it must be) for every field of a manifest's token_rules."""
+    languages, penalty = data["languages"], data["length_penalty"]
+    rules = [(name, _is_id(data[name]), "a token id") for name in ("pad", "start", "eos")]
+    rules += [(name, data[name] is None or _is_id(data[name]), "a token id or null")
+              for name in ("forced_bos", "forced_eos")]
+    return rules + [
+        ("banned", isinstance(data["banned"], list) and all(map(_is_id, data["banned"])), "a list of token ids"),
+        ("max_new_tokens", data["max_new_tokens"] is None or (_is_id(data["max_new_tokens"])
+                                                              and data["max_new_tokens"] > 0), "at least 1 or null"),
+        ("beam_rule", data["beam_rule"] in BEAM_RULES, f"one of {', '.join(BEAM_RULES)}"),
+        ("early_stopping", any(data["early_stopping"] is v for v in (False, True)) or data["early_stopping"] == "never",
+         "true, false or \"never\""),
+        ("num_beams", _is_id(data["num_beams"]) and data["num_beams"] > 0, "at least 1"),
+        ("length_penalty", type(penalty) in (int, float) and math.isfinite(penalty), "a number"),
+        ("languages", isinstance(languages, list) and all(isinstance(c, str) and c for c in languages),
+         "a list of language codes"),
+        ("language_rule", data["language_rule"] in (LANGUAGE_RULES if languages else (None,)),
+         f"one of {', '.join(LANGUAGE_RULES)} when there are languages, and null otherwise"),
+    ]
 
 
 def _is_id(value: Any) -> bool:

@@ -13,7 +13,7 @@ import contextlib
 import json
 import os
 import tempfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -109,6 +109,39 @@ class TextTokenizer:
     def tokens(self) -> list[str]:
         """Every token, by id (the string interface other toolkits, CTranslate2 among them, take)."""
         return [self.tokenizer.id_to_token(i) for i in range(self.vocab_size)]
+
+    def framing_codes(self, codes: Collection[str]) -> list[str]:
+        """Which of `codes` the source framing puts around the text (NLLB's eng_Latn, mBART's en_XX)."""
+        return [piece["SpecialToken"]["id"] for piece in self._template().get("single", [])
+                if piece.get("SpecialToken", {}).get("id") in codes]
+
+    def with_code(self, code: str, codes: Collection[str]) -> TextTokenizer:
+        """A copy whose sources are framed with `code`: in place of the framing's code among `codes` if it has
+        one, before the text otherwise (>>fra<<). Framing lives in the post-processor, so every library that
+        reads the saved JSON frames the same way."""
+        code_id = self.tokenizer.token_to_id(code)
+        if code_id is None:
+            raise VocabularyError(f"{self.origin}: language code {code} is not a token of this tokenizer")
+        data = json.loads(self.tokenizer.to_str())
+        post = self._template(data)
+        entry = {"SpecialToken": {"id": code, "type_id": 0}}
+        for side in ("single", "pair"):
+            template = post.get(side, [])
+            slots = [i for i, p in enumerate(template) if p.get("SpecialToken", {}).get("id") in codes]
+            for i in slots:
+                template[i] = entry
+            if not slots:
+                template.insert(0, entry)
+        post.setdefault("special_tokens", {})[code] = {"id": code, "ids": [code_id], "tokens": [code]}
+        return TextTokenizer(Tokenizer.from_str(json.dumps(data)), self.origin, self.seed_layout)
+
+    def _template(self, data: dict | None = None) -> dict:
+        """The post-processor's JSON (of `data`, a whole tokenizer's, in place), which must be a template."""
+        post = (data if data is not None else json.loads(self.tokenizer.to_str())).get("post_processor") or {}
+        if post.get("type") != "TemplateProcessing":
+            raise VocabularyError(f"{self.origin}: the source framing is a {post.get('type', 'missing')} "
+                                  "post-processor, not a template; language codes cannot be placed")
+        return post
 
     def save(self, path: Path) -> None:
         """The `tokenizers` JSON with its source framing, so `encode(text)` in other languages' tokenizer

@@ -16,6 +16,8 @@ matches. Scores stay SentencePiece's. The target tokenizer, which only decodes, 
 
 from __future__ import annotations
 
+import dataclasses
+import re
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +27,7 @@ from ..core.config import ModelConfig
 from ..core.errors import VocabularyError, first_line
 from ..core.extras import require_extra
 from ..core.files import contained_file, read_json
+from ..core.token_rules import TokenRules
 from ..core.tokenizer import TOKENIZER_FILE, TextTokenizer, Vocabulary, load_tokenizer
 
 MARIAN_SOURCE_SPM, MARIAN_TARGET_SPM = "source.spm", "target.spm"
@@ -33,8 +36,12 @@ METASPACE = "▁"
 EOS = "</s>"
 MARIAN_SPECIALS = (EOS, "<unk>", "<pad>")  # MarianTokenizer's eos, unk and pad: matched in text as they are
 RUN_START, RUN_END = "\ufdd0", "\ufdd1"  # noncharacters: never in text, they mark runs the source model lacks
+CODE_START = "\ufdd2"  # marks >> at the start of a text: only there is a language code one (MarianTokenizer)
 NORMAL, UNKNOWN, CONTROL = 1, 2, 3  # SentencePiece piece types
 UNIGRAM = 1  # SentencePiece model type
+# language codes by model_type (NLLB and M2M100 are both m2m_100): the tokens --source-lang/--target-lang name
+LANGUAGE_CODES = {"marian": r">>[^<>\s]+<<", "m2m_100": r"__[A-Za-z-]+__|[a-z]{3}_[A-Z][a-z]{3}",
+                  "mbart": r"[a-z]{2}_[A-Z]{2}"}
 LINKED = "copy the model directory with its files, not links to elsewhere"
 NO_TOKENIZER = (f"no tokenizer files ({TOKENIZER_FILE}, or {MARIAN_SOURCE_SPM}, {MARIAN_TARGET_SPM} and "
                 f"{MARIAN_VOCAB} for Marian); copy the tokenizer files that came with the model into the directory")
@@ -111,7 +118,7 @@ def _spm_tokenizer(path: Path, tokens: list[str], encodes: bool) -> TextTokenize
         raise VocabularyError(f"{path}: piece {missing[0]!r} has no id in {MARIAN_VOCAB}; pass the vocabulary "
                               "that came with this SentencePiece model")
     specials = {p.piece for p in proto.pieces if p.type in (UNKNOWN, CONTROL)} | (set(MARIAN_SPECIALS) & ids.keys())
-    codes = [t for t in tokens if t.startswith(">>") and t.endswith("<<")]  # multilingual opus-mt target codes
+    codes = [t for t in tokens if re.fullmatch(LANGUAGE_CODES["marian"], t)]  # multilingual opus-mt target codes
     known = {c for piece in scores for c in piece.replace(METASPACE, " ")}
     vocab = _source_vocab(tokens, scores, specials | set(codes), known) if encodes else \
         [(t, scores.get(t, min(scores.values(), default=0.0))) for t in tokens]
@@ -121,7 +128,7 @@ def _spm_tokenizer(path: Path, tokens: list[str], encodes: bool) -> TextTokenize
     tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement=METASPACE, prepend_scheme=scheme, split=True)
     tok.decoder = decoders.Metaspace(replacement=METASPACE, prepend_scheme=scheme, split=True)
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in tokens if t in specials])
-    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in codes])
+    tok.add_tokens([AddedToken(t, special=False, normalized=True) for t in codes])  # normalized: marked first
     tok.post_processor = processors.TemplateProcessing(single=f"$A {EOS}", special_tokens=[(EOS, ids[EOS])])
     return TextTokenizer(tok, str(path), seed_layout=False)
 
@@ -144,9 +151,12 @@ def _source_vocab(tokens: list[str], scores: dict[str, float], added: set[str], 
 
 def _normalizer(proto: Any, known: set[str] | None) -> normalizers.Normalizer:
     """SentencePiece's normalization: its charsmap, then (remove_extra_whitespaces) no leading, trailing or
-    repeated spaces; with `known`, every run of other characters is marked at both ends."""
+    repeated spaces; with `known` (the source side), a text's leading >> is marked (a language code's content
+    is normalized too, so it matches only there, as MarianTokenizer reads codes) and every run of other
+    characters is marked at both ends."""
     spec = proto.normalizer_spec
-    steps = [normalizers.Precompiled(spec.precompiled_charsmap)] if spec.precompiled_charsmap else []
+    steps = [normalizers.Replace(Regex(r"\A>>"), CODE_START + ">>")] if known is not None else []
+    steps += [normalizers.Precompiled(spec.precompiled_charsmap)] if spec.precompiled_charsmap else []
     if spec.remove_extra_whitespaces:
         steps += [normalizers.Replace(Regex(" {2,}"), " "), normalizers.Strip(left=True, right=True)]
     if known is not None:
@@ -174,3 +184,20 @@ def _converted(directory: Path, config: ModelConfig) -> Vocabulary:
                               "embedding table; pass the tokenizer the model was trained with")
     return Vocabulary(tok, tok)
 
+
+
+def with_languages(rules: TokenRules, model_type: str, vocab: Vocabulary) -> TokenRules:
+    """The rules with the model's language codes (added tokens of its family's form) and where a chosen target
+    language goes: Marian's before the source text, mBART's as the decoder start when its configured start is
+    one (mBART-cc25), otherwise the first generated token."""
+    pattern = LANGUAGE_CODES.get(model_type)
+    tok = (vocab.source if model_type == "marian" else vocab.target).tokenizer
+    added = tok.get_added_tokens_decoder() if pattern else {}
+    codes = tuple(t.content for _, t in sorted(added.items()) if re.fullmatch(pattern, t.content))
+    if not codes:
+        return rules
+    if model_type == "marian":
+        rule = "source_prefix"
+    else:
+        rule = "decoder_start" if vocab.target.tokenizer.id_to_token(rules.start) in codes else "forced_bos"
+    return dataclasses.replace(rules, languages=codes, language_rule=rule)

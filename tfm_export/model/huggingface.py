@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import logging
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,7 +33,7 @@ from ..core.token_rules import TokenRules
 from ..core.variants import GATED_ACTIVATIONS
 from .checkpoint import HF_CONFIG_FILE as CONFIG_FILE
 from .checkpoint import Checkpoint, build_model, read_checkpoint_file, validate_state_dict
-from .hf_tokenizer import hf_vocabulary
+from .hf_tokenizer import hf_vocabulary, with_languages
 from .positions import fairseq_sinusoid_table, halves_sinusoid_table
 
 GENERATION_CONFIG_FILE = "generation_config.json"
@@ -43,7 +45,14 @@ DEFAULT_NEW_TOKENS = 20  # generate()'s when no max_length is set anywhere
 T5_DEFAULT_POSITIONS = 512  # T5 has no position limit of its own; its configs' n_positions says 512
 HF_ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "swish": "swish", "silu": "swish", "gelu_new": "gelu_tanh",
                   "gelu_pytorch_tanh": "gelu_tanh", "gelu_fast": "gelu_tanh"}
+# generate() settings tfm-export does not apply, with the values that mean "off"
+UNAPPLIED_GENERATION = {"do_sample": (False,), "min_length": (0,), "min_new_tokens": (0,),
+                        "no_repeat_ngram_size": (0,), "encoder_no_repeat_ngram_size": (0,),
+                        "repetition_penalty": (1.0,), "num_beam_groups": (1,), "diversity_penalty": (0.0,),
+                        "suppress_tokens": ([],), "begin_suppress_tokens": ([],), "sequence_bias": ({},),
+                        "exponential_decay_length_penalty": ()}
 LINKED = "copy the model directory with its files, not links to elsewhere"
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -386,20 +395,48 @@ def _banned(merged: dict[str, Any]) -> tuple[int, ...]:
     return tuple(sorted({w[0] for w in words}))
 
 
-def _max_length(merged: dict[str, Any]) -> int:
-    """The model's max_length; unset, generate() makes 20 new tokens (capped by max_position_embeddings)."""
+def _max_new_tokens(merged: dict[str, Any]) -> int:
+    """Tokens generate() makes by default: max_new_tokens, else max_length less the decoder start; neither set,
+    20 new tokens (capped by max_position_embeddings)."""
+    if merged.get("max_new_tokens") is not None:
+        value = merged["max_new_tokens"]
+        if not _is_id(value) or value < 1:
+            raise CheckpointError(f"max_new_tokens must be a whole number of at least 1, got {value!r}")
+        return value
     value = merged.get("max_length")
     if value is not None:
         if not _is_id(value) or value < 2:
             raise CheckpointError(f"max_length must be a whole number of at least 2, got {value!r}")
-        return value
+        return value - 1
     cap = merged.get("max_position_embeddings")
-    return min(DEFAULT_NEW_TOKENS + 1, cap) if _is_id(cap) and cap > 1 else DEFAULT_NEW_TOKENS + 1
+    return min(DEFAULT_NEW_TOKENS + 1, cap) - 1 if _is_id(cap) and cap > 1 else DEFAULT_NEW_TOKENS
+
+
+def _search_defaults(merged: dict[str, Any]) -> dict[str, Any]:
+    """num_beams, length_penalty and early_stopping as generate() would use them."""
+    beams, penalty = merged.get("num_beams", 1), merged.get("length_penalty", 1.0)
+    stopping = merged.get("early_stopping", False)
+    if not _is_id(beams) or beams < 1:
+        raise CheckpointError(f"num_beams must be a whole number of at least 1, got {beams!r}")
+    if type(penalty) not in (int, float) or not math.isfinite(penalty):
+        raise CheckpointError(f"length_penalty must be a number, got {penalty!r}")
+    if not (stopping is True or stopping is False or stopping == "never"):
+        raise CheckpointError(f"early_stopping must be true, false or \"never\", got {stopping!r}")
+    return dict(num_beams=beams, length_penalty=float(penalty), early_stopping=stopping)
+
+
+def _warn_unapplied(merged: dict[str, Any], directory: Path) -> None:
+    """Generation settings tfm-export does not apply: named once at export, since outputs may differ from
+    generate() where they act."""
+    unapplied = [f"{key}={merged[key]!r}" for key, neutral in UNAPPLIED_GENERATION.items()
+                 if merged.get(key) not in (None, *neutral)]
+    if unapplied:
+        log.warning("%s: the generation config sets %s, which tfm-export does not apply; translations may differ "
+                    "from generate()'s where they would act", directory, ", ".join(unapplied))
 
 
 def generation(hf: dict[str, Any], directory: Path, vocab_size: int) -> TokenRules:
-    """generation_config.json over config.json, with generate()'s own fallbacks for what neither says;
-    max_length counts the decoder start, max_new_tokens does not."""
+    """generation_config.json over config.json, with generate()'s own fallbacks for what neither says."""
     gen = (_json_object(directory, GENERATION_CONFIG_FILE, "generation config")
            if (directory / GENERATION_CONFIG_FILE).is_file() else {})
     merged = {**hf, **gen}
@@ -410,7 +447,8 @@ def generation(hf: dict[str, Any], directory: Path, vocab_size: int) -> TokenRul
         rules = TokenRules(pad=pad, start=start, eos=eos, banned=_banned(merged),
                            forced_bos=_first_id(merged, "forced_bos_token_id"),
                            forced_eos=_first_id(merged, "forced_eos_token_id"),
-                           max_new_tokens=_max_length(merged) - 1, beam_rule="transformers")
+                           max_new_tokens=_max_new_tokens(merged), beam_rule="transformers",
+                           **_search_defaults(merged))
     except CheckpointError as exc:
         raise CheckpointError(f"{directory}: {exc}") from None
     if pad is None or eos is None:
@@ -423,6 +461,7 @@ def generation(hf: dict[str, Any], directory: Path, vocab_size: int) -> TokenRul
     if outside:
         raise CheckpointError(f"{directory}: the generation config names token ids {outside} outside the "
                               f"target vocabulary of {vocab_size}")
+    _warn_unapplied(merged, directory)
     return rules
 
 
@@ -433,8 +472,9 @@ def load_hf_checkpoint(directory: Path) -> Checkpoint:
     vocab = hf_vocabulary(directory, hf.hf_config, hf.config)
     files = sorted(p for p in directory.iterdir() if p.is_file() and not p.is_symlink())
     digest = hashlib.sha256("".join(f"{p.name}:{file_sha256(p)}\n" for p in files).encode()).hexdigest()
+    rules = with_languages(hf.rules, hf.hf_config["model_type"], vocab)
     return Checkpoint(directory, "huggingface", hf.config, build_model(hf.config, hf.state, directory), vocab, digest,
-                      hf.rules)
+                      rules)
 
 
 def load_hf_directory(directory: str | Path) -> HfModel:

@@ -256,11 +256,10 @@ def beam_search(backend: StepBackend, src: np.ndarray, beam_size: int, max_lengt
 def transformers_beam_search(backend: StepBackend, src: np.ndarray, beam_size: int, max_length: int,
                              length_penalty: float = 1.0, n_best: int = 1,
                              rules: TokenRules = SEED_RULES) -> list[list[Hypothesis]]:
-    """Beam search as transformers' generate() runs it (early_stopping=False), for pretrained models whose
-    outputs must match it: of the 2k best candidates, a </s> among the k best is kept as finished with its
-    score / generated length ** penalty (the k best finished are kept); the k best others go on. An input is
-    done once it has k finished and its best live beam, divided by the current length ** penalty, cannot beat
-    the worst of them; at max_length the k best candidates end as they are."""
+    """Beam search as transformers' generate() runs it, for pretrained models whose outputs must match it: of
+    the 2k best candidates, a </s> among the k best is kept as finished with its score / generated length **
+    penalty (the k best finished are kept); the k best others go on. When an input is done follows the rules'
+    early_stopping (_may_improve); at max_length the k best candidates end as they are."""
     k, batch = beam_size, len(src)
     state = backend.reorder(backend.encode(src), np.repeat(np.arange(batch), k))
     running = np.full((batch, k), -1e9, dtype=np.float32)
@@ -283,8 +282,8 @@ def transformers_beam_search(backend: StepBackend, src: np.ndarray, beam_size: i
         _file_transformers(finished, searching, history, beam, token, value, ends, k, length_penalty, rules.eos)
         going = np.argsort(-(value - 1e9 * ends), axis=1, kind="stable")[:, :k]
         running = np.take_along_axis(value - 1e9 * ends, going, axis=1).astype(np.float32)
-        searching &= [len(f) < k or running[i, 0] / (step + 1) ** length_penalty > f[-1].normalized_score
-                      for i, f in enumerate(finished)]
+        searching &= _may_improve(finished, running[:, 0], k, step + 1, max_length, length_penalty,
+                                  rules.early_stopping)
         if last or not searching.any():
             break
         rows = (np.arange(batch)[:, None] * k + np.take_along_axis(beam, going, axis=1)).ravel()
@@ -292,6 +291,17 @@ def transformers_beam_search(backend: StepBackend, src: np.ndarray, beam_size: i
         state = backend.reorder(state, rows, same_sources=True)
         history = np.concatenate([history[rows], tokens[:, None]], axis=1)
     return [f[:n_best] for f in finished]
+
+
+def _may_improve(finished: list[list[Hypothesis]], best: np.ndarray, k: int, length: int, max_length: int,
+                 length_penalty: float, early_stopping: bool | str) -> list[bool]:
+    """Which inputs search on: those with fewer than k finished, and, unless early_stopping is True, those
+    whose best live score could still beat the worst finished one, estimated at the current length
+    (early_stopping False) or, with a positive penalty, at max_length ("never")."""
+    if early_stopping == "never" and length_penalty > 0:
+        length = max_length
+    return [len(f) < k or (early_stopping is not True and best[i] / length ** length_penalty > f[-1].normalized_score)
+            for i, f in enumerate(finished)]
 
 
 def _file_transformers(finished: list[list[Hypothesis]], searching: np.ndarray, history: np.ndarray,

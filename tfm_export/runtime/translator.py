@@ -6,6 +6,7 @@ Runtime, a checkpoint file on PyTorch (with a KV cache). The search itself lives
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import logging
 import time
@@ -23,6 +24,7 @@ from ..core.config import ModelConfig
 from ..core.errors import InputTextError, TfmExportError
 from ..core.extras import require_extra
 from ..core.hypothesis import Hypothesis
+from ..core.languages import choose_languages
 from ..core.sources import encode_lines
 from ..core.token_rules import SEED_RULES, TokenRules
 from ..core.tokenizer import Vocabulary
@@ -50,8 +52,8 @@ LENGTH_PENALTY_RANGE = (-10.0, 10.0)  # score / length ** penalty: beyond this e
 
 @dataclass(frozen=True)
 class DecodeOptions:
-    beam_size: int = 1  # 1 = greedy
-    length_penalty: float = 1.0
+    beam_size: int | None = None  # 1 = greedy; None = the model's default (its generation config's, else 1)
+    length_penalty: float | None = None  # None = the model's default (its generation config's, else 1.0)
     max_length: int | None = None  # generated tokens; None = the model's positions
     batch_size: int = 32
     truncate: bool = False  # cut over-long sources (with a warning) instead of failing
@@ -146,7 +148,8 @@ class Translator:
             return cls(search, _directory_vocab(model, search.manifest, vocab), search.config)
         if device == "cpu" and has_buffered_decoder(read_manifest(model)):  # the cache stays in place
             buffered = OrtBufferedBackend.open(model, options)
-            return cls(buffered, _directory_vocab(model, buffered.manifest, vocab), buffered.config)
+            return cls(buffered, _directory_vocab(model, buffered.manifest, vocab), buffered.config,
+                       rules=_rules(model, buffered.manifest))
         backend = OrtBackend.open(model, options)
         vocabulary, rules = _directory_vocab(model, backend.manifest, vocab), _rules(model, backend.manifest)
         if device == "cuda":  # keep the cache on the GPU: IO binding over torch CUDA tensors
@@ -154,9 +157,17 @@ class Translator:
             return cls(OrtBoundBackend(backend, "cuda"), vocabulary, backend.config, rules=rules)
         return cls(backend, vocabulary, backend.config, rules=rules)
 
+    def with_languages(self, source: str | None = None, target: str | None = None) -> Translator:
+        """This translator from language code `source` into `target` (None: as the model directory says); a
+        multilingual model that names no target language needs one (core.languages)."""
+        chosen = copy.copy(self)
+        chosen.vocab, chosen.rules = choose_languages(self.vocab, self.rules, source, target)
+        return chosen
+
     def translate(self, texts: Sequence[str], options: DecodeOptions = DecodeOptions(),
                   progress: Callable[[int], None] | None = None) -> list[Translation]:
         """Translations in input order; empty lines give empty translations without touching the model."""
+        options = self.with_defaults(options)
         batch_size = self._check(options)
         sources = encode_lines(self.vocab.source, texts, self.max_source, truncate=options.truncate)
         results = {i: Translation("", (), (), 0.0, 0.0) for i in range(len(texts)) if i not in sources}
@@ -173,6 +184,12 @@ class Translator:
             if progress:
                 progress(len(batch))
         return [results[i] for i in range(len(texts))]
+
+    def with_defaults(self, options: DecodeOptions) -> DecodeOptions:
+        """`options` with the model's beam size and length penalty where they say None."""
+        beam = self.rules.num_beams if options.beam_size is None else options.beam_size
+        penalty = self.rules.length_penalty if options.length_penalty is None else options.length_penalty
+        return dataclasses.replace(options, beam_size=beam, length_penalty=penalty)
 
     def _check(self, options: DecodeOptions) -> int:
         """Options that cannot work, before any line is decoded; returns the sentences per batch (engines
