@@ -189,3 +189,48 @@ def test_marian_target_language_code_goes_before_the_source(exported) -> None:
     assert translate(output, texts, "--target-lang", ">>fra<<", "--beam-size", "4") == want
     result = CliRunner().invoke(run_main, ["translate", "--model", str(output), "--source-lang", ">>fra<<", "x"])
     assert result.exit_code == 1 and "sources carry no language code" in result.output, result.output
+
+
+PRECISIONS = {"fp16": ["--precision", "fp16"], "int8-dynamic": ["--precision", "int8", "--mode", "dynamic"],
+              "int8-static": ["--precision", "int8", "--mode", "static"]}
+
+
+def _agreement(report: str, decode: str) -> float:
+    """The 'identical to fp32' share of a decode row of verify's table."""
+    row = next(line for line in report.splitlines() if line.startswith(f"| {decode} |"))
+    return float(row.split("|")[2].split("(")[1].rstrip("%) ")) / 100
+
+
+@pytest.mark.parametrize("precision", sorted(PRECISIONS))
+def test_quantized_directories_report_agreement(exported, precision, tmp_path) -> None:
+    """fp16 and int8 (dynamic, static calibrated on the texts) of Marian and T5 build and `verify` reports
+    their agreement with fp32 (greedy and beam 4). A random tiny model's near-flat distributions make int8
+    agreement low, so only fp16's is held to a floor; below verify's thresholds the exit is 1 with one line."""
+    kind, _, output = exported
+    texts = tmp_path / "texts.txt"
+    texts.write_text("\n".join(sample_texts()) + "\n", encoding="utf-8")
+    options = PRECISIONS[precision] + (["--calibration", str(texts)] if precision == "int8-static" else [])
+    quantized = tmp_path / precision
+    result = CliRunner().invoke(export_main, ["quantize", "--model", str(output), "--output", str(quantized),
+                                              *options])
+    assert result.exit_code == 0, result.output
+    result = CliRunner().invoke(export_main, ["verify", "--model", str(quantized), "--input", str(texts)])
+    rates = {decode: _agreement(result.output, decode) for decode in ("greedy", "beam 4")}
+    if result.exit_code:
+        assert result.exit_code == 1 and result.output.splitlines()[-1].startswith("Error: precision check failed")
+    assert all(0 < rate <= 1 for rate in rates.values()), rates
+    if precision == "fp16":
+        assert rates["greedy"] >= 0.8, f"{kind}: {rates}"
+
+
+def test_verify_compares_with_generate(exported, tmp_path) -> None:
+    """`tfm-export verify` on a Hugging Face export decodes under the model's rules and holds the graphs to
+    generate() itself, on random sources and on text."""
+    _, _, output = exported
+    texts = tmp_path / "texts.txt"
+    texts.write_text("\n".join(sample_texts()) + "\n", encoding="utf-8")
+    result = CliRunner().invoke(export_main, ["verify", "--model", str(output), "--input", str(texts)])
+    assert result.exit_code == 0, result.output
+    for row in ("greedy, 16 random sources vs generate()", "beam 4, 50 input lines vs generate()"):
+        assert row in result.output
+    assert result.output.count("identical (100.0%)") == 4

@@ -40,10 +40,13 @@ SHARED_WEIGHTS = {
 }
 
 
+HUGGINGFACE = "huggingface"  # the kind of a checkpoint read from a Hugging Face model directory
+
+
 @dataclass(frozen=True)
 class Checkpoint:
     path: Path
-    kind: str  # "tfm-export", "seed" or "huggingface"
+    kind: str  # "tfm-export", "seed" or HUGGINGFACE
     config: ModelConfig
     model: Transformer  # in eval mode
     vocab: Vocabulary

@@ -32,7 +32,7 @@ from ..core.files import contained_file, file_sha256, read_json
 from ..core.token_rules import TokenRules
 from ..core.variants import GATED_ACTIVATIONS
 from .checkpoint import HF_CONFIG_FILE as CONFIG_FILE
-from .checkpoint import Checkpoint, build_model, read_checkpoint_file, validate_state_dict
+from .checkpoint import HUGGINGFACE, Checkpoint, build_model, read_checkpoint_file, validate_state_dict
 from .hf_tokenizer import hf_vocabulary, with_languages
 from .positions import fairseq_sinusoid_table, halves_sinusoid_table
 
@@ -473,7 +473,7 @@ def load_hf_checkpoint(directory: Path) -> Checkpoint:
     files = sorted(p for p in directory.iterdir() if p.is_file() and not p.is_symlink())
     digest = hashlib.sha256("".join(f"{p.name}:{file_sha256(p)}\n" for p in files).encode()).hexdigest()
     rules = with_languages(hf.rules, hf.hf_config["model_type"], vocab)
-    return Checkpoint(directory, "huggingface", hf.config, build_model(hf.config, hf.state, directory), vocab, digest,
+    return Checkpoint(directory, HUGGINGFACE, hf.config, build_model(hf.config, hf.state, directory), vocab, digest,
                       rules)
 
 

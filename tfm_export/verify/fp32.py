@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -13,8 +13,8 @@ from ..artifacts.model_dir import load_vocabulary, read_manifest
 from ..core.batching import pad_batch
 from ..core.errors import TfmExportError
 from ..core.graph_spec import GraphVariant
+from ..core.hypothesis import Hypothesis
 from ..core.sources import encode_lines
-from ..core.tokenizer import PAD_ID
 from ..graphs.inputs import random_sources, random_targets
 from ..graphs.parity import (
     AGREEMENT_BEAM,
@@ -29,11 +29,12 @@ from ..graphs.parity import (
     token_agreement,
 )
 from ..model import reference_decoding
-from ..model.checkpoint import Checkpoint, is_hf_directory, load_checkpoint
+from ..model.checkpoint import HUGGINGFACE, Checkpoint, is_hf_directory, load_checkpoint
 from ..runtime import decoding
 from ..runtime.decoding import GraphBackend
 from ..runtime.ort_backend import OrtBackend
 from ..runtime.ort_buffered import OrtBufferedBackend, has_buffered_decoder
+from .hf_generate import HfGenerate
 
 
 @dataclass
@@ -75,21 +76,42 @@ def encode_texts(ckpt: Checkpoint, texts: Sequence[str]) -> np.ndarray:
 
 def decode_agreement(name: str, ckpt: Checkpoint, backends: dict[str, GraphBackend], src: np.ndarray,
                      beam_size: int, max_length: int, batch_size: int = 32) -> list[Agreement]:
-    """Greedy and beam decodes of every backend (label -> backend) against the reference decoders."""
+    """Greedy and beam decodes of every backend (label -> backend) against the reference: the reference
+    decoders, or generate() for a Hugging Face model (decoded under its token_rules and beam rule)."""
+    oracle = _oracle(ckpt)
+    name += " vs generate()" if ckpt.kind == HUGGINGFACE else ""
     want_g, want_b = [], []
     got = {label: ([], []) for label in backends}
+    pad = ckpt.config.src_pad_idx
     for start in range(0, len(src), batch_size):
         chunk = src[start:start + batch_size]
-        chunk = chunk[:, :max(1, int((chunk != PAD_ID).sum(1).max()))]  # drop all-padding columns
-        want_g += [h.tokens for h in reference_decoding.greedy_decode(ckpt.model, torch.from_numpy(chunk), max_length)]
-        want_b += [h[0].tokens for h in reference_decoding.beam_search(ckpt.model, torch.from_numpy(chunk),
-                                                                        beam_size, max_length)]
+        chunk = chunk[:, :max(1, int((chunk != pad).sum(1).max()))]  # drop all-padding columns
+        want_g += oracle(chunk, 1, max_length)
+        want_b += oracle(chunk, beam_size, max_length)
         for label, backend in backends.items():
-            got[label][0].extend(h.tokens for h in decoding.greedy(backend, chunk, max_length))
-            got[label][1].extend(h[0].tokens for h in decoding.beam_search(backend, chunk, beam_size, max_length))
+            got[label][0].extend(h.tokens for h in decoding.greedy(backend, chunk, max_length, rules=ckpt.rules))
+            got[label][1].extend(h[0].tokens for h in _beam(ckpt)(backend, chunk, beam_size, max_length,
+                                                                 rules=ckpt.rules))
     return [agreement for label, (greedy, beam) in got.items() for agreement in
             (token_agreement(f"greedy, {name}{label}", greedy, want_g),
              token_agreement(f"beam {beam_size}, {name}{label}", beam, want_b))]
+
+
+def _oracle(ckpt: Checkpoint) -> Callable[[np.ndarray, int, int], list[tuple[int, ...]]]:
+    """(src, beam size, max length) -> the reference's tokens per row."""
+    if ckpt.kind == HUGGINGFACE:
+        generate = HfGenerate(ckpt.path)
+        return lambda src, beam, length: generate(src, ckpt.rules, beam, length, 1.0)
+
+    def reference(src: np.ndarray, beam: int, length: int) -> list[tuple[int, ...]]:
+        if beam == 1:
+            return [h.tokens for h in reference_decoding.greedy_decode(ckpt.model, torch.from_numpy(src), length)]
+        return [h[0].tokens for h in reference_decoding.beam_search(ckpt.model, torch.from_numpy(src), beam, length)]
+    return reference
+
+
+def _beam(ckpt: Checkpoint) -> Callable[..., list[list[Hypothesis]]]:
+    return decoding.transformers_beam_search if ckpt.rules.beam_rule == "transformers" else decoding.beam_search
 
 
 def graph_backends(directory: Path) -> dict[str, GraphBackend]:
