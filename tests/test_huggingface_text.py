@@ -234,3 +234,50 @@ def test_verify_compares_with_generate(exported, tmp_path) -> None:
     for row in ("greedy, 16 random sources vs generate()", "beam 4, 50 input lines vs generate()"):
         assert row in result.output
     assert result.output.count("identical (100.0%)") == 4
+
+
+@pytest.fixture(scope="module")
+def opus_like_marian(tmp_path_factory) -> Path:
+    """A random Marian as trained opus-mt models are: the pad row of the embedding (the decoder start) zero,
+    pad banned, no retargeted ids."""
+    directory = tmp_path_factory.mktemp("opus-like")
+    model = _random_model("marian", _marian_tokenizer(directory))
+    with torch.no_grad():
+        model.get_input_embeddings().weight[model.config.pad_token_id] = 0
+    model.generation_config.bad_words_ids = [[model.config.pad_token_id]]
+    model.save_pretrained(directory)
+    return directory
+
+
+def test_ctranslate2_runs_the_hugging_face_weights_as_generate_does(opus_like_marian, tmp_path) -> None:
+    """The benchmark's anchor on a Hugging Face directory: the same weights through CTranslate2's spec, with
+    the model's start and end tokens and its banned ids, decode as generate() does (greedy, 20 tokens). Its
+    GEMMs round differently, so a near tie late in a sentence may go the other way: 90% must be identical
+    (CTranslate2's own converter, which starts Marian's decoder from a zero vector, matches none)."""
+    ctranslate2 = pytest.importorskip("ctranslate2", reason="CTranslate2 is in the dev/bench extras")
+    from tfm_export.bench.ctranslate2 import convert_to_ctranslate2
+    ckpt = load_checkpoint(opus_like_marian)
+    model = ctranslate2.Translator(str(convert_to_ctranslate2(ckpt, tmp_path / "ct2")), intra_threads=1)
+    texts = sample_texts()
+    source, target = ckpt.vocab.source.tokenizer, ckpt.vocab.target.tokenizer
+    tokens = [[source.id_to_token(i) for i in ckpt.vocab.source.encode(t, framed=True)] for t in texts]
+    results = model.translate_batch(tokens, beam_size=1, max_decoding_length=20,
+                                    suppress_sequences=[[target.id_to_token(i)] for i in ckpt.rules.banned])
+    theirs = [tuple(target.token_to_id(t) for t in r.hypotheses[0]) for r in results]
+    want = generate(transformers, opus_like_marian, texts, num_beams=1, do_sample=False, max_length=21,
+                    forced_eos_token_id=None)
+    assert len(set(want)) >= 10
+    assert sum(a == b for a, b in zip(theirs, want, strict=True)) >= 0.9 * len(want)
+
+
+def test_bench_times_ctranslate2_on_the_same_hugging_face_weights(opus_like_marian, tmp_path) -> None:
+    pytest.importorskip("ctranslate2", reason="CTranslate2 is in the dev/bench extras")
+    report = tmp_path / "bench.json"
+    result = CliRunner().invoke(run_main, [
+        "bench", "--model", str(opus_like_marian), "--backends", "ort-fp32,ct2-fp32", "--batch-sizes", "1",
+        "--beam-sizes", "1,2", "--output-length", "8", "--sentences", "8", "--repeats", "2", "--min-time", "0.05",
+        "--json", str(report)])
+    assert result.exit_code == 0, result.output
+    backends = json.loads(report.read_text())["backends"]
+    assert backends["ct2-fp32"]["skipped"] is None and backends["ct2-fp32"]["agreement"] == 1.0, backends
+    assert {r["beam"] for r in backends["ct2-fp32"]["rows"]} == {1, 2}

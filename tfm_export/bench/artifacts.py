@@ -9,10 +9,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from ..artifacts.model_dir import load_vocabulary, read_manifest
+from ..artifacts.manifest import MANIFEST
+from ..artifacts.model_dir import load_vocabulary, read_manifest, token_rules
 from ..core.config import ModelConfig
 from ..core.errors import TfmExportError
 from ..core.files import write_text_atomically
+from ..core.token_rules import SEED_RULES, TokenRules
 from ..core.tokenizer import Vocabulary
 from ..graphs.generate_dir import write_generate_dir
 from ..graphs.pipeline import export_model_dir
@@ -55,12 +57,13 @@ class BenchModel:
     fp32_dir: Path | None  # given: timed as is; None: exported from the checkpoint
     positions: int
     vocab: Vocabulary
+    rules: TokenRules = SEED_RULES  # a pretrained model's ids and beam rule
 
 
 def open_model(path: Path) -> BenchModel:
-    if not path.is_dir():
+    if not path.is_dir() or is_hf_directory(path):
         ckpt = load_checkpoint(path)
-        return BenchModel(path, ckpt, None, ckpt.config.n_position, ckpt.vocab)
+        return BenchModel(path, ckpt, None, ckpt.config.n_position, ckpt.vocab, ckpt.rules)
     manifest = read_manifest(path)
     if manifest["precision"] != "fp32":
         raise TfmExportError(f"{path}: is a {manifest['precision']} directory; bench --model takes a checkpoint or an "
@@ -68,7 +71,7 @@ def open_model(path: Path) -> BenchModel:
     source = Path(manifest["source_checkpoint"].get("path", ""))
     ckpt = load_checkpoint(source) if source.is_file() or is_hf_directory(source) else None
     return BenchModel(path, ckpt, path, ModelConfig.from_dict(manifest["model"]).n_position,
-                      load_vocabulary(path, manifest))
+                      load_vocabulary(path, manifest), token_rules(manifest, path / MANIFEST))
 
 
 def build_fp32(model: BenchModel, work: Path, say: Callable[[str], None] = lambda _: None) -> Built:
@@ -76,7 +79,8 @@ def build_fp32(model: BenchModel, work: Path, say: Callable[[str], None] = lambd
     fp32 = model.fp32_dir or work / "onnx-fp32"
     checkpoint = model.checkpoint.path if model.checkpoint else None
     built = Built(Artifacts(checkpoint, {"fp32": fp32}, None, *(tuple(t.tokens()) for t in
-                                                               (model.vocab.source, model.vocab.target))))
+                                                               (model.vocab.source, model.vocab.target)),
+                            rules=model.rules))
     if checkpoint:
         built.size_mb["checkpoint"] = _size_mb(checkpoint)
     if model.fp32_dir is None:
@@ -108,13 +112,21 @@ def build_variants(built: Built, model: BenchModel, work: Path, calibration: Cal
     engines = None
     if "tensorrt" in backends and missing_reason() is None:
         engines = _tensorrt_engines(built, fp32, work / "tensorrt-fp16", max_rows, say)
-    ct2, ct2_unsupported = None, model.checkpoint and unsupported(model.checkpoint.config)
-    if any(b.startswith("ct2") for b in backends) and model.checkpoint and importlib.util.find_spec("ctranslate2") \
-            and not ct2_unsupported:
-        say("convert CTranslate2")
-        ct2 = _timed(built, "ctranslate2", lambda: convert_to_ctranslate2(model.checkpoint, work / "ctranslate2"))
-    built.artifacts = replace(built.artifacts, onnx=onnx, ctranslate2=ct2, tensorrt=engines,
-                              ctranslate2_unsupported=ct2_unsupported or None)
+    built.artifacts = replace(built.artifacts, onnx=onnx, tensorrt=engines)
+    if any(b.startswith("ct2") for b in backends):
+        _ctranslate2(built, model, work, say)
+
+
+def _ctranslate2(built: Built, model: BenchModel, work: Path, say: Callable[[str], None]) -> None:
+    """The CTranslate2 model, converted from the checkpoint's own weights (a Hugging Face directory's too)."""
+    ckpt = model.checkpoint
+    why = ckpt and unsupported(ckpt.config)
+    if why or ckpt is None or not importlib.util.find_spec("ctranslate2"):
+        built.artifacts = replace(built.artifacts, ctranslate2_unsupported=why or None)
+        return
+    say("convert CTranslate2")
+    ct2 = _timed(built, "ctranslate2", lambda: convert_to_ctranslate2(ckpt, work / "ctranslate2"))
+    built.artifacts = replace(built.artifacts, ctranslate2=ct2)
 
 
 def _tensorrt_engines(built: Built, fp32: Path, output: Path, max_rows: int,

@@ -9,6 +9,11 @@ layernorm_embedding, the activation and ffn_glu (w_1 = linear_0, w_3 = linear_0_
 rotary_dim 0 (every dimension) with rotary_interleave (consecutive pairs) and rotary_base, T5's
 relative_attention_bias, and sandwich norms as pre_post_layer_norm. DeepNorm's alpha * x residual has no
 spec field: `unsupported` says so and the benchmark's CTranslate2 rows carry that reason.
+
+A Hugging Face directory goes through the same spec (its model is a member of the family), with its
+final_logits_bias and its own start and end tokens, not through CTranslate2's TransformersConverter: that one
+starts Marian's decoder from a zero vector, as Marian NMT does, which is not the function transformers computes
+(on a random Marian its greedy outputs matched generate()'s on none of 16 inputs).
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import torch
 
 from ..core.config import ModelConfig
 from ..core.errors import TfmExportError
+from ..core.token_rules import SEED_RULES
 from ..core.variants import GATED_ACTIVATIONS
 from ..model.checkpoint import Checkpoint
 
@@ -130,6 +136,18 @@ def _stack_specs(ct2, cfg: ModelConfig):
                                              **common))
 
 
+def _special_tokens(config, ckpt: Checkpoint) -> None:
+    """The seed's sources get <s>/</s> from CTranslate2; a pretrained model's come framed by its own tokenizer,
+    and its decoder starts and stops at the ids its generation config names."""
+    if ckpt.rules == SEED_RULES:
+        config.add_source_bos = config.add_source_eos = True
+        return
+    target = ckpt.vocab.target.tokenizer
+    config.add_source_bos = config.add_source_eos = False
+    config.decoder_start_token = config.bos_token = target.id_to_token(ckpt.rules.start)
+    config.eos_token = target.id_to_token(ckpt.rules.eos)
+
+
 def build_spec(ckpt: Checkpoint):
     """The TransformerSpec holding this checkpoint's weights."""
     ct2 = _require_ctranslate2()
@@ -139,7 +157,7 @@ def build_spec(ckpt: Checkpoint):
         raise TfmExportError(f"{ckpt.path}: {reason}")
     spec = ct2.specs.TransformerSpec(*_stack_specs(ct2, cfg))
     spec.config.layer_norm_epsilon = cfg.norm_eps
-    spec.config.add_source_bos = spec.config.add_source_eos = True
+    _special_tokens(spec.config, ckpt)
     sandwich = cfg.placement == "sandwich"
     encoder, decoder = model.encoder, model.decoder
     spec.encoder.embeddings[0].weight = _array(encoder.src_word_emb.weight)
@@ -155,6 +173,8 @@ def build_spec(ckpt: Checkpoint):
         _ffn(layer_spec, layer.pos_ffn, sandwich)
     projection = _array(model.trg_word_prj.weight)
     spec.decoder.projection.weight = projection * cfg.d_model ** -0.5 if cfg.scale_prj else projection
+    if model.trg_word_prj.bias is not None:  # final_logits_bias, added after any scale
+        spec.decoder.projection.bias = _array(model.trg_word_prj.bias)
     spec.register_source_vocabulary(ckpt.vocab.source.tokens())
     spec.register_target_vocabulary(ckpt.vocab.target.tokens())
     return spec
@@ -172,3 +192,4 @@ def convert_to_ctranslate2(ckpt: Checkpoint, output: Path) -> Path:
         return Path(_CheckpointConverter().convert(str(output), force=True))
     except (OSError, ValueError, RuntimeError) as exc:
         raise TfmExportError(f"{output}: CTranslate2 conversion failed ({exc})") from None
+

@@ -14,6 +14,7 @@ from ..artifacts.manifest import MANIFEST
 from ..core.errors import InputTextError, TfmExportError
 from ..core.files import write_text_atomically
 from ..core.sources import encode_lines, read_text_lines
+from ..core.token_rules import SEED_RULES
 from ..core.tokenizer import BOS_ID, EOS_ID, FIRST_TOKEN_ID
 from .artifacts import BenchModel, Built, build_fp32, build_variants, calibration_for, open_model
 from .protocol import BackendResult, BenchSettings, machine_info, ratios, run_backends
@@ -79,8 +80,8 @@ def run_benchmark(request: BenchRequest, say: Callable[[str], None] = lambda _: 
                                  "--work-dir") from None
         built = build_fp32(model, work, say)
         vocab = built.artifacts.source_tokens
-        sources = _sources(rows, len(vocab), request.sentences, model.positions)
-        inputs = texts or [" ".join(vocab[i] for i in row[1:-1]) for row in sources]
+        sources = _sources(rows, model, len(vocab), request.sentences)
+        inputs = texts or _texts(sources, model, vocab)
         calib = calibration_for(inputs, request.calibration, calibration_texts, work / "calibration.txt",
                                 settings.output_length or None)
         build_variants(built, model, work, calib, settings.backends,
@@ -103,16 +104,29 @@ def _input_rows(texts: list[str], model: BenchModel) -> list[list[int]]:
     return rows
 
 
-def _sources(rows: list[list[int]] | None, vocab_size: int, count: int, positions: int,
+def _sources(rows: list[list[int]] | None, model: BenchModel, vocab_size: int, count: int,
              seed: int = 0) -> list[list[int]]:
     """The given rows cycled to `count`, else random tokens (12 to 24 per sentence, fewer for models with
-    fewer positions)."""
+    fewer positions). A pretrained model's tokenizer frames sources its own way: its random ids become text,
+    which it encodes."""
     if rows is not None:
         return (rows * (count // len(rows) + 1))[:count]
     rng = random.Random(seed)
-    longest = min(24, positions - 2)
-    return [[BOS_ID, *(rng.randrange(FIRST_TOKEN_ID, vocab_size) for _ in range(rng.randint(longest // 2, longest))),
-             EOS_ID] for _ in range(count)]
+    longest = min(24, model.positions - 2)
+    random_ids = [[rng.randrange(FIRST_TOKEN_ID, vocab_size) for _ in range(rng.randint(longest // 2, longest))]
+                  for _ in range(count)]
+    if model.rules == SEED_RULES:
+        return [[BOS_ID, *ids, EOS_ID] for ids in random_ids]
+    tok = model.vocab.source
+    framed = [tok.encode(tok.decode(ids), framed=True) for ids in random_ids]
+    return [ids if len(ids) <= model.positions else [*ids[:model.positions - 1], ids[-1]] for ids in framed]
+
+
+def _texts(sources: list[list[int]], model: BenchModel, tokens: tuple[str, ...]) -> list[str]:
+    """The sources as text (calibration for int8 static when no texts were given)."""
+    if model.rules == SEED_RULES:
+        return [" ".join(tokens[i] for i in row[1:-1]) for row in sources]
+    return [model.vocab.source.decode(row) for row in sources]
 
 
 def _check_work_dir(work_dir: Path | None) -> None:

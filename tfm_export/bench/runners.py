@@ -5,6 +5,7 @@ runs in a fresh process)."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,6 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from ..core.batching import pad_batch
+from ..core.token_rules import SEED_RULES, TokenRules
 from ..core.tokenizer import BOS_ID, EOS_ID
 from ..runtime import decoding
 
@@ -44,6 +46,7 @@ class Artifacts:
     target_tokens: tuple[str, ...] = ()
     tensorrt: Path | None = None  # fp16 engine directory, where TensorRT and a GPU are present
     ctranslate2_unsupported: str | None = None  # why CTranslate2's spec cannot express this model
+    rules: TokenRules = SEED_RULES  # ids and beam rule of the model (a pretrained model's own)
 
 
 def unavailable(name: str, artifacts: Artifacts) -> str | None:
@@ -76,17 +79,17 @@ def open_decoder(name: str, artifacts: Artifacts, threads: int) -> Decode:
         if name == "torch-full":
             from ..model.checkpoint import load_checkpoint
             from .torch_full import TorchFullBackend
-            return _loop(TorchFullBackend(load_checkpoint(artifacts.checkpoint).model))
-        return _loop(Translator.load(artifacts.checkpoint, backend="torch").backend)
+            return _loop(TorchFullBackend(load_checkpoint(artifacts.checkpoint).model), artifacts.rules)
+        return _loop(Translator.load(artifacts.checkpoint, backend="torch").backend, artifacts.rules)
     if name == "tensorrt":
-        return _loop(Translator.load(artifacts.tensorrt, backend="tensorrt").backend)
+        return _loop(Translator.load(artifacts.tensorrt, backend="tensorrt").backend, artifacts.rules)
     device = "cuda" if name == "ort-fp16" else "cpu"
     options = SessionOptions(intra_op_threads=threads, device=device)
     if name == "ort-generate":
         return _search(Translator.load(artifacts.onnx["generate"], backend="onnxruntime-generate",
                                        session_options=options).backend)
     return _loop(Translator.load(artifacts.onnx[ONNX_VARIANTS[name]], backend="onnxruntime", device=device,
-                                 session_options=options).backend)
+                                 session_options=options).backend, artifacts.rules)
 
 
 def _has_cuda_provider() -> bool:
@@ -94,12 +97,17 @@ def _has_cuda_provider() -> bool:
     return has_cuda_provider()
 
 
-def _loop(backend: decoding.StepBackend) -> Decode:
+def _loop(backend: decoding.StepBackend, rules: TokenRules) -> Decode:
+    """The decoding loop under the model's rules (a pretrained model's: generate()'s beam rule), less a forced
+    </s> at the length limit, which CTranslate2 has no option for: every backend generates the same tokens."""
+    rules = dataclasses.replace(rules, forced_eos=None)
+    search = decoding.transformers_beam_search if rules.beam_rule == "transformers" else decoding.beam_search
+
     def decode(sources: Sequence[Sequence[int]], beam: int, length: int, forced: bool) -> list[tuple[int, ...]]:
-        src, floor = pad_batch(sources), length if forced else 0
+        src, floor = pad_batch(sources, rules.pad), length if forced else 0
         if beam == 1:
-            return [h.tokens for h in decoding.greedy(backend, src, length, min_length=floor)]
-        return [h[0].tokens for h in decoding.beam_search(backend, src, beam, length, min_length=floor)]
+            return [h.tokens for h in decoding.greedy(backend, src, length, min_length=floor, rules=rules)]
+        return [h[0].tokens for h in search(backend, src, beam, length, min_length=floor, rules=rules)]
     return decode
 
 
@@ -117,11 +125,15 @@ def _ctranslate2(artifacts: Artifacts, compute_type: str, threads: int) -> Decod
                                         intra_threads=threads, inter_threads=1)
     vocab = artifacts.source_tokens
     index = {token: i for i, token in enumerate(artifacts.target_tokens)}
+    seed = artifacts.rules == SEED_RULES
+    framing = (BOS_ID, EOS_ID) if seed else ()  # CT2's seed spec adds its own
+    banned = None if seed else [[artifacts.target_tokens[i]] for i in artifacts.rules.banned] or None
 
     def decode(sources: Sequence[Sequence[int]], beam: int, length: int, forced: bool) -> list[tuple[int, ...]]:
-        tokens = [[vocab[i] for i in row if i not in (BOS_ID, EOS_ID)] for row in sources]
+        tokens = [[vocab[i] for i in row if i not in framing] for row in sources]
         results = translator.translate_batch(tokens, beam_size=beam, max_decoding_length=length,
-                                             min_decoding_length=length if forced else 0, max_batch_size=0)
+                                             min_decoding_length=length if forced else 0, max_batch_size=0,
+                                             suppress_sequences=banned)
         return [tuple(index[t] for t in r.hypotheses[0]) for r in results]
     return decode
 

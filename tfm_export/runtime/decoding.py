@@ -254,12 +254,13 @@ def beam_search(backend: StepBackend, src: np.ndarray, beam_size: int, max_lengt
 
 
 def transformers_beam_search(backend: StepBackend, src: np.ndarray, beam_size: int, max_length: int,
-                             length_penalty: float = 1.0, n_best: int = 1,
+                             length_penalty: float = 1.0, n_best: int = 1, min_length: int = 0,
                              rules: TokenRules = SEED_RULES) -> list[list[Hypothesis]]:
     """Beam search as transformers' generate() runs it, for pretrained models whose outputs must match it: of
     the 2k best candidates, a </s> among the k best is kept as finished with its score / generated length **
     penalty (the k best finished are kept); the k best others go on. When an input is done follows the rules'
-    early_stopping (_may_improve); at max_length the k best candidates end as they are."""
+    early_stopping (_may_improve); at max_length the k best candidates end as they are. min_length: </s> is
+    barred before that many tokens (benchmarks)."""
     k, batch = beam_size, len(src)
     state = backend.reorder(backend.encode(src), np.repeat(np.arange(batch), k))
     running = np.full((batch, k), -1e9, dtype=np.float32)
@@ -271,13 +272,9 @@ def transformers_beam_search(backend: StepBackend, src: np.ndarray, beam_size: i
     for step in range(max_length):
         state, logits = backend.step(state, tokens)
         last = step + 1 == max_length
-        x = logits.astype(np.float32, copy=False)
-        top, norm = _normalizers(x)
-        _masked(x, rules, True, step == 0, last)
-        values = (((x - top) - norm).reshape(batch, k, -1) + running[:, :, None]).reshape(batch, -1)
-        order = np.argsort(-values, axis=1, kind="stable")[:, :2 * k]
-        beam, token = np.divmod(order, x.shape[1])
-        value = np.take_along_axis(values, order, axis=1)
+        mask = partial(_masked, rules=rules, allow_eos=step + 1 > min_length, first=step == 0, last=last)
+        order, value = _top_candidates(logits, running, 2 * k, mask)
+        beam, token = np.divmod(order, logits.shape[1])
         ends = (token == rules.eos) | last
         _file_transformers(finished, searching, history, beam, token, value, ends, k, length_penalty, rules.eos)
         going = np.argsort(-(value - 1e9 * ends), axis=1, kind="stable")[:, :k]
