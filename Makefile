@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 TORCH  := torch==2.13.0
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup demo test lint bench bench-anchor demo-model demo-model-modern clean serving-env bench-serving browser
+.PHONY: setup demo test lint bench bench-anchor bench-hf demo-model demo-model-modern clean serving-env bench-serving browser
 
 setup: $(STAMP)
 
@@ -82,6 +82,15 @@ bench-anchor: setup
 	$(PY) scripts/bench_interleaved.py --model $(BENCH)/base-model/ckpt.pt --work-dir $(BENCH)/il \
 		--rounds 3 --lengths 64 --batch-sizes 1,8,32 --beam-sizes 1,4 --repeats 2 --min-time 0 --threads 1 \
 		--backends ort-fp32,ct2-fp32,ort-int8-dynamic,ct2-int8,ort-fp32-contract --json $(BENCH)/il.json
+
+# ONNX Runtime against CTranslate2 on the same Hugging Face weights: a random opus-mt-en-de-shaped Marian directory
+# (scripts/opus_like_marian.py), two interleaved rounds, one thread each (issue 16; see docs/benchmarks.md).
+bench-hf: setup
+	mkdir -p $(BENCH)
+	$(PY) scripts/opus_like_marian.py --output $(BENCH)/opus-like
+	$(PY) scripts/bench_interleaved.py --model $(BENCH)/opus-like --work-dir $(BENCH)/il-opus \
+		--rounds 2 --lengths 64 --batch-sizes 1,8 --beam-sizes 1,4 --repeats 2 --min-time 0 --threads 1 \
+		--backends ort-fp32,ct2-fp32,ort-int8-dynamic,ct2-int8 --json $(BENCH)/il-opus.json
 
 # The translator layout on a real tritonserver under concurrent load, beside in-process tfm-run; see docs/benchmarks.md.
 bench-serving: setup serving-env

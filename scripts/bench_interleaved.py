@@ -136,13 +136,13 @@ def first_output_s(command: list[str]) -> float:
     return elapsed
 
 
-def first_latencies(fp32: Path, ct2: Path, sentence: str, rounds: int, threads: int,
+def first_latencies(fp32: Path, ct2: Path, sentence: str, ct2_tokens: str, rounds: int, threads: int,
                     length: int = 64) -> dict[str, list[float]]:
-    """`tfm-run translate` on the fp32 directory and CTranslate2's Python API in a fresh interpreter,
-    alternating; both at most `length` tokens (random weights rarely stop earlier)."""
+    """`tfm-run translate` on the fp32 directory (the sentence) and CTranslate2's Python API in a fresh
+    interpreter (its tokens), alternating; both at most `length` tokens (random weights rarely stop earlier)."""
     ours = [str(Path(sys.executable).with_name("tfm-run")), "translate", "--model", str(fp32),
-            "--max-length", str(length), "--threads", str(threads), sentence]
-    theirs = [sys.executable, "-c", FIRST_CT2, str(ct2), sentence, str(length), str(threads)]
+            "--max-length", str(length), "--threads", str(threads), "--beam-size", "1", sentence]
+    theirs = [sys.executable, "-c", FIRST_CT2, str(ct2), ct2_tokens, str(length), str(threads)]
     out: dict[str, list[float]] = {"tfm-run translate (fp32)": [], "ctranslate2 (float32, Python API)": []}
     for _ in range(rounds):
         for values, command in zip(out.values(), (ours, theirs), strict=True):
@@ -166,7 +166,7 @@ def main() -> None:
     parser.add_argument("--resume", type=Path, default=None, help="a .partial.json: skip the rounds it holds")
     args = parser.parse_args()
     from tfm_export.bench.artifacts import build_fp32, build_variants, calibration_for, open_model
-    from tfm_export.bench.run import _sources
+    from tfm_export.bench.run import _sources, _texts
     backends = args.backends.split(",")
     lengths = [int(v) for v in args.lengths.split(",")]
     settings = protocol.BenchSettings(batch_sizes=tuple(int(v) for v in args.batch_sizes.split(",")),
@@ -179,8 +179,8 @@ def main() -> None:
     args.work_dir.mkdir(parents=True, exist_ok=True)
     say = lambda text: print(f"[{time.strftime('%H:%M:%S')}] {text}", file=sys.stderr, flush=True)  # noqa: E731
     built = build_fp32(model, args.work_dir, say)
-    sources = _sources(None, len(built.artifacts.source_tokens), 32, model.positions)
-    inputs = [" ".join(built.artifacts.source_tokens[i] for i in row[1:-1]) for row in sources]
+    sources = _sources(None, model, len(built.artifacts.source_tokens), 32)
+    inputs = _texts(model, len(built.artifacts.source_tokens), 32)
     calib = calibration_for(inputs, None, [], args.work_dir / "calibration.txt", None)
     variants = {"ort-int8-dynamic"} & set(backends)
     build_variants(built, model, args.work_dir, calib, [*variants, "ct2-fp32"], 128, say=say)
@@ -214,13 +214,16 @@ def main() -> None:
 
 def finish(args, model, partial: dict) -> None:
     """First-translation latency, the weights a token reads, the report."""
-    from tfm_export.bench.run import _sources
+    from tfm_export.bench.run import _sources, _texts
+    from tfm_export.core.token_rules import SEED_RULES
     say = lambda text: print(f"[{time.strftime('%H:%M:%S')}] {text}", file=sys.stderr, flush=True)  # noqa: E731
     say("first translation latency")
     vocab = model.vocab.source.tokens()
-    sources = _sources(None, len(vocab), 32, model.positions)
+    first_source = _sources(None, model, len(vocab), 32)[0]
+    ct2_ids = first_source[1:-1] if model.rules == SEED_RULES else first_source  # CT2 frames only the seed's
     first = first_latencies(args.work_dir / "onnx-fp32", args.work_dir / "ctranslate2",
-                            " ".join(vocab[i] for i in sources[0][1:-1]), args.rounds, args.threads)
+                            _texts(model, len(vocab), 1)[0], " ".join(vocab[i] for i in ct2_ids),
+                            args.rounds, args.threads)
     report = {"machine": protocol.machine_info(), "model": str(args.model),
               "settings": {k: str(v) for k, v in vars(args).items()},
               "weight_bytes_per_token": weight_bytes_per_token(model.checkpoint), "first_output_s": first, **partial}

@@ -199,3 +199,26 @@ def test_languages_on_a_model_without_them_are_one_line(exported) -> None:
     _, _, output = exported
     result = CliRunner().invoke(run_main, ["translate", "--model", str(output), "--target-lang", "fr_XX", "x"])
     assert result.exit_code == 1 and "takes no language codes" in result.output, result.output
+
+
+def test_m2m100_without_tokenizer_json_is_refused_in_one_line(tmp_path) -> None:
+    """M2M100Tokenizer (SentencePiece BPE + vocab.json) has no fast version: no tokenizer.json can be written
+    that reproduces it, so export says so instead of approximating it, and writes nothing."""
+    spm = pytest.importorskip("sentencepiece", reason="the oracle needs the hf extra: pip install '.[hf]'")
+    directory = tmp_path / "m2m100"
+    directory.mkdir()
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(_lines()), model_prefix=str(tmp_path / "bpe"),
+                                   vocab_size=300, model_type="bpe", minloglevel=2)
+    pieces = spm.SentencePieceProcessor(model_file=str(tmp_path / "bpe.model"))
+    vocab = dict.fromkeys([*SPECIALS, *(pieces.id_to_piece(i) for i in range(pieces.get_piece_size()))])
+    (tmp_path / "vocab.json").write_text(json.dumps({t: i for i, t in enumerate(vocab)}))
+    tokenizer = transformers.M2M100Tokenizer(vocab_file=str(tmp_path / "vocab.json"),
+                                             spm_file=str(tmp_path / "bpe.model"), src_lang="en", tgt_lang="fr")
+    tokenizer.save_pretrained(directory)
+    torch.manual_seed(0)
+    transformers.M2M100ForConditionalGeneration(transformers.M2M100Config(
+        **SIZES, **FAIRSEQ_IDS, vocab_size=len(tokenizer.get_vocab()))).save_pretrained(directory)
+    output = tmp_path / "out"
+    result = CliRunner().invoke(export_main, ["onnx", "--checkpoint", str(directory), "--output", str(output)])
+    assert result.exit_code == 1 and len(result.output.strip().splitlines()) == 1, result.output
+    assert "no fast version of M2M100Tokenizer" in result.output and not output.exists()

@@ -81,7 +81,7 @@ def run_benchmark(request: BenchRequest, say: Callable[[str], None] = lambda _: 
         built = build_fp32(model, work, say)
         vocab = built.artifacts.source_tokens
         sources = _sources(rows, model, len(vocab), request.sentences)
-        inputs = texts or _texts(sources, model, vocab)
+        inputs = texts or _texts(model, len(vocab), request.sentences)
         calib = calibration_for(inputs, request.calibration, calibration_texts, work / "calibration.txt",
                                 settings.output_length or None)
         build_variants(built, model, work, calib, settings.backends,
@@ -107,26 +107,31 @@ def _input_rows(texts: list[str], model: BenchModel) -> list[list[int]]:
 def _sources(rows: list[list[int]] | None, model: BenchModel, vocab_size: int, count: int,
              seed: int = 0) -> list[list[int]]:
     """The given rows cycled to `count`, else random tokens (12 to 24 per sentence, fewer for models with
-    fewer positions). A pretrained model's tokenizer frames sources its own way: its random ids become text,
-    which it encodes."""
+    fewer positions). A pretrained model's tokenizer frames sources its own way: it encodes random text."""
     if rows is not None:
         return (rows * (count // len(rows) + 1))[:count]
+    if model.rules != SEED_RULES:
+        tok = model.vocab.source
+        framed = [tok.encode(text, framed=True) for text in _texts(model, vocab_size, count, seed)]
+        return [ids if len(ids) <= model.positions else [*ids[:model.positions - 1], ids[-1]] for ids in framed]
+    return [[BOS_ID, *ids, EOS_ID] for ids in _random_ids(model, vocab_size, count, seed)]
+
+
+def _random_ids(model: BenchModel, vocab_size: int, count: int, seed: int) -> list[list[int]]:
     rng = random.Random(seed)
     longest = min(24, model.positions - 2)
-    random_ids = [[rng.randrange(FIRST_TOKEN_ID, vocab_size) for _ in range(rng.randint(longest // 2, longest))]
-                  for _ in range(count)]
-    if model.rules == SEED_RULES:
-        return [[BOS_ID, *ids, EOS_ID] for ids in random_ids]
-    tok = model.vocab.source
-    framed = [tok.encode(tok.decode(ids), framed=True) for ids in random_ids]
-    return [ids if len(ids) <= model.positions else [*ids[:model.positions - 1], ids[-1]] for ids in framed]
+    return [[rng.randrange(FIRST_TOKEN_ID, vocab_size) for _ in range(rng.randint(longest // 2, longest))]
+            for _ in range(count)]
 
 
-def _texts(sources: list[list[int]], model: BenchModel, tokens: tuple[str, ...]) -> list[str]:
-    """The sources as text (calibration for int8 static when no texts were given)."""
+def _texts(model: BenchModel, vocab_size: int, count: int, seed: int = 0) -> list[str]:
+    """The random sources as text (calibration for int8 static, a first sentence to time): the seed's tokens
+    joined, or a pretrained model's random target ids decoded (its target tokenizer names every piece)."""
     if model.rules == SEED_RULES:
-        return [" ".join(tokens[i] for i in row[1:-1]) for row in sources]
-    return [model.vocab.source.decode(row) for row in sources]
+        tokens = model.vocab.source.tokens()
+        return [" ".join(tokens[i] for i in ids) for ids in _random_ids(model, vocab_size, count, seed)]
+    size = model.vocab.target.vocab_size
+    return [model.vocab.target.decode(ids) for ids in _random_ids(model, size, count, seed)]
 
 
 def _check_work_dir(work_dir: Path | None) -> None:

@@ -176,8 +176,9 @@ def _converted(directory: Path, config: ModelConfig) -> Vocabulary:
         raise VocabularyError(f"{directory}: {NO_TOKENIZER} ({first_line(exc, 120)})") from None
     backend = getattr(hf_tok, "backend_tokenizer", None)
     if backend is None:
-        raise VocabularyError(f"{directory}: transformers reads this tokenizer ({type(hf_tok).__name__}) only in "
-                              f"Python; save it as {TOKENIZER_FILE} with a fast tokenizer and export again")
+        raise VocabularyError(f"{directory}: transformers has no fast version of {type(hf_tok).__name__} (it reads "
+                              f"it only in Python), so no {TOKENIZER_FILE} can reproduce it; M2M100 directories are "
+                              "among these, NLLB directories come with one")
     tok = TextTokenizer(Tokenizer.from_str(backend.to_str()), str(directory), seed_layout=False)
     if tok.vocab_size > max(config.src_vocab_size, config.trg_vocab_size):
         raise VocabularyError(f"{directory}: the tokenizer has {tok.vocab_size} tokens, more than the model's "
