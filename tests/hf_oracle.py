@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 from click.testing import CliRunner
 
+from tfm_export.cli.export_cli import main as export_main
 from tfm_export.cli.run_cli import main as run_main
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -77,3 +78,10 @@ def translate(model: Path, texts: list[str], *options: str) -> list[tuple[int, .
     result = CliRunner().invoke(run_main, ["translate", "--model", str(model), "--format", "jsonl", *options, *texts])
     assert result.exit_code == 0, result.output
     return [tuple(json.loads(line)["ids"]) for line in result.stdout.splitlines()]
+
+
+def export_onnx(directory: Path, output: Path) -> Path:
+    """`tfm-export onnx` of a Hugging Face directory, which must succeed."""
+    result = CliRunner().invoke(export_main, ["onnx", "--checkpoint", str(directory), "--output", str(output)])
+    assert result.exit_code == 0, result.output
+    return output

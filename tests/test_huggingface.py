@@ -355,8 +355,7 @@ def test_files_outside_the_directory_are_not_read(marian_dir, tmp_path) -> None:
         load_hf_directory(directory)
 
 
-@pytest.mark.parametrize("early_stopping", [True, "never"])
-@pytest.mark.parametrize("penalty", [1.0, 2.0])
+@pytest.mark.parametrize("early_stopping, penalty", [(True, 1.0), ("never", 2.0)])
 def test_beam_early_stopping_matches_generate(marian_dir, early_stopping, penalty) -> None:
     """generate()'s early_stopping rules (True: an input is done with k finished; "never": the best live beam
     is judged at max_length when the penalty is positive), on inputs where each rule changes outputs."""

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 from click.testing import CliRunner
-from hf_oracle import generate, randomize, repository_lines, retarget_stop, sample_texts, translate
+from hf_oracle import export_onnx, generate, randomize, repository_lines, retarget_stop, sample_texts, translate
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
 from tfm_export.cli.export_cli import main as export_main
@@ -125,10 +125,7 @@ def family_dir(request, tmp_path_factory) -> tuple[str, Path]:
 @pytest.fixture(scope="module")
 def exported(family_dir, tmp_path_factory) -> tuple[str, Path, Path]:
     family, directory = family_dir
-    output = tmp_path_factory.mktemp("exported") / family
-    result = CliRunner().invoke(export_main, ["onnx", "--checkpoint", str(directory), "--output", str(output)])
-    assert result.exit_code == 0, result.output
-    return family, directory, output
+    return family, directory, export_onnx(directory, tmp_path_factory.mktemp("exported") / family)
 
 
 def test_languages_and_defaults_are_read(family_dir) -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 from click.testing import CliRunner
-from hf_oracle import generate, randomize, repository_lines, retarget_stop, sample_texts, translate
+from hf_oracle import export_onnx, generate, randomize, repository_lines, retarget_stop, sample_texts, translate
 
 from tfm_export.cli.export_cli import main as export_main
 from tfm_export.cli.run_cli import main as run_main
@@ -157,10 +157,7 @@ def test_marian_target_pieces_decode_as_marian_does(hf_dir) -> None:
 @pytest.fixture(scope="module")
 def exported(hf_dir, tmp_path_factory) -> tuple[str, Path, Path]:
     kind, directory = hf_dir
-    output = tmp_path_factory.mktemp("exported") / kind
-    result = CliRunner().invoke(export_main, ["onnx", "--checkpoint", str(directory), "--output", str(output)])
-    assert result.exit_code == 0, result.output
-    return kind, directory, output
+    return kind, directory, export_onnx(directory, tmp_path_factory.mktemp("exported") / kind)
 
 
 @pytest.mark.parametrize("beam, penalty", [(1, 1.0), (4, 1.0), (4, 0.6), (4, 2.0)])
