@@ -14,6 +14,19 @@ from tfm_export.cli.export_cli import main as export_main
 from tfm_export.cli.run_cli import main as run_main
 
 ROOT = Path(__file__).resolve().parents[1]
+# lines a tokenizer must get right beside the repository's text: accents, scripts, emoji, odd spaces, special-token
+# text, language codes at and away from the start, empty and blank lines
+HOSTILE = [
+    "", "   ", "\u00c7a co\u00fbte 5 \u20ac, na\u00efve caf\u00e9: d\u00e9j\u00e0 vu",
+    "\u6f22\u5b57\u304b\u306a\u4ea4\u3058\u308a\u6587 \U0001f600\U0001f44d\U0001f3fd",
+    "e\u0301 vs \u00e9, \ufb01 ligature, \uff26\uff55\uff4c\uff4c", "tab\there  and  double  spaces ",
+    "\u00a0non-breaking\u2003em space", "x </s> y <pad> z <unk>", ">>fra<< with a language code",
+    ">>fra<<glued", "mid >>fra<< text", "  >>fra<< after spaces", "</s>>>fra<< after a special token",
+    "\u00c6\u00d8\u00c5 \u00e6\u00f8\u00e5 \u00df\u1e9e \u0132\u0133\u0152\u0153", "#!@$%^&*()_+{}|:\"<>?",
+    "Stra\u00dfe \u00c4rger \u00d6l \u00dcbel", "\u200bzero\u200dwidth",
+    "\u0645\u0631\u062d\u0628\u0627 \u0628\u0627\u0644\u0639\u0627\u0644\u0645",
+    "\u041f\u0440\u0438\u0432\u0435\u0442, \u043c\u0438\u0440", "1234567890 \u00bd \u00b2 \u2462"
+]
 
 
 def retarget_stop(model, outputs: list[tuple[int, ...]], force_eos: bool, keep: tuple[int, ...] = ()) -> None:

@@ -15,7 +15,16 @@ from pathlib import Path
 import pytest
 import torch
 from click.testing import CliRunner
-from hf_oracle import export_onnx, generate, randomize, repository_lines, retarget_stop, sample_texts, translate
+from hf_oracle import (
+    HOSTILE,
+    export_onnx,
+    generate,
+    randomize,
+    repository_lines,
+    retarget_stop,
+    sample_texts,
+    translate,
+)
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
 from tfm_export.cli.export_cli import main as export_main
@@ -140,8 +149,8 @@ def test_languages_and_defaults_are_read(family_dir) -> None:
 
 
 def test_source_language_framing_matches_the_tokenizer(family_dir) -> None:
-    """>= 500 lines framed with a source language other than the saved one: the ids of the Hugging Face
-    tokenizer with src_lang set."""
+    """>= 500 lines (the repository's text and the hostile lines) framed with a source language other than the
+    saved one: the ids of the Hugging Face tokenizer with src_lang set."""
     family, directory = family_dir
     ours = load_checkpoint(directory)
     theirs = transformers.AutoTokenizer.from_pretrained(str(directory))
@@ -150,7 +159,7 @@ def test_source_language_framing_matches_the_tokenizer(family_dir) -> None:
     if source is not None:
         tokenizer = tokenizer.with_code(source, ours.rules.languages)
         theirs.src_lang = source
-    lines = repository_lines()
+    lines = repository_lines() + HOSTILE
     assert len(lines) >= 500
     for text in lines:
         assert tokenizer.encode(text, framed=True) == theirs(text).input_ids, f"{family}: {text!r}"

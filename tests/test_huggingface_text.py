@@ -13,7 +13,16 @@ from pathlib import Path
 import pytest
 import torch
 from click.testing import CliRunner
-from hf_oracle import export_onnx, generate, randomize, repository_lines, retarget_stop, sample_texts, translate
+from hf_oracle import (
+    HOSTILE,
+    export_onnx,
+    generate,
+    randomize,
+    repository_lines,
+    retarget_stop,
+    sample_texts,
+    translate,
+)
 
 from tfm_export.cli.export_cli import main as export_main
 from tfm_export.cli.run_cli import main as run_main
@@ -26,19 +35,6 @@ SIZES = dict(d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_h
              encoder_ffn_dim=48, decoder_ffn_dim=48, max_position_embeddings=64)
 T5_SIZES = dict(d_model=32, d_kv=16, d_ff=48, num_layers=2, num_heads=4, relative_attention_num_buckets=8,
                 relative_attention_max_distance=20, decoder_start_token_id=0)
-HOSTILE = [
-    "", "   ", "\u00c7a co\u00fbte 5 \u20ac, na\u00efve caf\u00e9: d\u00e9j\u00e0 vu",
-    "\u6f22\u5b57\u304b\u306a\u4ea4\u3058\u308a\u6587 \U0001f600\U0001f44d\U0001f3fd",
-    "e\u0301 vs \u00e9, \ufb01 ligature, \uff26\uff55\uff4c\uff4c", "tab\there  and  double  spaces ",
-    "\u00a0non-breaking\u2003em space", "x </s> y <pad> z <unk>", ">>fra<< with a language code",
-    ">>fra<<glued", "mid >>fra<< text", "  >>fra<< after spaces", "</s>>>fra<< after a special token",
-    "\u00c6\u00d8\u00c5 \u00e6\u00f8\u00e5 \u00df\u1e9e \u0132\u0133\u0152\u0153", "#!@$%^&*()_+{}|:\"<>?",
-    "Stra\u00dfe \u00c4rger \u00d6l \u00dcbel", "\u200bzero\u200dwidth",
-    "\u0645\u0631\u062d\u0628\u0627 \u0628\u0627\u0644\u0639\u0627\u0644\u0645",
-    "\u041f\u0440\u0438\u0432\u0435\u0442, \u043c\u0438\u0440", "1234567890 \u00bd \u00b2 \u2462"
-]
-
-
 LINES = repository_lines() + HOSTILE
 
 
@@ -202,7 +198,8 @@ def _agreement(report: str, decode: str) -> float:
 def test_quantized_directories_report_agreement(exported, precision, tmp_path) -> None:
     """fp16 and int8 (dynamic, static calibrated on the texts) of Marian and T5 build and `verify` reports
     their agreement with fp32 (greedy and beam 4). A random tiny model's near-flat distributions make int8
-    agreement low, so only fp16's is held to a floor; below verify's thresholds the exit is 1 with one line."""
+    agreement low, so only fp16's is held to a floor; below verify's thresholds the exit is 1 with one line.
+    `check` finds fp16 and int8 static TensorRT-compatible."""
     kind, _, output = exported
     texts = tmp_path / "texts.txt"
     texts.write_text("\n".join(sample_texts()) + "\n", encoding="utf-8")
@@ -218,11 +215,16 @@ def test_quantized_directories_report_agreement(exported, precision, tmp_path) -
     assert all(0 < rate <= 1 for rate in rates.values()), rates
     if precision == "fp16":
         assert rates["greedy"] >= 0.8, f"{kind}: {rates}"
+    result = CliRunner().invoke(export_main, ["check", "--model", str(quantized)])  # TensorRT's static report
+    if precision == "int8-dynamic":  # ONNX Runtime's integer ops: not for TensorRT, and check says so
+        assert result.exit_code == 1 and "TensorRT needs --mode static" in result.output, result.output
+    else:
+        assert result.exit_code == 0 and "check OK" in result.output, result.output
 
 
 def test_verify_compares_with_generate(exported, tmp_path) -> None:
     """`tfm-export verify` on a Hugging Face export decodes under the model's rules and holds the graphs to
-    generate() itself, on random sources and on text."""
+    generate() itself, on random sources and on text; `tfm-export check` finds them TensorRT-compatible."""
     _, _, output = exported
     texts = tmp_path / "texts.txt"
     texts.write_text("\n".join(sample_texts()) + "\n", encoding="utf-8")
@@ -231,6 +233,8 @@ def test_verify_compares_with_generate(exported, tmp_path) -> None:
     for row in ("greedy, 16 random sources vs generate()", "beam 4, 50 input lines vs generate()"):
         assert row in result.output
     assert result.output.count("identical (100.0%)") == 4
+    result = CliRunner().invoke(export_main, ["check", "--model", str(output)])  # TensorRT's static report
+    assert result.exit_code == 0 and "check OK" in result.output, result.output
 
 
 @pytest.fixture(scope="module")
