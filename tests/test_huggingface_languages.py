@@ -1,6 +1,7 @@
-"""Multilingual and BPE Hugging Face families from text to text: NLLB (M2M100 with NllbTokenizer), mBART-50,
-mBART-cc25 and BART, with `--source-lang`/`--target-lang` and each model's generation defaults (num_beams,
-length_penalty, early_stopping True / "never" / False).
+"""Multilingual and BPE Hugging Face families from text to text: NLLB (M2M100 with NllbTokenizer), M2M100 (its
+SentencePiece BPE model and vocab.json, no tokenizer.json), mBART-50, mBART-cc25 and BART, with `--source-lang`
+and `--target-lang` and each model's generation defaults (num_beams, length_penalty, early_stopping True /
+"never" / False).
 
 Oracles: the Hugging Face tokenizers (with `src_lang` set) and transformers' generate() (with forced_bos_token_id or
 decoder_start_token_id for the target language). Tokenizers are trained here with `tokenizers` on the repository's
@@ -10,6 +11,7 @@ own text and handed to the transformers tokenizer classes, models are random (ti
 from __future__ import annotations
 
 import json
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -27,7 +29,6 @@ from hf_oracle import (
 )
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
-from tfm_export.cli.export_cli import main as export_main
 from tfm_export.cli.run_cli import main as run_main
 from tfm_export.model.checkpoint import load_checkpoint
 
@@ -41,11 +42,13 @@ NLLB_CODES = ["eng_Latn", "fra_Latn", "deu_Latn", "spa_Latn"]
 # family -> (source language to translate from, target language, generation defaults the model is saved with)
 CASES = {
     "nllb": ("fra_Latn", "deu_Latn", dict(num_beams=4, early_stopping=True)),
+    "m2m100": ("__fr__", "__de__", dict(num_beams=5, early_stopping=True)),
     "mbart-50": ("fr_XX", "de_DE", dict(num_beams=4, length_penalty=0.6, early_stopping="never")),
     "mbart-cc25": (None, "de_DE", dict(num_beams=3, length_penalty=2.0)),
     "bart": (None, None, dict(num_beams=4, early_stopping=True, forced_bos_token_id=0)),
 }
-RULES = {"nllb": "forced_bos", "mbart-50": "forced_bos", "mbart-cc25": "decoder_start", "bart": None}
+RULES = {"nllb": "forced_bos", "m2m100": "forced_bos", "mbart-50": "forced_bos", "mbart-cc25": "decoder_start",
+         "bart": None}
 
 
 def _lines() -> list[str]:
@@ -63,9 +66,11 @@ def _merges(model: dict) -> list[tuple[str, str]]:
     return [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in model["merges"]]
 
 
-def _tokenizer(family: str):
+def _tokenizer(family: str, work: Path):
     """The family's transformers tokenizer over a vocabulary trained here (SentencePiece-style BPE for NLLB,
-    Unigram for mBART, byte-level BPE for BART)."""
+    SentencePiece's own BPE for M2M100, Unigram for mBART, byte-level BPE for BART)."""
+    if family == "m2m100":
+        return _m2m100_tokenizer(work)
     if family == "nllb":
         bpe = _trained(models.BPE(unk_token="<unk>"), pre_tokenizers.Metaspace(),
                        trainers.BpeTrainer(vocab_size=400, special_tokens=SPECIALS, show_progress=False))
@@ -84,10 +89,33 @@ def _tokenizer(family: str):
     return tokenizer_class(vocab=pieces, src_lang="en_XX")
 
 
+def _m2m100_tokenizer(work: Path):
+    """M2M100Tokenizer over a SentencePiece BPE model and a fairseq-ordered vocab.json (specials first)."""
+    spm = pytest.importorskip("sentencepiece", reason="the oracle needs the hf extra: pip install '.[hf]'")
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(_lines()), model_prefix=str(work / "bpe"),
+                                   vocab_size=400, model_type="bpe", minloglevel=2)
+    pieces = spm.SentencePieceProcessor(model_file=str(work / "bpe.model"))
+    vocab = dict.fromkeys([*SPECIALS, *(pieces.id_to_piece(i) for i in range(pieces.get_piece_size()))])
+    (work / "vocab.json").write_text(json.dumps({t: i for i, t in enumerate(vocab)}))
+    return transformers.M2M100Tokenizer(vocab_file=str(work / "vocab.json"), spm_file=str(work / "bpe.model"),
+                                        src_lang="en")
+
+
+def _hf_language(code: str | None) -> str | None:
+    """M2M100Tokenizer's src_lang is the bare code ("fr"); --source-lang names the token (__fr__)."""
+    return code.strip("_") if code and code.startswith("__") else code
+
+
+def _vocab_size(tokenizer) -> int:
+    """M2M100's table ends with its language codes and 8 made-up words, past len(tokenizer)."""
+    codes = getattr(tokenizer, "lang_token_to_id", {})
+    return max(len(tokenizer), *(i + 9 for i in codes.values()))
+
+
 def _model(family: str, tokenizer):
     torch.manual_seed(5)
-    ids = dict(FAIRSEQ_IDS, vocab_size=len(tokenizer))
-    if family == "nllb":
+    ids = dict(FAIRSEQ_IDS, vocab_size=_vocab_size(tokenizer))
+    if family in ("nllb", "m2m100"):
         return randomize(transformers.M2M100ForConditionalGeneration(
             transformers.M2M100Config(**SIZES, **ids, scale_embedding=True)), 2.0)
     if family == "bart":
@@ -111,13 +139,13 @@ def _target_options(tokenizer, family: str) -> dict:
 def _save(family: str, directory: Path) -> Path:
     """A random model saved with its tokenizer and generation defaults; stopping and banning retargeted where
     they change outputs (retarget_stop)."""
-    tokenizer = _tokenizer(family)
+    tokenizer = _tokenizer(family, Path(tempfile.mkdtemp(dir=directory.parent)))
     tokenizer.save_pretrained(directory)
     model = _model(family, tokenizer)
     model.save_pretrained(directory)
     source, _, defaults = CASES[family]
     target = _target_options(tokenizer, family)
-    outputs = generate(transformers, directory, sample_texts(), source, num_beams=1, do_sample=False,
+    outputs = generate(transformers, directory, sample_texts(), _hf_language(source), num_beams=1, do_sample=False,
                        eos_token_id=None, forced_eos_token_id=None, max_length=21, **target)
     retarget_stop(model, outputs, force_eos=True, keep=tuple(target.values()))
     for key, value in dict(defaults, max_length=24).items():
@@ -141,7 +169,8 @@ def test_languages_and_defaults_are_read(family_dir) -> None:
     family, directory = family_dir
     rules = load_checkpoint(directory).rules
     assert rules.language_rule == RULES[family]
-    codes = {"nllb": NLLB_CODES, "bart": []}.get(family, ["en_XX", "de_DE", "fr_XX", "ro_RO"])
+    codes = {"nllb": NLLB_CODES, "m2m100": ["__en__", "__fr__", "__de__"], "bart": []}.get(
+        family, ["en_XX", "de_DE", "fr_XX", "ro_RO"])
     assert set(codes) <= set(rules.languages) and bool(codes) == bool(rules.languages)
     defaults = CASES[family][2]
     assert (rules.num_beams, rules.length_penalty, rules.early_stopping) == (
@@ -158,7 +187,7 @@ def test_source_language_framing_matches_the_tokenizer(family_dir) -> None:
     tokenizer = ours.vocab.source
     if source is not None:
         tokenizer = tokenizer.with_code(source, ours.rules.languages)
-        theirs.src_lang = source
+        theirs.src_lang = _hf_language(source)
     lines = repository_lines() + HOSTILE
     assert len(lines) >= 500
     for text in lines:
@@ -179,7 +208,7 @@ def test_translate_matches_generate(exported, beam) -> None:
     texts = sample_texts()
     tokenizer = transformers.AutoTokenizer.from_pretrained(str(directory))
     options = {} if beam is None else dict(num_beams=beam, length_penalty=1.0)
-    want = generate(transformers, directory, texts, CASES[family][0], do_sample=False,
+    want = generate(transformers, directory, texts, _hf_language(CASES[family][0]), do_sample=False,
                     **_target_options(tokenizer, family), **options)
     assert len({len(t) for t in want}) >= 2 and len(set(want)) >= 10  # stops at </s>, differs by input
     flags = _language_options(family) + ([] if beam is None else ["--beam-size", str(beam)])
@@ -205,26 +234,3 @@ def test_languages_on_a_model_without_them_are_one_line(exported) -> None:
     _, _, output = exported
     result = CliRunner().invoke(run_main, ["translate", "--model", str(output), "--target-lang", "fr_XX", "x"])
     assert result.exit_code == 1 and "takes no language codes" in result.output, result.output
-
-
-def test_m2m100_without_tokenizer_json_is_refused_in_one_line(tmp_path) -> None:
-    """M2M100Tokenizer (SentencePiece BPE + vocab.json) has no fast version: no tokenizer.json can be written
-    that reproduces it, so export says so instead of approximating it, and writes nothing."""
-    spm = pytest.importorskip("sentencepiece", reason="the oracle needs the hf extra: pip install '.[hf]'")
-    directory = tmp_path / "m2m100"
-    directory.mkdir()
-    spm.SentencePieceTrainer.train(sentence_iterator=iter(_lines()), model_prefix=str(tmp_path / "bpe"),
-                                   vocab_size=300, model_type="bpe", minloglevel=2)
-    pieces = spm.SentencePieceProcessor(model_file=str(tmp_path / "bpe.model"))
-    vocab = dict.fromkeys([*SPECIALS, *(pieces.id_to_piece(i) for i in range(pieces.get_piece_size()))])
-    (tmp_path / "vocab.json").write_text(json.dumps({t: i for i, t in enumerate(vocab)}))
-    tokenizer = transformers.M2M100Tokenizer(vocab_file=str(tmp_path / "vocab.json"),
-                                             spm_file=str(tmp_path / "bpe.model"), src_lang="en", tgt_lang="fr")
-    tokenizer.save_pretrained(directory)
-    torch.manual_seed(0)
-    transformers.M2M100ForConditionalGeneration(transformers.M2M100Config(
-        **SIZES, **FAIRSEQ_IDS, vocab_size=len(tokenizer.get_vocab()))).save_pretrained(directory)
-    output = tmp_path / "out"
-    result = CliRunner().invoke(export_main, ["onnx", "--checkpoint", str(directory), "--output", str(output)])
-    assert result.exit_code == 1 and len(result.output.strip().splitlines()) == 1, result.output
-    assert "no fast version of M2M100Tokenizer" in result.output and not output.exists()

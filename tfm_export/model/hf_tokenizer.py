@@ -4,8 +4,9 @@ A directory with a `tokenizer.json` (BART, mBART, NLLB, T5 saved by a fast token
 as it is. Marian (opus-mt) directories have two SentencePiece models and a `vocab.json` that gives every piece its
 model id; they become a source and a target Unigram model in vocab.json's order, with the SentencePiece model's
 normalizer (its precompiled charsmap), whitespace rules, scores and unknown-piece handling, and the `$A </s>`
-framing MarianTokenizer gives sources. Other directories without `tokenizer.json` go through transformers' own
-conversion (the `hf` extra).
+framing MarianTokenizer gives sources. M2M100 directories (a SentencePiece BPE model and a `vocab.json`; there is
+no fast M2M100 tokenizer) become a BPE model with SentencePiece's merges. Other directories without
+`tokenizer.json` go through transformers' own conversion (the `hf` extra).
 
 A joint vocabulary lists the target language's pieces too. MarianTokenizer never produces them from source text,
 except one way: SentencePiece gives a run of characters it lacks as one unknown piece, and MarianTokenizer looks
@@ -38,7 +39,8 @@ MARIAN_SPECIALS = (EOS, "<unk>", "<pad>")  # MarianTokenizer's eos, unk and pad:
 RUN_START, RUN_END = "\ufdd0", "\ufdd1"  # noncharacters: never in text, they mark runs the source model lacks
 CODE_START = "\ufdd2"  # marks >> at the start of a text: only there is a language code one (MarianTokenizer)
 NORMAL, UNKNOWN, CONTROL = 1, 2, 3  # SentencePiece piece types
-UNIGRAM = 1  # SentencePiece model type
+UNIGRAM, BPE = 1, 2  # SentencePiece model types
+M2M100_SPM = "sentencepiece.bpe.model"  # M2M100's SentencePiece BPE model, beside its vocab.json
 # language codes by model_type (NLLB and M2M100 are both m2m_100): the tokens --source-lang/--target-lang name
 LANGUAGE_CODES = {"marian": r">>[^<>\s]+<<", "m2m_100": r"__[A-Za-z-]+__|[a-z]{3}_[A-Z][a-z]{3}",
                   "mbart": r"[a-z]{2}_[A-Z]{2}"}
@@ -55,6 +57,8 @@ def hf_vocabulary(directory: Path, hf: dict[str, Any], config: ModelConfig) -> V
         return Vocabulary(tok, tok)
     if (directory / MARIAN_SOURCE_SPM).exists() or hf["model_type"] == "marian":
         return _marian(directory, hf, config)
+    if (directory / M2M100_SPM).exists() and hf["model_type"] == "m2m_100":
+        return _m2m100(directory, config)
     return _converted(directory, config)
 
 
@@ -86,7 +90,7 @@ def _vocab_json(path: Path, model_size: int) -> list[str]:
     return by_id
 
 
-def _spm_proto(path: Path) -> Any:
+def _spm_proto(path: Path, model_type: int = UNIGRAM) -> Any:
     require_extra("hf", f"reading {path.name}")
     from transformers.utils import sentencepiece_model_pb2_new as sentencepiece_model  # protobuf-version neutral
     proto = sentencepiece_model.ModelProto()
@@ -96,7 +100,8 @@ def _spm_proto(path: Path) -> Any:
         raise VocabularyError(f"{path}: not a SentencePiece model ({first_line(exc)})") from None
     spec = proto.trainer_spec
     unsupported = [what for what, bad in (
-        ("a model type other than unigram", spec.model_type != UNIGRAM), ("byte fallback", spec.byte_fallback),
+        (f"a model type other than {'unigram' if model_type == UNIGRAM else 'BPE'}", spec.model_type != model_type),
+        ("byte fallback", spec.byte_fallback),
         ("pieces across spaces", not spec.split_by_whitespace),
         ("whitespace as suffix", spec.treat_whitespace_as_suffix),
         ("user-defined pieces", any(p.type not in (NORMAL, UNKNOWN, CONTROL) for p in proto.pieces))) if bad]
@@ -166,6 +171,57 @@ def _normalizer(proto: Any, known: set[str] | None) -> normalizers.Normalizer:
     return normalizers.Sequence(steps)
 
 
+def _m2m100(directory: Path, config: ModelConfig) -> Vocabulary:
+    """M2M100Tokenizer as a BPE model: SentencePiece's pieces with its merges (a piece's splits into two pieces,
+    earlier for a higher score), runs of unknown characters fused into one <unk> as SentencePiece does,
+    vocab.json's ids, the language codes after them, and the source framing `__xx__ $A </s>` for the saved
+    source language. A code in the text is text to M2M100Tokenizer, so only the target side (which decodes)
+    marks codes special. transformers (the `hf` extra) reads the tokenizer's files, which name the language list
+    and the source language."""
+    require_extra("hf", f"reading the M2M100 tokenizer of {directory}")
+    from transformers import AutoTokenizer
+    try:
+        hf_tok = AutoTokenizer.from_pretrained(str(directory), local_files_only=True)
+        codes = dict(hf_tok.lang_token_to_id)
+        source_code = hf_tok.get_lang_token(hf_tok.src_lang)
+    except Exception as exc:  # OSError, KeyError, AttributeError of a tokenizer that is not M2M100's
+        raise VocabularyError(f"{directory}: not an M2M100 tokenizer ({first_line(exc, 120)})") from None
+    path = contained_file(directory, M2M100_SPM, VocabularyError, "SentencePiece model", LINKED)
+    proto = _spm_proto(path, BPE)
+    pieces = [p.piece for p in proto.pieces if p.type == NORMAL]
+    ids = {**hf_tok.encoder, **codes}
+    missing = [p for p in pieces if p not in ids]
+    if missing or max(ids.values()) >= max(config.src_vocab_size, config.trg_vocab_size):
+        raise VocabularyError(f"{directory}: " + (f"piece {missing[0]!r} has no id in vocab.json" if missing else
+                                                  "the tokenizer's ids run past the model's embedding table"))
+    tok = Tokenizer(models.BPE(vocab=ids, merges=_bpe_merges(proto), unk_token=hf_tok.unk_token, fuse_unk=True,
+                               byte_fallback=False))
+    tok.normalizer = _normalizer(proto, None)
+    scheme = "always" if proto.normalizer_spec.add_dummy_prefix else "never"
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement=METASPACE, prepend_scheme=scheme, split=True)
+    tok.decoder = decoders.Metaspace(replacement=METASPACE, prepend_scheme=scheme, split=True)
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in hf_tok.all_special_tokens
+                            if t in ids and t not in codes])
+    eos = hf_tok.eos_token
+    tok.post_processor = processors.TemplateProcessing(single=f"{source_code} $A {eos}", special_tokens=[
+        (source_code, ids[source_code]), (eos, ids[eos])])
+    source = TextTokenizer(tok, str(path), seed_layout=False)
+    target = Tokenizer.from_str(tok.to_str())  # decodes: a generated language code is skipped, as special
+    target.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in codes])
+    return Vocabulary(source, TextTokenizer(target, str(path), seed_layout=False))
+
+
+def _bpe_merges(proto: Any) -> list[tuple[str, str]]:
+    """A SentencePiece BPE model's merges in the order it applies them: every split of a piece into two
+    pieces, pieces by falling score, splits of one piece by the ids of their halves."""
+    order = {p.piece: i for i, p in enumerate(proto.pieces) if p.type == NORMAL}
+    merges = []
+    for piece in sorted(order, key=lambda name: -proto.pieces[order[name]].score):  # stable: ties keep file order
+        splits = [(piece[:i], piece[i:]) for i in range(1, len(piece)) if piece[:i] in order and piece[i:] in order]
+        merges += sorted(splits, key=lambda pair: (order[pair[0]], order[pair[1]]))
+    return merges
+
+
 def _converted(directory: Path, config: ModelConfig) -> Vocabulary:
     """transformers' own conversion of a directory with tokenizer files but no tokenizer.json."""
     require_extra("hf", f"reading the tokenizer files of {directory} (it has no {TOKENIZER_FILE})")
@@ -177,8 +233,8 @@ def _converted(directory: Path, config: ModelConfig) -> Vocabulary:
     backend = getattr(hf_tok, "backend_tokenizer", None)
     if backend is None:
         raise VocabularyError(f"{directory}: transformers has no fast version of {type(hf_tok).__name__} (it reads "
-                              f"it only in Python), so no {TOKENIZER_FILE} can reproduce it; M2M100 directories are "
-                              "among these, NLLB directories come with one")
+                              f"it only in Python), so tfm-export cannot write a {TOKENIZER_FILE} that reproduces it; "
+                              "please report the model")
     tok = TextTokenizer(Tokenizer.from_str(backend.to_str()), str(directory), seed_layout=False)
     if tok.vocab_size > max(config.src_vocab_size, config.trg_vocab_size):
         raise VocabularyError(f"{directory}: the tokenizer has {tok.vocab_size} tokens, more than the model's "
