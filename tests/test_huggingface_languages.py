@@ -109,7 +109,7 @@ def _hf_language(code: str | None) -> str | None:
 def _vocab_size(tokenizer) -> int:
     """M2M100's table ends with its language codes and 8 made-up words, past len(tokenizer)."""
     codes = getattr(tokenizer, "lang_token_to_id", {})
-    return max(len(tokenizer), *(i + 9 for i in codes.values()))
+    return max([len(tokenizer), *(i + 9 for i in codes.values())])
 
 
 def _model(family: str, tokenizer):
