@@ -16,7 +16,7 @@ from ..core.config import ModelConfig
 from ..core.errors import TfmExportError
 from ..core.files import contained_file, file_sha256
 from ..core.graph_spec import Graph, variant_specs
-from ..core.token_rules import SEED_RULES, TokenRules
+from ..core.token_rules import SEED_RULES, TokenRules, is_token_id
 from ..core.tokenizer import SPECIAL_IDS, Vocabulary, load_tokenizer
 from .manifest import (
     ENGINE_FORMAT,
@@ -33,7 +33,6 @@ PRECISIONS = ("fp32", "fp16", "int8")
 INT8_MODES = ("static", "dynamic")  # manifest int8.mode: calibrated Q/DQ graphs, or run-time activation ranges
 REMAKE = "export the model again with `tfm-export onnx`"
 _positive = lambda v: isinstance(v, int) and not isinstance(v, bool) and v > 0  # noqa: E731
-_id = lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0  # noqa: E731
 _sha = lambda v: isinstance(v, str) and len(v) == 64  # noqa: E731
 _text = lambda v: isinstance(v, str)  # noqa: E731
 MODEL_DIR = DirectoryKind(
@@ -49,7 +48,7 @@ MODEL_DIR = DirectoryKind(
             "graphs.encoder.sha256": _sha, "graphs.decoder_step.sha256": _sha,
             "files": lambda v: isinstance(v, dict) and all(isinstance(k, str) and _sha(h) for k, h in v.items()),
             "limits.max_source_length": _positive, "limits.max_target_length": _positive,
-            "special_tokens": lambda v: isinstance(v, dict) and all(map(_id, v.values()))})
+            "special_tokens": lambda v: isinstance(v, dict) and all(map(is_token_id, v.values()))})
 
 
 def read_manifest(directory: Path) -> dict[str, Any]:

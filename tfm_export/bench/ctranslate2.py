@@ -192,4 +192,3 @@ def convert_to_ctranslate2(ckpt: Checkpoint, output: Path) -> Path:
         return Path(_CheckpointConverter().convert(str(output), force=True))
     except (OSError, ValueError, RuntimeError) as exc:
         raise TfmExportError(f"{output}: CTranslate2 conversion failed ({exc})") from None
-

@@ -13,7 +13,7 @@ from typing import Any
 from ..artifacts.manifest import MANIFEST
 from ..core.errors import InputTextError, TfmExportError
 from ..core.files import write_text_atomically
-from ..core.sources import encode_lines, read_text_lines
+from ..core.sources import cut_source, encode_lines, read_text_lines
 from ..core.token_rules import SEED_RULES
 from ..core.tokenizer import BOS_ID, EOS_ID, FIRST_TOKEN_ID
 from .artifacts import BenchModel, Built, build_fp32, build_variants, calibration_for, open_model
@@ -112,8 +112,8 @@ def _sources(rows: list[list[int]] | None, model: BenchModel, vocab_size: int, c
         return (rows * (count // len(rows) + 1))[:count]
     if model.rules != SEED_RULES:
         tok = model.vocab.source
-        framed = [tok.encode(text, framed=True) for text in _texts(model, vocab_size, count, seed)]
-        return [ids if len(ids) <= model.positions else [*ids[:model.positions - 1], ids[-1]] for ids in framed]
+        return [cut_source(tok.encode(text, framed=True), model.positions)
+                for text in _texts(model, vocab_size, count, seed)]
     return [[BOS_ID, *ids, EOS_ID] for ids in _random_ids(model, vocab_size, count, seed)]
 
 

@@ -101,7 +101,7 @@ def _loop(backend: decoding.StepBackend, rules: TokenRules) -> Decode:
     """The decoding loop under the model's rules (a pretrained model's: generate()'s beam rule), less a forced
     </s> at the length limit, which CTranslate2 has no option for: every backend generates the same tokens."""
     rules = dataclasses.replace(rules, forced_eos=None)
-    search = decoding.transformers_beam_search if rules.beam_rule == "transformers" else decoding.beam_search
+    search = decoding.beam_search_for(rules)
 
     def decode(sources: Sequence[Sequence[int]], beam: int, length: int, forced: bool) -> list[tuple[int, ...]]:
         src, floor = pad_batch(sources, rules.pad), length if forced else 0

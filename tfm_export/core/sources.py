@@ -24,6 +24,11 @@ def source_ids(tok: TextTokenizer, text: str) -> list[int]:
     return tok.encode(text, framed=True)
 
 
+def cut_source(ids: list[int], limit: int) -> list[int]:
+    """Source ids cut to at most `limit`, keeping the last one (every seed, Marian and T5 framing ends with </s>)."""
+    return ids if len(ids) <= limit else [*ids[:limit - 1], ids[-1]]
+
+
 def check_source_length(length: int, limit: int, what: str = MODEL_LIMIT, remedy: str = "shorten it") -> None:
     """A source of `length` ids (with <s> and </s>) against `limit`, named by `what`."""
     if length > limit:
@@ -52,7 +57,7 @@ def encode_lines(tok: TextTokenizer, texts: Sequence[str], limit: int, name: str
                                      f"takes at most {limit}; shorten or split it" + ("" if name else
                                                                                       ", or pass --truncate"))
             log.warning("line %d: cut from %d to %d tokens to fit the model's positions", index + 1, len(ids), limit)
-            ids = [*ids[:limit - 1], ids[-1]]  # every framing ends with </s>
+            ids = cut_source(ids, limit)
         rows[index] = ids
     return rows
 

@@ -19,6 +19,7 @@ BEAM_RULES = ("tfm-export", "transformers")
 # text (multilingual opus-mt, >>fra<<).
 LANGUAGE_RULES = ("forced_bos", "decoder_start", "source_prefix")
 # absent from manifests written before languages and generation defaults were recorded
+EARLY_STOPPING_VALUES = 'true, false or "never"'
 OPTIONAL_FIELDS = {"languages": [], "language_rule": None, "early_stopping": False, "num_beams": 1,
                    "length_penalty": 1.0}
 
@@ -71,18 +72,17 @@ class TokenRules:
 def _checks(data: dict[str, Any]) -> list[tuple[str, bool, str]]:
     """(field, valid, what it must be) for every field of a manifest's token_rules."""
     languages, penalty = data["languages"], data["length_penalty"]
-    rules = [(name, _is_id(data[name]), "a token id") for name in ("pad", "start", "eos")]
-    rules += [(name, data[name] is None or _is_id(data[name]), "a token id or null")
+    rules = [(name, is_token_id(data[name]), "a token id") for name in ("pad", "start", "eos")]
+    rules += [(name, data[name] is None or is_token_id(data[name]), "a token id or null")
               for name in ("forced_bos", "forced_eos")]
     return rules + [
-        ("banned", isinstance(data["banned"], list) and all(map(_is_id, data["banned"])), "a list of token ids"),
-        ("max_new_tokens", data["max_new_tokens"] is None or (_is_id(data["max_new_tokens"])
+        ("banned", isinstance(data["banned"], list) and all(map(is_token_id, data["banned"])), "a list of token ids"),
+        ("max_new_tokens", data["max_new_tokens"] is None or (is_token_id(data["max_new_tokens"])
                                                               and data["max_new_tokens"] > 0), "at least 1 or null"),
         ("beam_rule", data["beam_rule"] in BEAM_RULES, f"one of {', '.join(BEAM_RULES)}"),
-        ("early_stopping", any(data["early_stopping"] is v for v in (False, True)) or data["early_stopping"] == "never",
-         "true, false or \"never\""),
-        ("num_beams", _is_id(data["num_beams"]) and data["num_beams"] > 0, "at least 1"),
-        ("length_penalty", type(penalty) in (int, float) and math.isfinite(penalty), "a number"),
+        ("early_stopping", is_early_stopping(data["early_stopping"]), EARLY_STOPPING_VALUES),
+        ("num_beams", is_token_id(data["num_beams"]) and data["num_beams"] > 0, "at least 1"),
+        ("length_penalty", is_finite_number(penalty), "a number"),
         ("languages", isinstance(languages, list) and all(isinstance(c, str) and c for c in languages),
          "a list of language codes"),
         ("language_rule", data["language_rule"] in (LANGUAGE_RULES if languages else (None,)),
@@ -90,8 +90,18 @@ def _checks(data: dict[str, Any]) -> list[tuple[str, bool, str]]:
     ]
 
 
-def _is_id(value: Any) -> bool:
+def is_token_id(value: Any) -> bool:
+    """A whole number >= 0 (JSON's true/false are not ids)."""
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def is_early_stopping(value: Any) -> bool:
+    """One of generate()'s early_stopping values (1 and 0 are not true and false here)."""
+    return value is True or value is False or value == "never"
+
+
+def is_finite_number(value: Any) -> bool:
+    return type(value) in (int, float) and math.isfinite(value)
 
 
 SEED_RULES = TokenRules()

@@ -127,11 +127,8 @@ def _spm_tokenizer(path: Path, tokens: list[str], encodes: bool) -> TextTokenize
     known = {c for piece in scores for c in piece.replace(METASPACE, " ")}
     vocab = _source_vocab(tokens, scores, specials | set(codes), known) if encodes else \
         [(t, scores.get(t, min(scores.values(), default=0.0))) for t in tokens]
-    tok = Tokenizer(models.Unigram(vocab, unk_id=ids[unk], byte_fallback=False))
-    tok.normalizer = _normalizer(proto, known if encodes else None)
-    scheme = "always" if proto.normalizer_spec.add_dummy_prefix else "never"
-    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement=METASPACE, prepend_scheme=scheme, split=True)
-    tok.decoder = decoders.Metaspace(replacement=METASPACE, prepend_scheme=scheme, split=True)
+    tok = _with_text_rules(Tokenizer(models.Unigram(vocab, unk_id=ids[unk], byte_fallback=False)), proto,
+                           known if encodes else None)
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in tokens if t in specials])
     tok.add_tokens([AddedToken(t, special=False, normalized=True) for t in codes])  # normalized: marked first
     tok.post_processor = processors.TemplateProcessing(single=f"$A {EOS}", special_tokens=[(EOS, ids[EOS])])
@@ -152,6 +149,15 @@ def _source_vocab(tokens: list[str], scores: dict[str, float], added: set[str], 
             return RUN_START + token + RUN_END, 0.0  # beats the run as unknown characters
         return token[:1] + METASPACE + token[1:], floor  # the pre-tokenizer leaves '▁' only first
     return [entry(t) for t in tokens]
+
+
+def _with_text_rules(tok: Tokenizer, proto: Any, known: set[str] | None) -> Tokenizer:
+    """`tok` with the SentencePiece model's normalizer (see _normalizer) and its whitespace as "▁" pieces."""
+    tok.normalizer = _normalizer(proto, known)
+    scheme = "always" if proto.normalizer_spec.add_dummy_prefix else "never"
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement=METASPACE, prepend_scheme=scheme, split=True)
+    tok.decoder = decoders.Metaspace(replacement=METASPACE, prepend_scheme=scheme, split=True)
+    return tok
 
 
 def _normalizer(proto: Any, known: set[str] | None) -> normalizers.Normalizer:
@@ -194,12 +200,8 @@ def _m2m100(directory: Path, config: ModelConfig) -> Vocabulary:
     if missing or max(ids.values()) >= max(config.src_vocab_size, config.trg_vocab_size):
         raise VocabularyError(f"{directory}: " + (f"piece {missing[0]!r} has no id in vocab.json" if missing else
                                                   "the tokenizer's ids run past the model's embedding table"))
-    tok = Tokenizer(models.BPE(vocab=ids, merges=_bpe_merges(proto), unk_token=hf_tok.unk_token, fuse_unk=True,
-                               byte_fallback=False))
-    tok.normalizer = _normalizer(proto, None)
-    scheme = "always" if proto.normalizer_spec.add_dummy_prefix else "never"
-    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement=METASPACE, prepend_scheme=scheme, split=True)
-    tok.decoder = decoders.Metaspace(replacement=METASPACE, prepend_scheme=scheme, split=True)
+    tok = _with_text_rules(Tokenizer(models.BPE(vocab=ids, merges=_bpe_merges(proto), unk_token=hf_tok.unk_token,
+                                                fuse_unk=True, byte_fallback=False)), proto, None)
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in hf_tok.all_special_tokens
                             if t in ids and t not in codes])
     eos = hf_tok.eos_token

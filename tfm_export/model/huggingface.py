@@ -18,7 +18,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import logging
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,7 +28,13 @@ import torch
 from ..core.config import ModelConfig
 from ..core.errors import CheckpointError, first_line
 from ..core.files import contained_file, file_sha256, read_json
-from ..core.token_rules import TokenRules
+from ..core.token_rules import (
+    EARLY_STOPPING_VALUES,
+    TokenRules,
+    is_early_stopping,
+    is_finite_number,
+    is_token_id,
+)
 from ..core.variants import GATED_ACTIVATIONS
 from .checkpoint import HF_CONFIG_FILE as CONFIG_FILE
 from .checkpoint import HUGGINGFACE, Checkpoint, build_model, read_checkpoint_file, validate_state_dict
@@ -369,16 +374,12 @@ def convert(hf: dict[str, Any], tensors: dict[str, torch.Tensor], path: Path) ->
     return config, {k: v.contiguous() for k, v in state.items()}
 
 
-def _is_id(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
-
-
 def _first_id(merged: dict[str, Any], key: str) -> int | None:
     """An id field (transformers allows a list for eos; the first one is the one that ends a sentence here)."""
     value = merged.get(key)
     if isinstance(value, list) and value:
         value = value[0]
-    if value is None or _is_id(value):
+    if value is None or is_token_id(value):
         return value
     raise CheckpointError(f"{key} must be a token id, got {value!r}")
 
@@ -387,7 +388,7 @@ def _banned(merged: dict[str, Any]) -> tuple[int, ...]:
     """bad_words_ids of one token each (generate() bans them at every step); longer ones are refused rather
     than ignored, since decoding would then differ from generate()."""
     words = merged.get("bad_words_ids") or []
-    if not isinstance(words, list) or not all(isinstance(w, list) and w and all(map(_is_id, w)) for w in words):
+    if not isinstance(words, list) or not all(isinstance(w, list) and w and all(map(is_token_id, w)) for w in words):
         raise CheckpointError(f"bad_words_ids must be a list of lists of token ids, got {words!r}")
     if any(len(w) > 1 for w in words):
         raise CheckpointError("bad_words_ids of more than one token are not supported; remove them from the "
@@ -400,28 +401,28 @@ def _max_new_tokens(merged: dict[str, Any]) -> int:
     20 new tokens (capped by max_position_embeddings)."""
     if merged.get("max_new_tokens") is not None:
         value = merged["max_new_tokens"]
-        if not _is_id(value) or value < 1:
+        if not is_token_id(value) or value < 1:
             raise CheckpointError(f"max_new_tokens must be a whole number of at least 1, got {value!r}")
         return value
     value = merged.get("max_length")
     if value is not None:
-        if not _is_id(value) or value < 2:
+        if not is_token_id(value) or value < 2:
             raise CheckpointError(f"max_length must be a whole number of at least 2, got {value!r}")
         return value - 1
     cap = merged.get("max_position_embeddings")
-    return min(DEFAULT_NEW_TOKENS + 1, cap) - 1 if _is_id(cap) and cap > 1 else DEFAULT_NEW_TOKENS
+    return min(DEFAULT_NEW_TOKENS + 1, cap) - 1 if is_token_id(cap) and cap > 1 else DEFAULT_NEW_TOKENS
 
 
 def _search_defaults(merged: dict[str, Any]) -> dict[str, Any]:
     """num_beams, length_penalty and early_stopping as generate() would use them."""
     beams, penalty = merged.get("num_beams", 1), merged.get("length_penalty", 1.0)
     stopping = merged.get("early_stopping", False)
-    if not _is_id(beams) or beams < 1:
+    if not is_token_id(beams) or beams < 1:
         raise CheckpointError(f"num_beams must be a whole number of at least 1, got {beams!r}")
-    if type(penalty) not in (int, float) or not math.isfinite(penalty):
+    if not is_finite_number(penalty):
         raise CheckpointError(f"length_penalty must be a number, got {penalty!r}")
-    if not (stopping is True or stopping is False or stopping == "never"):
-        raise CheckpointError(f"early_stopping must be true, false or \"never\", got {stopping!r}")
+    if not is_early_stopping(stopping):
+        raise CheckpointError(f"early_stopping must be {EARLY_STOPPING_VALUES}, got {stopping!r}")
     return dict(num_beams=beams, length_penalty=float(penalty), early_stopping=stopping)
 
 

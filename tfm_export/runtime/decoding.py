@@ -290,6 +290,11 @@ def transformers_beam_search(backend: StepBackend, src: np.ndarray, beam_size: i
     return [f[:n_best] for f in finished]
 
 
+def beam_search_for(rules: TokenRules) -> Callable[..., list[list[Hypothesis]]]:
+    """The beam search a model's rules name: generate()'s for a pretrained model, the reference's otherwise."""
+    return transformers_beam_search if rules.beam_rule == "transformers" else beam_search
+
+
 def _may_improve(finished: list[list[Hypothesis]], best: np.ndarray, k: int, length: int, max_length: int,
                  length_penalty: float, early_stopping: bool | str) -> list[bool]:
     """Which inputs search on: those with fewer than k finished, and, unless early_stopping is True, those

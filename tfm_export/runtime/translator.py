@@ -218,8 +218,7 @@ class Translator:
             return self.backend.search(src, options.beam_size, max_length, options.length_penalty, options.n_best)
         if options.beam_size == 1:
             return [[hyp] for hyp in decoding.greedy(self.backend, src, max_length, rules=self.rules)]
-        search = decoding.transformers_beam_search if self.rules.beam_rule == "transformers" else \
-            decoding.beam_search
+        search = decoding.beam_search_for(self.rules)
         return search(self.backend, src, options.beam_size, max_length, options.length_penalty, options.n_best,
                       rules=self.rules)
 

@@ -13,7 +13,6 @@ from ..artifacts.model_dir import load_vocabulary, read_manifest
 from ..core.batching import pad_batch
 from ..core.errors import TfmExportError
 from ..core.graph_spec import GraphVariant
-from ..core.hypothesis import Hypothesis
 from ..core.sources import encode_lines
 from ..graphs.inputs import random_sources, random_targets
 from ..graphs.parity import (
@@ -90,8 +89,8 @@ def decode_agreement(name: str, ckpt: Checkpoint, backends: dict[str, GraphBacke
         want_b += oracle(chunk, beam_size, max_length)
         for label, backend in backends.items():
             got[label][0].extend(h.tokens for h in decoding.greedy(backend, chunk, max_length, rules=ckpt.rules))
-            got[label][1].extend(h[0].tokens for h in _beam(ckpt)(backend, chunk, beam_size, max_length,
-                                                                 rules=ckpt.rules))
+            got[label][1].extend(h[0].tokens for h in decoding.beam_search_for(ckpt.rules)(
+                backend, chunk, beam_size, max_length, rules=ckpt.rules))
     return [agreement for label, (greedy, beam) in got.items() for agreement in
             (token_agreement(f"greedy, {name}{label}", greedy, want_g),
              token_agreement(f"beam {beam_size}, {name}{label}", beam, want_b))]
@@ -108,10 +107,6 @@ def _oracle(ckpt: Checkpoint) -> Callable[[np.ndarray, int, int], list[tuple[int
             return [h.tokens for h in reference_decoding.greedy_decode(ckpt.model, torch.from_numpy(src), length)]
         return [h[0].tokens for h in reference_decoding.beam_search(ckpt.model, torch.from_numpy(src), beam, length)]
     return reference
-
-
-def _beam(ckpt: Checkpoint) -> Callable[..., list[list[Hypothesis]]]:
-    return decoding.transformers_beam_search if ckpt.rules.beam_rule == "transformers" else decoding.beam_search
 
 
 def graph_backends(directory: Path) -> dict[str, GraphBackend]:
