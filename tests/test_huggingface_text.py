@@ -83,8 +83,12 @@ def _hf_tokenizer(directory: Path):
     return transformers.AutoTokenizer.from_pretrained(str(directory))
 
 
+# weights whose greedy and beam outputs end at many lengths (seed 3 gave the gated T5 only two at beam 4)
+SEEDS = {"marian": 3, "t5": 3, "t5-v1.1": 5}
+
+
 def _random_model(kind: str, vocab_size: int):
-    torch.manual_seed(3)
+    torch.manual_seed(SEEDS[kind])
     if kind == "marian":
         config = transformers.MarianConfig(**SIZES, vocab_size=vocab_size, pad_token_id=vocab_size - 1,
                                            decoder_start_token_id=vocab_size - 1, eos_token_id=0,
