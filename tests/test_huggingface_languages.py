@@ -11,6 +11,7 @@ own text and handed to the transformers tokenizer classes, models are random (ti
 from __future__ import annotations
 
 import json
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -29,6 +30,7 @@ from hf_oracle import (
 )
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
+from tfm_export.cli.export_cli import main as export_main
 from tfm_export.cli.run_cli import main as run_main
 from tfm_export.model.checkpoint import load_checkpoint
 
@@ -234,3 +236,17 @@ def test_languages_on_a_model_without_them_are_one_line(exported) -> None:
     _, _, output = exported
     result = CliRunner().invoke(run_main, ["translate", "--model", str(output), "--target-lang", "fr_XX", "x"])
     assert result.exit_code == 1 and "takes no language codes" in result.output, result.output
+
+
+@pytest.mark.parametrize("family_dir", ["m2m100"], indirect=True)
+def test_tokenizer_files_linked_from_outside_are_refused(family_dir, tmp_path) -> None:
+    """transformers reads M2M100's vocab.json by name and would follow a link out of the directory: export
+    refuses it in one line and writes nothing."""
+    _, source = family_dir
+    directory = Path(shutil.copytree(source, tmp_path / "m2m100"))
+    (directory / "vocab.json").rename(tmp_path / "elsewhere.json")
+    (directory / "vocab.json").symlink_to(tmp_path / "elsewhere.json")
+    output = tmp_path / "out"
+    result = CliRunner().invoke(export_main, ["onnx", "--checkpoint", str(directory), "--output", str(output)])
+    assert result.exit_code == 1 and "points outside" in result.output, result.output
+    assert len(result.output.strip().splitlines()) == 1 and not output.exists()

@@ -186,6 +186,7 @@ def _m2m100(directory: Path, config: ModelConfig) -> Vocabulary:
     and the source language."""
     require_extra("hf", f"reading the M2M100 tokenizer of {directory}")
     from transformers import AutoTokenizer
+    _no_links_out(directory)
     try:
         hf_tok = AutoTokenizer.from_pretrained(str(directory), local_files_only=True)
         codes = dict(hf_tok.lang_token_to_id)
@@ -224,10 +225,18 @@ def _bpe_merges(proto: Any) -> list[tuple[str, str]]:
     return merges
 
 
+def _no_links_out(directory: Path) -> None:
+    """transformers reads a directory's tokenizer files by name and follows links: none may lead outside it."""
+    for entry in sorted(directory.iterdir()):
+        if entry.is_symlink():
+            contained_file(directory, entry.name, VocabularyError, "tokenizer file", LINKED)
+
+
 def _converted(directory: Path, config: ModelConfig) -> Vocabulary:
     """transformers' own conversion of a directory with tokenizer files but no tokenizer.json."""
     require_extra("hf", f"reading the tokenizer files of {directory} (it has no {TOKENIZER_FILE})")
     from transformers import AutoTokenizer
+    _no_links_out(directory)
     try:
         hf_tok = AutoTokenizer.from_pretrained(str(directory), local_files_only=True)
     except Exception as exc:  # OSError for missing files, ValueError, ...
