@@ -46,7 +46,7 @@ CASES = {
     "nllb": ("fra_Latn", "deu_Latn", dict(num_beams=4, early_stopping=True)),
     "m2m100": ("__fr__", "__de__", dict(num_beams=5, early_stopping=True)),
     "mbart-50": ("fr_XX", "de_DE", dict(num_beams=4, length_penalty=0.6, early_stopping="never")),
-    "mbart-cc25": (None, "de_DE", dict(num_beams=3, length_penalty=2.0)),
+    "mbart-cc25": (None, "de_DE", dict(num_beams=3, length_penalty=1.5)),
     "bart": (None, None, dict(num_beams=4, early_stopping=True, forced_bos_token_id=0)),
 }
 RULES = {"nllb": "forced_bos", "m2m100": "forced_bos", "mbart-50": "forced_bos", "mbart-cc25": "decoder_start",
