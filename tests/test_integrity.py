@@ -17,7 +17,7 @@ from conftest import DEMO_CKPT, listing, tiny_config
 from seed_oracle import save_seed_checkpoint, seed_settings, seed_state_dict
 
 from tfm_export.artifacts.manifest import write_manifest
-from tfm_export.artifacts.model_dir import read_manifest
+from tfm_export.artifacts.model_dir import SHARED, read_manifest
 from tfm_export.cli.export_cli import main as export_main
 from tfm_export.cli.run_cli import main as run_main
 from tfm_export.core.errors import TfmExportError
@@ -158,6 +158,33 @@ def test_a_damaged_buffered_decoder_is_refused_by_every_reader(tiny, tmp_path, r
     one_line_error(run_reader(reader, model, tmp_path / "out"),
                    "decoder_step_buffered.onnx: sha256 differs from manifest.json")
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("reader", READERS, ids=lambda a: a[0])
+def test_damaged_shared_weights_are_refused_by_every_reader(tiny, tmp_path, reader):
+    """The tied table both sessions read lives in decoder_step_buffered.onnx.data: hashed like the graphs."""
+    model = copy_of(tiny[1], tmp_path)
+    data = model / "decoder_step_buffered.onnx.data"
+    assert read_manifest(model)["graphs"]["decoder_step_buffered"][SHARED]
+    data.write_bytes(bytes(data.stat().st_size))
+    one_line_error(run_reader(reader, model, tmp_path / "out"),
+                   "decoder_step_buffered.onnx.data: sha256 differs from manifest.json")
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("entries, fragment", [
+    ("model.trg_word_prj.weight", "invalid graphs.decoder_step_buffered.shared_initializers"),
+    ([{"name": "model.trg_word_prj.weight"}], "invalid graphs.decoder_step_buffered.shared_initializers"),
+    ([{"name": "model.trg_word_prj.weight", "dtype": "object", "shape": [13, 16], "offset": 0}],
+     "invalid graphs.decoder_step_buffered.shared_initializers"),
+    ([{"name": "model.trg_word_prj.weight", "dtype": "float32", "shape": [13, -16], "offset": 0}],
+     "invalid graphs.decoder_step_buffered.shared_initializers"),
+    ([{"name": "model.trg_word_prj.weight", "dtype": "float32", "shape": [13, 16], "offset": 10 ** 9}],
+     "ends before 'model.trg_word_prj.weight'")])
+def test_malformed_shared_initializer_entries_are_one_line(tiny, tmp_path, entries, fragment):
+    model = copy_of(tiny[1], tmp_path)
+    edit_manifest(model, lambda m: m["graphs"]["decoder_step_buffered"].update({SHARED: entries}))
+    one_line_error(run_reader(["translate", "w5"], model, tmp_path / "out"), fragment)
 
 
 @pytest.mark.parametrize("entry", ["decoder_step_buffered.onnx", {"file": "decoder_step_buffered.onnx"},

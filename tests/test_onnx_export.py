@@ -15,7 +15,7 @@ from onnx import numpy_helper
 from onnxruntime.capi import onnxruntime_pybind11_state as ort_errors
 from seed_oracle import save_seed_checkpoint, seed_settings, seed_state_dict, seed_vocab
 
-from tfm_export.artifacts.model_dir import ModelDirError
+from tfm_export.artifacts.model_dir import SHARED, ModelDirError, read_manifest
 from tfm_export.artifacts.staging import staged_directory
 from tfm_export.cli.export_cli import main as export_main
 from tfm_export.core.batching import pad_batch
@@ -33,6 +33,7 @@ from tfm_export.model.checkpoint import file_sha256, load_checkpoint
 from tfm_export.model.synthetic import random_checkpoint
 from tfm_export.runtime import decoding
 from tfm_export.runtime.ort_backend import OrtBackend
+from tfm_export.runtime.ort_buffered import OrtBufferedBackend
 
 
 def make_ckpt(directory, cfg: ModelConfig, seed: int = 0):
@@ -137,9 +138,31 @@ def test_manifest_records_what_consumers_need(tiny):
     for graph in Graph:
         assert m["graphs"][graph.value]["sha256"] == file_sha256(directory / graph.filename)
     assert sorted(p.name for p in directory.iterdir()) == ["decoder_step.onnx", "decoder_step_buffered.onnx",
-                                                            "encoder.onnx", "manifest.json", "tokenizer.json"]
+                                                            "decoder_step_buffered.onnx.data", "encoder.onnx",
+                                                            "manifest.json", "tokenizer.json"]
     assert m["graphs"]["decoder_step_buffered"]["sha256"] == file_sha256(directory / "decoder_step_buffered.onnx")
     assert m["optimizations"]
+
+
+def test_the_tied_table_is_one_memory_for_both_sessions(tiny):
+    """decoder_step_buffered keeps the tied embedding table in its .data file (standard external data), and
+    the runtime gives that one array to the encoder's and the decoder's sessions: zeroing it changes both
+    graphs' outputs, so neither reads a copy of its own."""
+    ckpt, directory = tiny
+    entries = read_manifest(directory)["graphs"]["decoder_step_buffered"][SHARED]
+    assert [(e["name"], e["shape"]) for e in entries] == [("model.trg_word_prj.weight", [13, 16])]
+    plain = ort.InferenceSession(str(directory / "decoder_step_buffered.onnx"))  # reads the .data itself
+    assert plain.get_inputs()[0].name == "input_ids"
+    backend = OrtBufferedBackend.open(directory)
+    src = np.array([[2, 5, 6, 7, 3]])
+    before = backend.run_encoder(src)["last_hidden_state"]
+    state, logits = backend.step(backend.encode(src), np.array([2]))
+    logits = logits.copy()
+    backend.shared["model.trg_word_prj.weight"].numpy()[:] = 0
+    assert not np.allclose(backend.run_encoder(src)["last_hidden_state"], before)
+    assert not np.allclose(backend.step(backend.encode(src), np.array([2]))[1], logits)
+    fresh = OrtBufferedBackend.open(directory)
+    assert np.allclose(fresh.step(fresh.encode(src), np.array([2]))[1], logits)
 
 
 def test_export_is_deterministic_and_opset_18_works(tmp_path):

@@ -22,7 +22,7 @@ from tfm_export.model.synthetic import random_checkpoint
 from tfm_export.runtime import decoding
 from tfm_export.runtime.iobinding_backend import OrtBoundBackend
 from tfm_export.runtime.ort_backend import OrtBackend
-from tfm_export.runtime.ort_buffered import CAPACITY_STEP, OrtBufferedBackend
+from tfm_export.runtime.ort_buffered import CAPACITY_STEP, OrtBufferedBackend, source_groups
 from tfm_export.runtime.torch_backend import TorchBackend
 
 MAX_LENGTH = 12
@@ -225,3 +225,32 @@ def test_growing_cache_buffers_hold_one_old_tensor_at_a_time(flat, monkeypatch):
     monkeypatch.undo()
     assert state.buffers.cache[0].shape[2] == 6, "the step must have grown the buffers"
     assert alive[:len(old)] == [len(old) - i for i in range(len(old))]
+
+
+@pytest.mark.parametrize("sources, expected", [
+    ([0, 0, 1, 1, 2, 2], ([0, 1, 2], 2)), ([3, 1], ([3, 1], 1)), ([0, 0, 0, 1, 2, 2], ([0, 0, 0, 1, 2, 2], 1)),
+    ([1, 1, 0, 0, 1, 1], ([1, 0, 1], 2)), ([4], ([4], 1))])
+def test_rows_are_grouped_per_source_only_in_equal_consecutive_groups(sources, expected):
+    got, group = source_groups(np.array(sources))
+    assert (got.tolist(), group) == expected
+
+
+def test_buffered_rows_in_any_grouping_give_the_reference_logits(flat):
+    """decoder_step_buffered takes the encoder's keys/values once per source and its rows in equal groups per
+    source (a source's beams); other row selections fall back to a group per row. After each reorder the
+    logits equal the reference model's on the same rows: expansions, dropped sources, unequal groups."""
+    ckpt, directory = flat
+    ours, reference = OrtBufferedBackend.open(directory), TorchBackend(ckpt.model)
+    src = _sources(ckpt.config.src_vocab_size, 3, 4)
+    rng = np.random.default_rng(0)
+    for rows, later, groups in (([0, 0, 1, 1, 2, 2], [2, 3, 4, 5], (2, 2)), ([0, 0, 0, 1, 2, 2], [5, 0, 1], (1, 1)),
+                                ([2, 0, 1], [0, 0, 1, 1, 2, 2], (1, 2)), ([1, 1, 1], [2, 1, 0], (3, 3))):
+        states = [b.reorder(b.encode(src), np.array(rows)) for b in (ours, reference)]
+        assert states[0].group == groups[0]
+        for step in range(4):
+            if step == 2:
+                states = [b.reorder(s, np.array(later)) for b, s in zip((ours, reference), states, strict=True)]
+                assert states[0].group == groups[1]
+            tokens = rng.integers(FIRST_TOKEN_ID, ckpt.config.trg_vocab_size, states[0].rows)
+            (states[0], got), (states[1], want) = ours.step(states[0], tokens), reference.step(states[1], tokens)
+            np.testing.assert_allclose(got, want, atol=1e-4)

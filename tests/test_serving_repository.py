@@ -46,7 +46,7 @@ def test_translator_layout_holds_the_model_directory_and_a_config(demo_onnx, tmp
     assert result.exit_code == 0, result.output
     manifest = read_manifest(demo_onnx)
     copied = sorted(["manifest.json", "tokenizer.json", "encoder.onnx", "decoder_step.onnx",
-                     "decoder_step_buffered.onnx"])  # every graph the copied manifest lists
+                     "decoder_step_buffered.onnx", "decoder_step_buffered.onnx.data"])  # every file the manifest lists
     assert listing(tmp_path / "repo") == sorted(["manifest.json", "translator", "translator/config.pbtxt",
                                                  "translator/1", "translator/1/model.py", "translator/1/model",
                                                  *(f"translator/1/model/{f}" for f in copied)])

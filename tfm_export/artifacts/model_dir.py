@@ -7,10 +7,13 @@ Directories are written through `staging` (hidden sibling, atomic rename), so on
 
 from __future__ import annotations
 
+import math
 import shutil
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from ..core.config import ModelConfig
 from ..core.errors import TfmExportError
@@ -29,6 +32,11 @@ from .manifest import (
 )
 
 TOKEN_RULES = "token_rules"  # a pretrained model's ids and generation defaults; absent: the seed's layout
+# A graph entry's list of initializers it shares with the encoder (same name and bytes), kept in its external
+# weights file so that a runtime reads them once and gives both sessions the same memory: the tied embedding table.
+SHARED = "shared_initializers"
+SHARED_MIN_BYTES = 256  # smaller ones (folded scalars, shapes) stay inline
+SHARED_DTYPES = ("float32", "float16", "int8", "uint8")
 PRECISIONS = ("fp32", "fp16", "int8")
 INT8_MODES = ("static", "dynamic")  # manifest int8.mode: calibrated Q/DQ graphs, or run-time activation ranges
 REMAKE = "export the model again with `tfm-export onnx`"
@@ -127,6 +135,32 @@ def graph_path(directory: Path, manifest: dict[str, Any], graph: str) -> Path:
     if data in manifest["files"] or (directory / data).exists():
         verified_file(directory, data, manifest["files"].get(data), f"external weights of {graph}")
     return path
+
+
+def shared_initializers(directory: Path, manifest: dict[str, Any], graph: str) -> dict[str, np.ndarray]:
+    """The initializers a graph shares with the encoder, read from its external weights (sha256 checked)."""
+    entries = manifest["graphs"][graph].get(SHARED, [])
+    if not entries:
+        return {}
+    invalid = ModelDirError(f"{directory / MANIFEST}: has an invalid graphs.{graph}.{SHARED}; {REMAKE}")
+    if not isinstance(entries, list) or not all(_shared_entry(e) for e in entries):
+        raise invalid
+    data = f"{manifest['graphs'][graph]['file']}.data"
+    path = verified_file(directory, data, manifest["files"].get(data), f"external weights of {graph}")
+    arrays = {}
+    for entry in entries:
+        count = math.prod(entry["shape"])
+        array = np.fromfile(path, np.dtype(entry["dtype"]), count, offset=entry["offset"])
+        if array.size != count:
+            raise ModelDirError(f"{path}: ends before {entry['name']!r} does (the manifest's {SHARED}); {REMAKE}")
+        arrays[entry["name"]] = array.reshape(entry["shape"])
+    return arrays
+
+
+def _shared_entry(entry: object) -> bool:
+    return (isinstance(entry, dict) and _text(entry.get("name")) and entry.get("dtype") in SHARED_DTYPES
+            and isinstance(entry.get("shape"), list) and all(map(_positive, entry["shape"]))
+            and isinstance(entry.get("offset"), int) and not isinstance(entry["offset"], bool) and entry["offset"] >= 0)
 
 
 def tokenizer_file(directory: Path, manifest: dict[str, Any], side: str) -> Path:

@@ -21,6 +21,7 @@ NEW_LEN = "decoder_sequence_length"
 PAST_LEN = "past_decoder_sequence_length"
 TOTAL_LEN = "past_decoder_sequence_length + decoder_sequence_length"
 CAPACITY = "cache_capacity"  # positions a caller-owned cache buffer holds (decoder_step_buffered)
+SOURCES = "source_batch_size"  # decoder_step_buffered: sources; batch_size rows are an equal group per source
 
 
 class _GraphFile:
@@ -92,8 +93,8 @@ def cache_head_sizes(cfg: ModelConfig) -> list[int]:
     return [cfg.d_k, cfg.d_v] * cfg.n_layers
 
 
-def _cache(names: tuple[str, ...], cfg: ModelConfig, length: str) -> list[TensorSpec]:
-    return [TensorSpec(name, "float32", (BATCH, cfg.n_head, length, size))
+def _cache(names: tuple[str, ...], cfg: ModelConfig, length: str, batch: str = BATCH) -> list[TensorSpec]:
+    return [TensorSpec(name, "float32", (batch, cfg.n_head, length, size))
             for name, size in zip(names, cache_head_sizes(cfg), strict=True)]
 
 
@@ -107,10 +108,10 @@ def encoder_spec(cfg: ModelConfig) -> GraphSpec:
     )
 
 
-def past_inputs(cfg: ModelConfig, self_length: str = PAST_LEN) -> list[TensorSpec]:
+def past_inputs(cfg: ModelConfig, self_length: str = PAST_LEN, sources: str = BATCH) -> list[TensorSpec]:
     """Per layer: decoder key, decoder value, encoder key, encoder value (the graph's input order)."""
     names = cache_names(cfg)
-    dec, enc = _cache(names.self_inputs, cfg, self_length), _cache(names.cross_inputs, cfg, SRC_LEN)
+    dec, enc = _cache(names.self_inputs, cfg, self_length), _cache(names.cross_inputs, cfg, SRC_LEN, sources)
     return [spec for i in range(cfg.n_layers) for spec in (*dec[2 * i:2 * i + 2], *enc[2 * i:2 * i + 2])]
 
 
@@ -127,13 +128,15 @@ def decoder_step_spec(cfg: ModelConfig) -> GraphSpec:
 
 def buffered_step_spec(cfg: ModelConfig) -> GraphSpec:
     """decoder_step_buffered: `cache_length` (int64 scalar) positions of each past buffer are filled; the
-    new token sits at that position. Buffer positions beyond it are ignored but must be finite."""
+    new token sits at that position. Buffer positions beyond it are ignored but must be finite. The encoder's
+    mask and keys/values come once per source (source_batch_size), not once per row: the batch_size rows are
+    source_batch_size equal groups (a source's beams, consecutive), each attending to its own source."""
     return GraphSpec(
         GraphVariant.DECODER_STEP_BUFFERED,
         inputs=(TensorSpec("input_ids", "int64", (BATCH, 1)),
-                TensorSpec("encoder_attention_mask", "int64", (BATCH, SRC_LEN)),
+                TensorSpec("encoder_attention_mask", "int64", (SOURCES, SRC_LEN)),
                 TensorSpec("cache_length", "int64", ()),
-                *past_inputs(cfg, CAPACITY)),
+                *past_inputs(cfg, CAPACITY, SOURCES)),
         outputs=(TensorSpec("logits", "float32", (BATCH, 1, cfg.trg_vocab_size)),
                  *_cache(cache_names(cfg).new_outputs, cfg, 1)),
     )

@@ -4,7 +4,8 @@ The contract's decoder_step returns the whole grown cache, so ONNX Runtime copie
 (Concat) and allocates it afresh at every step, a cost that grows with the output. Here each layer's
 self-attention reads a fixed-capacity buffer up to `cache_length`, attends to the new token's own key
 apart, and returns only that key/value; the caller writes them into its buffer. Standard ONNX ops, no
-If/Loop, one token per call (so head splits need no Transpose). Built from the reference model's own
+If/Loop, one token per call (so head splits need no Transpose). The encoder's keys/values come once per
+source and a source's beams attend to them together. Built from the reference model's own
 layers and weights; the parity check holds it to the full-sequence forward like the other graphs.
 """
 
@@ -53,11 +54,14 @@ class _SelfAttention(nn.Module):
 
 
 def _cross_attention(attn: MultiHeadAttention, x: Tensor, keys: Tensor, values: Tensor, mask: Tensor) -> Tensor:
-    """The reference cross-attention for one token; mask (N, 1, 1, S) bool, True on source tokens."""
-    q = _heads(attn.w_qs(x), attn.n_head) / attn.attention.temperature
-    scores = torch.matmul(q, keys.transpose(2, 3)).masked_fill(~mask, MASKED)
-    out = torch.matmul(F.softmax(scores, dim=-1), values)
-    return attn.layer_norm(attn.fc(_merged(out)) + x)
+    """The reference cross-attention for one token per row. x (N, 1, C): B equal groups of rows, one per
+    source; keys/values (B, nh, S, d) and mask (B, 1, 1, S) bool (True on source tokens) once per source, so
+    beams share them: a group's queries are one (group, S) product instead of a copy of the keys per beam."""
+    sources, rows = keys.size(0), x.size(0)
+    q = attn.w_qs(x).view(sources, -1, attn.n_head, attn.d_k).transpose(1, 2)  # (B, nh, group, dk)
+    scores = torch.matmul(q / attn.attention.temperature, keys.transpose(2, 3)).masked_fill(~mask, MASKED)
+    out = torch.matmul(F.softmax(scores, dim=-1), values).transpose(1, 2)  # (B, group, nh, dv)
+    return attn.layer_norm(attn.fc(out.reshape(rows, 1, -1)) + x)
 
 
 class BufferedDecoderStepGraph(nn.Module):
@@ -78,7 +82,7 @@ class BufferedDecoderStepGraph(nn.Module):
         positions = decoder.position_enc.pos_table[0].unsqueeze(1)
         x = decoder.layer_norm(x + positions.index_select(0, cache_length.view(1)))
         filled = torch.arange(past[0].size(2)) < cache_length  # (capacity,)
-        mask = (encoder_attention_mask != 0)[:, None, None, :]  # (N, 1, 1, S)
+        mask = (encoder_attention_mask != 0)[:, None, None, :]  # (B, 1, 1, S)
         new = []
         for i, (layer, attend) in enumerate(zip(decoder.layer_stack, self.self_attention, strict=True)):
             keys, values, enc_keys, enc_values = past[4 * i:4 * i + 4]
@@ -88,14 +92,15 @@ class BufferedDecoderStepGraph(nn.Module):
         return (self.model.project(x), *new)
 
 
-def buffered_example_inputs(model: Transformer, batch: int = 2, src_len: int = 5,
+def buffered_example_inputs(model: Transformer, sources: int = 2, group: int = 3, src_len: int = 5,
                             capacity: int = 4) -> tuple[Tensor, ...]:
     """Inputs for tracing: every dynamic size distinct and > 1 so the exporter keeps them symbolic."""
-    cfg = model.config
-    mask = torch.ones(batch, src_len, dtype=torch.long)
+    cfg, batch = model.config, sources * group
+    mask = torch.ones(sources, src_len, dtype=torch.long)
     past = []
     for _ in range(cfg.n_layers):
         past += [torch.randn(batch, cfg.n_head, capacity, cfg.d_k), torch.randn(batch, cfg.n_head, capacity, cfg.d_v),
-                 torch.randn(batch, cfg.n_head, src_len, cfg.d_k), torch.randn(batch, cfg.n_head, src_len, cfg.d_v)]
+                 torch.randn(sources, cfg.n_head, src_len, cfg.d_k),
+                 torch.randn(sources, cfg.n_head, src_len, cfg.d_v)]
     ids = torch.randint(FIRST_TOKEN_ID, cfg.trg_vocab_size, (batch, 1))
     return (ids, mask, torch.tensor(capacity - 1), *past)

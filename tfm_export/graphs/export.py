@@ -103,7 +103,7 @@ def export_all(model: Transformer, opset: int, optimize: bool = True,
     for graph, spec in specs.items():
         proto = export_graph(model.eval(), spec, opset, optimize)
         strip_exporter_metadata(proto)
-        removed = share_tied_weights(proto)
+        removed = share_tied_weights(proto, keep_embedding=graph is GraphVariant.DECODER_STEP_BUFFERED)
         log.info("%s: exported, %d duplicate weight copies removed", graph.filename, removed)
         graphs[graph] = check_contract(proto, spec)
     return graphs

@@ -13,11 +13,11 @@ from typing import Any
 
 import numpy as np
 import onnx
-from onnx import helper, numpy_helper
+from onnx import external_data_helper, helper, numpy_helper
 
-from ..artifacts.model_dir import ModelDirError, graph_path
+from ..artifacts.model_dir import SHARED, SHARED_DTYPES, SHARED_MIN_BYTES, ModelDirError, graph_path
 from ..core.errors import TfmExportError, first_line
-from ..core.graph_spec import GraphSpec
+from ..core.graph_spec import Graph, GraphSpec, GraphVariant
 
 FORBIDDEN_OPS = {"If", "Loop", "Scan"}  # TensorRT rejects control flow in these graphs
 EXTERNAL_DATA_BYTES = 2 * 1024 ** 3 - 64 * 1024 ** 2  # protobuf's 2 GB limit, with headroom
@@ -44,9 +44,11 @@ def _consumers(graph: onnx.GraphProto, name: str) -> list[onnx.NodeProto]:
     return [n for n in graph.node if name in n.input]
 
 
-def share_tied_weights(proto: onnx.ModelProto) -> int:
+def share_tied_weights(proto: onnx.ModelProto, keep_embedding: bool = False) -> int:
     """Store a tied embedding/output weight once: the exporter keeps W for Gather and a folded W^T
-    for the logits MatMul; the Gather is rewritten to read W^T along axis 1 and W is dropped.
+    for the logits MatMul; the Gather is rewritten to read W^T along axis 1 and W is dropped. keep_embedding:
+    W^T is dropped instead and computed by a Transpose of W (folded when a session opens), so that the graph
+    holds the encoder's very table (decoder_step_buffered, which shares it: artifacts.model_dir.SHARED).
     Exact duplicates are merged too. Returns how many initializers were removed."""
     graph = proto.graph
     arrays = {init.name: numpy_helper.to_array(init) for init in graph.initializer if len(init.dims) == 2}
@@ -63,7 +65,8 @@ def share_tied_weights(proto: onnx.ModelProto) -> int:
         for other, other_arr in arrays.items():
             if name != other and arr.shape == other_arr.shape[::-1] and arr.shape[0] != arr.shape[1] \
                     and np.array_equal(arr, other_arr.T) and _only_gathers(graph, name):
-                removed += _gather_from_transposed(graph, name, other)
+                removed += _transpose_of(graph, name, other) if keep_embedding else \
+                    _gather_from_transposed(graph, name, other)
                 break
     return removed
 
@@ -72,6 +75,14 @@ def _only_gathers(graph: onnx.GraphProto, name: str) -> bool:
     users = _consumers(graph, name)
     return bool(users) and all(n.op_type == "Gather" and n.input[0] == name and
                                all(a.i == 0 for a in n.attribute if a.name == "axis") for n in users)
+
+
+def _transpose_of(graph: onnx.GraphProto, weight: str, transposed: str) -> int:
+    """The initializer W^T replaced by Transpose(W), under the same name, ahead of its first consumer."""
+    index = min(i for i, n in enumerate(graph.node) if transposed in n.input)
+    graph.node.insert(index, helper.make_node("Transpose", [weight], [transposed], perm=[1, 0],
+                                              name=f"{transposed}_from_{weight}"))
+    return _drop_initializer(graph, transposed)
 
 
 def _gather_from_transposed(graph: onnx.GraphProto, weight: str, transposed: str) -> int:
@@ -141,7 +152,52 @@ def save_graph(proto: onnx.ModelProto, path: Path, external_above: int = EXTERNA
     data = path.with_name(path.name + ".data")
     onnx.save_model(proto, path, save_as_external_data=True, all_tensors_to_one_file=True,
                     location=data.name, size_threshold=1024)
-    return [path, data]
+    return [path, _readable_as(data, path)]
+
+
+def _readable_as(data: Path, graph: Path) -> Path:
+    """onnx creates external data files private to their owner; give them the graph's permissions."""
+    data.chmod(graph.stat().st_mode & 0o777)
+    return data
+
+
+def save_sharing_graph(proto: onnx.ModelProto, path: Path, encoder: onnx.ModelProto) -> tuple[list[Path], list[dict]]:
+    """save_graph, with the initializers the encoder holds too (same name, type, shape and bytes; the tied
+    embedding table) in `<name>.onnx.data`, standard external data any ONNX runtime reads. Returns the files
+    written and the manifest's shared_initializers entries (name, dtype, shape, offset)."""
+    theirs = {t.name: t for t in encoder.graph.initializer}
+    shared = [t for t in proto.graph.initializer if t.name in theirs and len(t.raw_data) >= SHARED_MIN_BYTES
+              and _same_tensor(t, theirs[t.name])]
+    shared = [t for t in shared if helper.tensor_dtype_to_np_dtype(t.data_type).name in SHARED_DTYPES]
+    data = path.with_name(path.name + ".data")
+    for tensor in shared:
+        external_data_helper.set_external_data(tensor, data.name)
+        tensor.data_location = onnx.TensorProto.EXTERNAL
+    files = save_graph(proto, path)
+    entries = [{"name": t.name, "dtype": helper.tensor_dtype_to_np_dtype(t.data_type).name, "shape": list(t.dims),
+                "offset": int(next(e.value for e in t.external_data if e.key == "offset"))} for t in shared]
+    return (files if not shared or data in files else [*files, _readable_as(data, path)]), entries
+
+
+def save_graph_of(graph: Graph | GraphVariant, proto: onnx.ModelProto, directory: Path, encoder: onnx.ModelProto
+                  ) -> tuple[list[Path], list[dict]]:
+    """Saves a directory's graph: decoder_step_buffered, which only this tool's runtime opens, shares the
+    encoder's copy of tied weights (artifacts.model_dir.SHARED); the contract's graphs keep theirs inline."""
+    if graph is GraphVariant.DECODER_STEP_BUFFERED:
+        return save_sharing_graph(proto, directory / graph.filename, encoder)
+    return save_graph(proto, directory / graph.filename), []
+
+
+def add_shared(manifest: dict[str, Any], shared: dict[Graph | GraphVariant, list[dict]]) -> None:
+    for graph, entries in shared.items():
+        if entries:
+            manifest["graphs"][graph.value][SHARED] = entries
+            manifest["optimizations"].append(f"{graph.value} reads the encoder's copy of {len(entries)} shared "
+                                             "initializer(s) (the tied embedding table) from its .data file")
+
+
+def _same_tensor(a: onnx.TensorProto, b: onnx.TensorProto) -> bool:
+    return a.data_type == b.data_type and list(a.dims) == list(b.dims) and a.raw_data == b.raw_data
 
 
 def load_graph(directory: Path, manifest: dict[str, Any], graph: str, external_data: bool = True) -> onnx.ModelProto:

@@ -25,7 +25,7 @@ from ..runtime.ort_buffered import OrtBufferedBackend
 from ..runtime.session import open_session
 from .export import export_all
 from .inputs import random_sources, random_targets
-from .onnx_io import save_graph
+from .onnx_io import add_shared, save_graph_of
 from .parity import DEFAULT_TOLERANCE, FLOAT32_NOISE_FACTOR, compare_stepwise, float32_noise
 
 NOT_SAVED_REASON = (
@@ -105,10 +105,11 @@ def export_model_dir(ckpt: Checkpoint, output: Path, opset: int = DEFAULT_OPSET,
         bar.set_postfix_str("torch.onnx")
         graphs = export_all(ckpt.model, opset, optimize)
         bar.update()
-        hashes, listed = {}, []
+        hashes, listed, shared = {}, [], {}
         for graph, proto in graphs.items():
             onnx.helper.set_model_props(proto, _metadata(ckpt, opset, graph))
-            listed += [p.name for p in save_graph(proto, staging / graph.filename)[1:]]  # external weights
+            files, shared[graph] = save_graph_of(graph, proto, staging, graphs[Graph.ENCODER])
+            listed += [p.name for p in files[1:]]  # external weights
             hashes[graph] = file_sha256(staging / graph.filename)
         bar.update()
         for side, name in tokenizer_files(ckpt.vocab.shared).items():
@@ -122,6 +123,7 @@ def export_model_dir(ckpt: Checkpoint, output: Path, opset: int = DEFAULT_OPSET,
         if optimize:
             applied.insert(0, "torch.onnx/onnxscript optimizer: constant folding, dead code elimination")
         manifest = build_manifest(ckpt, opset, hashes, file_hashes(staging, listed), applied)
+        add_shared(manifest, shared)
         write_manifest(staging, manifest)
         bar.update()
     return manifest

@@ -20,7 +20,14 @@ import onnx
 from tqdm import tqdm
 
 from ..artifacts.manifest import write_manifest
-from ..artifacts.model_dir import INT8_MODES, copy_tokenizers, file_hashes, load_vocabulary, read_manifest
+from ..artifacts.model_dir import (
+    INT8_MODES,
+    SHARED,
+    copy_tokenizers,
+    file_hashes,
+    load_vocabulary,
+    read_manifest,
+)
 from ..artifacts.model_dir import PRECISIONS as MODEL_PRECISIONS
 from ..artifacts.staging import staged_directory
 from ..core.config import ModelConfig
@@ -30,7 +37,7 @@ from ..core.graph_spec import Graph, GraphVariant, graph_specs, variant_specs
 from ..core.sources import decode_text
 from ..core.tokenizer import Vocabulary
 from ..graphs.inputs import random_sources
-from ..graphs.onnx_io import check_contract, load_graph, save_graph, tensors_of
+from ..graphs.onnx_io import add_shared, check_contract, load_graph, save_graph_of, tensors_of
 from ..runtime import decoding
 from ..runtime.ort_backend import OrtBackend
 from ..runtime.ort_buffered import OrtBufferedBackend, has_buffered_decoder
@@ -121,15 +128,17 @@ def quantize_model_dir(source: Path, output: Path, precision: str, mode: str | N
         bar.update()
         config = ModelConfig.from_dict(manifest["model"])
         specs = {**graph_specs(config), **variant_specs(config)}
-        entries, kept, listed = {}, {}, []
+        entries, kept, listed, converted, shared = {}, {}, [], {}, {}
         for graph, proto in graphs.items():
             bar.set_postfix_str(graph.value)
-            converted, kept[graph.value] = _convert(proto, precision, mode, keep_io_types, traces, graph,
-                                                    not float_embeddings)
-            _set_precision_metadata(converted, precision)
-            checked = check_contract(converted, specs[graph])
-            listed += [p.name for p in save_graph(converted, staging / graph.filename)[1:]]
-            entries[graph.value] = {**manifest["graphs"][graph.value], "sha256": file_sha256(staging / graph.filename),
+            converted[graph], kept[graph.value] = _convert(proto, precision, mode, keep_io_types, traces, graph,
+                                                           not float_embeddings)
+            _set_precision_metadata(converted[graph], precision)
+            checked = check_contract(converted[graph], specs[graph])
+            files, shared[graph] = save_graph_of(graph, converted[graph], staging, converted[Graph.ENCODER])
+            listed += [p.name for p in files[1:]]
+            entry = {k: v for k, v in manifest["graphs"][graph.value].items() if k != SHARED}
+            entries[graph.value] = {**entry, "sha256": file_sha256(staging / graph.filename),
                                     "inputs": tensors_of(checked.graph.input),
                                     "outputs": tensors_of(checked.graph.output)}
             bar.update()
@@ -141,6 +150,7 @@ def quantize_model_dir(source: Path, output: Path, precision: str, mode: str | N
         if has_buffered_decoder(manifest) and not variants:
             new.setdefault("optimizations_not_applied", {})[GraphVariant.DECODER_STEP_BUFFERED.value] = \
                 NO_STATIC_BUFFERED
+        add_shared(new, shared)
         write_manifest(staging, new)
         bar.set_postfix_str("smoke test")
         _smoke_test(staging, output, source)

@@ -18,9 +18,17 @@ import numpy as np
 import onnxruntime as ort
 
 from ..artifacts.manifest import ModelDirError
-from ..artifacts.model_dir import graph_path, read_manifest
+from ..artifacts.model_dir import graph_path, read_manifest, shared_initializers
 from ..core.config import ModelConfig
-from ..core.graph_spec import Graph, GraphVariant, cache_head_sizes, cache_names, graph_specs, variant_specs
+from ..core.graph_spec import (
+    SOURCES,
+    Graph,
+    GraphVariant,
+    cache_head_sizes,
+    cache_names,
+    graph_specs,
+    variant_specs,
+)
 from ..core.sources import check_source_length, check_target_length
 from .ort_backend import directory_options, open_graph, run_encoder
 from .session import DEFAULT_OPTIONS, SessionOptions
@@ -47,14 +55,43 @@ class Buffers:
 
 @dataclass(frozen=True)
 class BufferedState:
-    mask: np.ndarray  # (N, S) int64
-    cross: tuple[np.ndarray, ...]  # per layer key (N, nh, S, dk), value (N, nh, S, dv)
+    mask: np.ndarray  # (B, S) int64, per source
+    cross: tuple[np.ndarray, ...]  # per layer key (B, nh, S, dk), value (B, nh, S, dv), per source
     length: int  # filled cache positions
     buffers: Buffers | None = None  # made at the first step (beam search expands the rows before it)
+    group: int = 1  # rows per source: the N = B * group decoder rows are B consecutive groups
 
     @property
     def past_length(self) -> int:
         return self.length
+
+    @property
+    def rows(self) -> int:
+        return len(self.mask) * self.group
+
+
+def source_groups(sources: np.ndarray) -> tuple[np.ndarray, int]:
+    """Each row's source -> the sources of consecutive equal-size groups and that size; rows that do not
+    form such groups get one group each (their encoder keys/values are then repeated per row)."""
+    starts = np.flatnonzero(np.diff(sources, prepend=-1) != 0)
+    sizes = np.diff(starts, append=len(sources))
+    if len(sizes) and (sizes == sizes[0]).all():
+        return sources[starts], int(sizes[0])
+    return sources, 1
+
+
+def shared_values(directory: Path, manifest: dict) -> dict[str, ort.OrtValue]:
+    """The initializers the buffered decoder shares with the encoder (the tied embedding table), read once."""
+    arrays = shared_initializers(directory, manifest, GraphVariant.DECODER_STEP_BUFFERED.value)
+    return {name: ort.OrtValue.ortvalue_from_numpy(array) for name, array in arrays.items()}
+
+
+def sharing(shared: dict[str, ort.OrtValue]) -> ort.SessionOptions:
+    """Session options that use the given memory for these initializers instead of the graph's own copy."""
+    so = ort.SessionOptions()
+    for name, value in shared.items():
+        so.add_initializer(name, value)
+    return so
 
 
 class OrtBufferedBackend:
@@ -68,6 +105,10 @@ class OrtBufferedBackend:
         kind = next(i.type for i in decoder.get_inputs() if i.name == self.names.self_inputs[0])
         self.cache_dtype = np.dtype(np.float16 if kind == "tensor(float16)" else np.float32)
         self.step_calls = 0  # decoder runs, for tests that count work
+        # graphs exported before the encoder's keys/values came per source take them per row
+        mask = next(i for i in decoder.get_inputs() if i.name == "encoder_attention_mask")
+        self.per_source = mask.shape[0] == SOURCES
+        self.shared: dict[str, ort.OrtValue] = {}  # memory both sessions read: must live as long as they do
 
     @classmethod
     def open(cls, directory: Path, options: SessionOptions = DEFAULT_OPTIONS,
@@ -80,10 +121,14 @@ class OrtBufferedBackend:
         config = ModelConfig.from_dict(manifest["model"])
         # not run here, but checked too: a directory with any damaged graph is refused, whichever decoder runs
         graph_path(Path(directory), manifest, Graph.DECODER_STEP.value)
-        encoder = open_graph(Path(directory), manifest, graph_specs(config)[Graph.ENCODER], options)
+        shared = shared_values(Path(directory), manifest)
+        encoder = open_graph(Path(directory), manifest, graph_specs(config)[Graph.ENCODER], options,
+                             sharing(shared))
         decoder = open_graph(Path(directory), manifest, variant_specs(config)[GraphVariant.DECODER_STEP_BUFFERED],
-                             options)
-        return cls(encoder, decoder, config, manifest, capacity_step)
+                             options, sharing(shared))
+        backend = cls(encoder, decoder, config, manifest, capacity_step)
+        backend.shared = shared
+        return backend
 
     def run_encoder(self, src: np.ndarray) -> dict[str, np.ndarray]:
         return run_encoder(self.encoder, src, self.config.src_pad_idx)
@@ -121,13 +166,16 @@ class OrtBufferedBackend:
         any other change of rows gathers new buffers."""
         rows = np.asarray(rows)
         buffers = state.buffers
-        if same_sources and len(rows) == len(state.mask):
+        if same_sources and len(rows) == state.rows:
             moved = np.flatnonzero(rows != np.arange(len(rows)))
             if buffers is not None and len(moved):
                 for cache in buffers.cache:
                     cache[moved] = cache[rows[moved]]  # the right side is gathered first, so overlaps are safe
             return state
-        moved_state = BufferedState(state.mask[rows], tuple(a[rows] for a in state.cross), state.length)
+        sources, group = source_groups(rows // state.group) if self.per_source else (rows // state.group, 1)
+        moved_state = BufferedState(state.mask, state.cross, state.length, group=group)
+        if not np.array_equal(sources, np.arange(len(state.mask))):  # beam search's expansion keeps them as they are
+            moved_state = replace(moved_state, mask=state.mask[sources], cross=tuple(a[sources] for a in state.cross))
         if buffers is None:
             return moved_state
         return replace(moved_state, buffers=self._bind(moved_state, [c[rows] for c in buffers.cache]))
@@ -135,7 +183,7 @@ class OrtBufferedBackend:
     def _grown(self, state: BufferedState) -> list[np.ndarray]:
         """The cache with room for capacity_step more positions (zeros: the graph reads unused positions, so
         they must be finite), made one tensor at a time so that only one old tensor is alive besides them."""
-        rows, cfg = len(state.mask), self.config
+        rows, cfg = state.rows, self.config
         old = [None] * len(self.names.self_inputs)
         if state.buffers is not None:  # the bound OrtValues hold the old arrays too: let go of those first
             state.buffers.binding.clear_binding_inputs()
@@ -154,7 +202,7 @@ class OrtBufferedBackend:
 
     def _bind(self, state: BufferedState, cache: list[np.ndarray]) -> Buffers:
         """Bind a row set's inputs, cache and outputs once; steps only write into the bound arrays."""
-        rows, cfg = len(state.mask), self.config
+        rows, cfg = state.rows, self.config
         binding = self.decoder.io_binding()
         buffers = Buffers(binding, np.zeros((rows, 1), np.int64), np.zeros((), np.int64), cache,
                           [np.zeros((rows, cfg.n_head, 1, d), self.cache_dtype) for d in cache_head_sizes(cfg)],

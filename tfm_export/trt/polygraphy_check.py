@@ -25,6 +25,7 @@ from ..core.graph_spec import (
     CAPACITY,
     NEW_LEN,
     PAST_LEN,
+    SOURCES,
     SRC_LEN,
     TOTAL_LEN,
     Graph,
@@ -48,8 +49,8 @@ class Case:
     past: int
 
     def sizes(self) -> dict[str, int]:
-        return {BATCH: self.rows, SRC_LEN: self.source, NEW_LEN: 1, PAST_LEN: self.past, TOTAL_LEN: self.past + 1,
-                CAPACITY: self.past + 1}  # a buffer with room for this step's token: the fullest it gets
+        return {BATCH: self.rows, SOURCES: self.rows, SRC_LEN: self.source, NEW_LEN: 1, PAST_LEN: self.past,
+                TOTAL_LEN: self.past + 1, CAPACITY: self.past + 1}  # CAPACITY: room for this step's token
 
     def label(self, graph: Graph | GraphVariant) -> str:
         past = f", past {self.past}" if graph is not Graph.ENCODER else ""

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..core.errors import TfmExportError
-from ..core.graph_spec import BATCH, CAPACITY, NEW_LEN, PAST_LEN, SRC_LEN, GraphSpec
+from ..core.graph_spec import BATCH, CAPACITY, NEW_LEN, PAST_LEN, SOURCES, SRC_LEN, GraphSpec
 
 Range = tuple[int, int, int]  # min, opt, max
 
@@ -53,7 +53,8 @@ class ShapeLimits:
         def clamp(value: int, low: int, high: int) -> int:
             return max(low, min(value, high))
         past_max = self.max_target_length - 1
-        return {BATCH: (1, clamp(self.opt_batch or 8, 1, self.max_batch), self.max_batch),
+        batch = (1, clamp(self.opt_batch or 8, 1, self.max_batch), self.max_batch)
+        return {BATCH: batch, SOURCES: batch,  # at most one source per row
                 SRC_LEN: (1, clamp(self.opt_source_length or 32, 1, self.max_source_length), self.max_source_length),
                 NEW_LEN: (1, 1, 1),
                 PAST_LEN: (0, clamp(32 if self.opt_past_length is None else self.opt_past_length, 0, past_max),
