@@ -275,6 +275,7 @@ def summarise(report: dict) -> None:
 
 
 TARGET_RATIO, FLOOR_RATIO = 1.25, 1.3  # issue 18: ours / CTranslate2 in every cell; batch-1 step / bandwidth floor
+TARGET_MODEL = "base"  # the model whose peak memory and bandwidth floor are targets (`--targets base=...`)
 
 
 def _ratios(report: dict, ours: str, anchor: str) -> dict[str, float]:
@@ -300,17 +301,20 @@ def targets(reports: dict[str, dict]) -> str:
         if short:  # three decimals: a 1.2497x must not read as 1.25x
             measured += f"; short: {', '.join(f'{c} {v:.3f}x' for c, v in short.items())}"
         rows.append((f"{ours} >= {TARGET_RATIO}x {anchor} in every cell", measured, not short))
-    for model, report in reports.items():
+    for model, report in reports.items():  # memory and the floor are targets on the base config, reported elsewhere
+        target = model == TARGET_MODEL
         for ours, anchor in (("ort-fp32", "ct2-fp32"), ("ort-int8-dynamic", "ct2-int8")):
             a, b = _median_of(report, ours, "peak_rss_mb"), _median_of(report, anchor, "peak_rss_mb")
-            rows.append((f"peak RSS {ours} <= {anchor} ({model})", f"{a:.0f} vs {b:.0f} MB", a <= b))
+            met = a <= b if target else None
+            rows.append((f"peak RSS {ours} <= {anchor} ({model})", f"{a:.0f} vs {b:.0f} MB", met))
     for model, report in reports.items():
+        target = model == TARGET_MODEL
         floor_ms = report["weight_bytes_per_token"] / (report["copy_bandwidth_gbs"] * 1e9) * 1e3
         cell = next(c for c in report["rounds"][0]["results"]["ort-fp32"]["cells"] if c.endswith("beam 1, batch 1"))
         ms = statistics.median(1e3 / r["results"]["ort-fp32"]["cells"][cell]["tokens_per_s"] for r in report["rounds"])
         rows.append((f"batch-1 fp32 greedy within {FLOOR_RATIO}x of the bandwidth floor ({model}, {cell})",
                      f"{ms:.2f} ms/token, floor {floor_ms:.2f} ms ({report['copy_bandwidth_gbs']:.1f} GB/s): "
-                     f"{ms / floor_ms:.2f}x", ms / floor_ms <= FLOOR_RATIO))
+                     f"{ms / floor_ms:.2f}x", ms / floor_ms <= FLOOR_RATIO if target else None))
         first = {name: statistics.median(v) for name, v in report.get("first_output_s", {}).items()}
         if first:
             rows.append((f"first translation reported beside CTranslate2's ({model})",
