@@ -1,0 +1,74 @@
+"""Resident memory of one decode, phase by phase, for ONNX Runtime (a model directory) or CTranslate2 (a converted
+model): after the imports, after loading, after decoding (RSS and its peak, VmHWM). `make bench` gives only each
+backend's peak over all its cells; this says which phase the peak belongs to.
+
+    python scripts/memory_phases.py ort build/bench/base/onnx-fp32 --batch 32 --beam 4 --length 128
+    python scripts/memory_phases.py ct2 build/bench/base/ctranslate2 --batch 32 --beam 4 --length 128
+
+Run each in its own process (this script is one): peaks never go down.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+
+from tfm_export.core.machine import return_large_blocks
+
+
+def memory() -> str:
+    fields = {}
+    for line in Path("/proc/self/status").read_text().splitlines():
+        key, _, value = line.partition(":")
+        if key in ("VmRSS", "VmHWM", "RssAnon", "RssFile"):
+            fields[key] = int(value.split()[0]) // 1024
+    return ", ".join(f"{k} {v} MB" for k, v in fields.items())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("library", choices=("ort", "ct2"))
+    parser.add_argument("model", type=Path)
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--beam", type=int, default=4)
+    parser.add_argument("--length", type=int, default=64, help="tokens generated per sentence (forced)")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--compute-type", default="float32", help="CTranslate2's")
+    parser.add_argument("--no-arena", action="store_true", help="ONNX Runtime without its CPU memory arena")
+    args = parser.parse_args()
+    return_large_blocks()  # as tfm-run and the benchmark workers do
+    source = np.random.default_rng(0).integers(4, 32000, size=(args.batch, 24))
+    if args.library == "ct2":
+        import ctranslate2
+        print(f"imported: {memory()}")
+        translator = ctranslate2.Translator(str(args.model), device="cpu", compute_type=args.compute_type,
+                                            intra_threads=args.threads, inter_threads=1)
+        print(f"loaded: {memory()}")
+        vocab = json.loads((args.model / "shared_vocabulary.json").read_text(encoding="utf-8"))
+        tokens = [[vocab[i % len(vocab)] for i in row] for row in source]
+        start = time.perf_counter()
+        translator.translate_batch(tokens, beam_size=args.beam, max_decoding_length=args.length,
+                                   min_decoding_length=args.length, max_batch_size=0)
+    else:
+        from tfm_export.runtime import decoding
+        from tfm_export.runtime.ort_buffered import OrtBufferedBackend
+        from tfm_export.runtime.session import SessionOptions
+        print(f"imported: {memory()}")
+        backend = OrtBufferedBackend.open(args.model, SessionOptions(intra_op_threads=args.threads,
+                                                                     memory_arena=not args.no_arena))
+        print(f"loaded: {memory()}")
+        source = source % backend.config.src_vocab_size
+        start = time.perf_counter()
+        if args.beam > 1:
+            decoding.beam_search(backend, source, args.beam, args.length, min_length=args.length)
+        else:
+            decoding.greedy(backend, source, args.length, min_length=args.length)
+    print(f"decoded in {time.perf_counter() - start:.1f} s: {memory()}")
+
+
+if __name__ == "__main__":
+    main()
