@@ -274,60 +274,11 @@ def summarise(report: dict) -> None:
               f"({', '.join(f'{v:.2f}' for v in values)})")
 
 
-TARGET_RATIO, FLOOR_RATIO = 1.25, 1.3  # issue 18: ours / CTranslate2 in every cell; batch-1 step / bandwidth floor
-TARGET_MODEL = "base"  # the model whose peak memory and bandwidth floor are targets (`--targets base=...`)
-
-
-def _ratios(report: dict, ours: str, anchor: str) -> dict[str, float]:
-    """Per cell, the median over rounds of the per-round tokens/s ratio."""
-    cells = report["rounds"][0]["results"][ours]["cells"]
-    return {cell: statistics.median(r["results"][ours]["cells"][cell]["tokens_per_s"]
-                                    / r["results"][anchor]["cells"][cell]["tokens_per_s"] for r in report["rounds"])
-            for cell in cells}
-
-
-def _median_of(report: dict, name: str, key: str) -> float:
-    return statistics.median(r["results"][name][key] for r in report["rounds"])
-
-
-def targets(reports: dict[str, dict]) -> str:
-    """The targets table (markdown) from the reports of one run, by model name: met only where every cell is."""
-    rows = []
-    for ours, anchor in (("ort-fp32", "ct2-fp32"), ("ort-int8-dynamic", "ct2-int8")):
-        ratios = {f"{model} {cell}": v for model, r in reports.items() for cell, v in _ratios(r, ours, anchor).items()}
-        short = {c: v for c, v in ratios.items() if v < TARGET_RATIO}
-        worst = min(ratios, key=ratios.get)
-        measured = f"{len(ratios) - len(short)} of {len(ratios)} cells; lowest {ratios[worst]:.3f}x ({worst})"
-        if short:  # three decimals: a 1.2497x must not read as 1.25x
-            measured += f"; short: {', '.join(f'{c} {v:.3f}x' for c, v in short.items())}"
-        rows.append((f"{ours} >= {TARGET_RATIO}x {anchor} in every cell", measured, not short))
-    for model, report in reports.items():  # memory and the floor are targets on the base config, reported elsewhere
-        target = model == TARGET_MODEL
-        for ours, anchor in (("ort-fp32", "ct2-fp32"), ("ort-int8-dynamic", "ct2-int8")):
-            a, b = _median_of(report, ours, "peak_rss_mb"), _median_of(report, anchor, "peak_rss_mb")
-            met = a <= b if target else None
-            rows.append((f"peak RSS {ours} <= {anchor} ({model})", f"{a:.0f} vs {b:.0f} MB", met))
-    for model, report in reports.items():
-        target = model == TARGET_MODEL
-        floor_ms = report["weight_bytes_per_token"] / (report["copy_bandwidth_gbs"] * 1e9) * 1e3
-        cell = next(c for c in report["rounds"][0]["results"]["ort-fp32"]["cells"] if c.endswith("beam 1, batch 1"))
-        ms = statistics.median(1e3 / r["results"]["ort-fp32"]["cells"][cell]["tokens_per_s"] for r in report["rounds"])
-        rows.append((f"batch-1 fp32 greedy within {FLOOR_RATIO}x of the bandwidth floor ({model}, {cell})",
-                     f"{ms:.2f} ms/token, floor {floor_ms:.2f} ms ({report['copy_bandwidth_gbs']:.1f} GB/s): "
-                     f"{ms / floor_ms:.2f}x", ms / floor_ms <= FLOOR_RATIO if target else None))
-        first = {name: statistics.median(v) for name, v in report.get("first_output_s", {}).items()}
-        if first:
-            rows.append((f"first translation reported beside CTranslate2's ({model})",
-                         "; ".join(f"{n} {v:.2f} s" for n, v in first.items()), None))
-    lines = ["| target | measured | met |", "|---|---|---|"]
-    lines += [f"| {t} | {m} | {'reported' if ok is None else ('yes' if ok else '**no**')} |" for t, m, ok in rows]
-    return "\n".join(lines)
-
-
 if __name__ == "__main__":
     if len(sys.argv) == 3 and sys.argv[1] == "--summarise":
         summarise(json.loads(Path(sys.argv[2]).read_text(encoding="utf-8")))
     elif len(sys.argv) > 2 and sys.argv[1] == "--targets":  # --targets NAME=REPORT.json ...
+        from tfm_export.bench.targets import targets
         print(targets({name: json.loads(Path(path).read_text(encoding="utf-8"))
                        for name, path in (arg.split("=", 1) for arg in sys.argv[2:])}))
     else:

@@ -1,0 +1,70 @@
+"""Issue 18's targets, judged from the reports of one `make bench` run (scripts/bench_interleaved.py's JSON,
+one per model): ONNX Runtime against CTranslate2 in every cell, peak memory and the bandwidth floor on the base
+config, first-translation latency reported. A target is met only where every cell meets it; shortfalls are
+shown cut, never rounded, to three decimals (1.2497x reads 1.249x, not 1.250x)."""
+
+from __future__ import annotations
+
+import math
+import statistics
+
+TARGET_RATIO = 1.25  # ours / CTranslate2 tokens/s, in every cell
+FLOOR_RATIO = 1.3  # batch-1 fp32 greedy time per token / the memory-bandwidth floor
+TARGET_MODEL = "base"  # the model whose memory and floor are targets; the others' are reported
+PAIRS = (("ort-fp32", "ct2-fp32"), ("ort-int8-dynamic", "ct2-int8"))
+
+
+def cut(value: float, places: int = 3) -> str:
+    return f"{math.floor(value * 10 ** places) / 10 ** places:.{places}f}"
+
+
+def cell_ratios(report: dict, ours: str, anchor: str) -> dict[str, float]:
+    """Per cell, the median over rounds of the per-round tokens/s ratio."""
+    rounds = report["rounds"]
+    return {cell: statistics.median(r["results"][ours]["cells"][cell]["tokens_per_s"]
+                                    / r["results"][anchor]["cells"][cell]["tokens_per_s"] for r in rounds)
+            for cell in rounds[0]["results"][ours]["cells"]}
+
+
+def _median_of(report: dict, name: str, key: str) -> float:
+    return statistics.median(r["results"][name][key] for r in report["rounds"])
+
+
+def _speed_rows(reports: dict[str, dict]) -> list[tuple[str, str, bool | None]]:
+    rows = []
+    for ours, anchor in PAIRS:
+        ratios = {f"{model} {cell}": v for model, report in reports.items()
+                  for cell, v in cell_ratios(report, ours, anchor).items()}
+        short = {c: v for c, v in ratios.items() if v < TARGET_RATIO}
+        worst = min(ratios, key=ratios.get)
+        measured = f"{len(ratios) - len(short)} of {len(ratios)} cells; lowest {cut(ratios[worst])}x ({worst})"
+        if short:
+            measured += f"; short: {', '.join(f'{c} {cut(v)}x' for c, v in short.items())}"
+        rows.append((f"{ours} >= {TARGET_RATIO}x {anchor} in every cell", measured, not short))
+    return rows
+
+
+def _model_rows(model: str, report: dict) -> list[tuple[str, str, bool | None]]:
+    target, rows = model == TARGET_MODEL, []
+    for ours, anchor in PAIRS:
+        a, b = _median_of(report, ours, "peak_rss_mb"), _median_of(report, anchor, "peak_rss_mb")
+        rows.append((f"peak RSS {ours} <= {anchor} ({model})", f"{a:.0f} vs {b:.0f} MB", a <= b if target else None))
+    floor_ms = report["weight_bytes_per_token"] / (report["copy_bandwidth_gbs"] * 1e9) * 1e3
+    cell = next(c for c in report["rounds"][0]["results"]["ort-fp32"]["cells"] if c.endswith("beam 1, batch 1"))
+    ms = statistics.median(1e3 / r["results"]["ort-fp32"]["cells"][cell]["tokens_per_s"] for r in report["rounds"])
+    rows.append((f"batch-1 fp32 greedy within {FLOOR_RATIO}x of the bandwidth floor ({model}, {cell})",
+                 f"{ms:.2f} ms/token, floor {floor_ms:.2f} ms ({report['copy_bandwidth_gbs']:.1f} GB/s): "
+                 f"{ms / floor_ms:.2f}x", ms / floor_ms <= FLOOR_RATIO if target else None))
+    first = {name: statistics.median(v) for name, v in report.get("first_output_s", {}).items()}
+    if first:
+        rows.append((f"first translation reported beside CTranslate2's ({model})",
+                     "; ".join(f"{n} {v:.2f} s" for n, v in first.items()), None))
+    return rows
+
+
+def targets(reports: dict[str, dict]) -> str:
+    """The targets table (markdown) from the reports of one run, by model name."""
+    rows = _speed_rows(reports) + [row for model, report in reports.items() for row in _model_rows(model, report)]
+    lines = ["| target | measured | met |", "|---|---|---|"]
+    lines += [f"| {t} | {m} | {'reported' if ok is None else ('yes' if ok else '**no**')} |" for t, m, ok in rows]
+    return "\n".join(lines)
