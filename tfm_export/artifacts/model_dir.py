@@ -36,7 +36,7 @@ TOKEN_RULES = "token_rules"  # a pretrained model's ids and generation defaults;
 # weights file so that a runtime reads them once and gives both sessions the same memory: the tied embedding table.
 SHARED = "shared_initializers"
 SHARED_MIN_BYTES = 256  # smaller ones (folded scalars, shapes) stay inline
-SHARED_DTYPES = ("float32", "float16", "int8", "uint8")
+SHARED_DTYPES = {"fp32": "float32", "fp16": "float16"}  # by precision; int8's two graphs share no table
 PRECISIONS = ("fp32", "fp16", "int8")
 INT8_MODES = ("static", "dynamic")  # manifest int8.mode: calibrated Q/DQ graphs, or run-time activation ranges
 REMAKE = "export the model again with `tfm-export onnx`"
@@ -142,9 +142,13 @@ def shared_initializers(directory: Path, manifest: dict[str, Any], graph: str) -
     entries = manifest["graphs"][graph].get(SHARED, [])
     if not entries:
         return {}
-    invalid = ModelDirError(f"{directory / MANIFEST}: has an invalid graphs.{graph}.{SHARED}; {REMAKE}")
-    if not isinstance(entries, list) or not all(_shared_entry(e) for e in entries):
-        raise invalid
+    # ONNX Runtime takes a supplied initializer of any shape and fails (or reads it wrongly) mid-decode, so the
+    # entries must describe the one table sharing is for: the tied embedding, in the directory's weight type
+    model = manifest["model"]
+    table = {"dtype": SHARED_DTYPES.get(manifest["precision"]), "shape": [model["trg_vocab_size"], model["d_model"]]}
+    if not isinstance(entries, list) or not all(_shared_entry(e, table) for e in entries):
+        raise ModelDirError(f"{directory / MANIFEST}: has an invalid graphs.{graph}.{SHARED} (each entry: name, "
+                            f"dtype {table['dtype']}, shape {table['shape']}, offset); {REMAKE}")
     data = f"{manifest['graphs'][graph]['file']}.data"
     path = verified_file(directory, data, manifest["files"].get(data), f"external weights of {graph}")
     arrays = {}
@@ -157,10 +161,10 @@ def shared_initializers(directory: Path, manifest: dict[str, Any], graph: str) -
     return arrays
 
 
-def _shared_entry(entry: object) -> bool:
-    return (isinstance(entry, dict) and _text(entry.get("name")) and entry.get("dtype") in SHARED_DTYPES
-            and isinstance(entry.get("shape"), list) and all(map(_positive, entry["shape"]))
-            and isinstance(entry.get("offset"), int) and not isinstance(entry["offset"], bool) and entry["offset"] >= 0)
+def _shared_entry(entry: object, table: dict[str, Any]) -> bool:
+    return (isinstance(entry, dict) and _text(entry.get("name")) and entry.get("dtype") == table["dtype"]
+            and entry.get("shape") == table["shape"] and isinstance(entry.get("offset"), int)
+            and not isinstance(entry["offset"], bool) and entry["offset"] >= 0)
 
 
 def tokenizer_file(directory: Path, manifest: dict[str, Any], side: str) -> Path:

@@ -161,14 +161,15 @@ def _readable_as(data: Path, graph: Path) -> Path:
     return data
 
 
-def save_sharing_graph(proto: onnx.ModelProto, path: Path, encoder: onnx.ModelProto) -> tuple[list[Path], list[dict]]:
-    """save_graph, with the initializers the encoder holds too (same name, type, shape and bytes; the tied
-    embedding table) in `<name>.onnx.data`, standard external data any ONNX runtime reads. Returns the files
+def save_sharing_graph(proto: onnx.ModelProto, path: Path, encoder: onnx.ModelProto, table: tuple[int, int]
+                       ) -> tuple[list[Path], list[dict]]:
+    """save_graph, with the tied embedding table (shape `table`) in `<name>.onnx.data` where the encoder holds
+    the very same tensor (name, type, bytes): standard external data any ONNX runtime reads. Returns the files
     written and the manifest's shared_initializers entries (name, dtype, shape, offset)."""
     theirs = {t.name: t for t in encoder.graph.initializer}
-    shared = [t for t in proto.graph.initializer if t.name in theirs and len(t.raw_data) >= SHARED_MIN_BYTES
-              and _same_tensor(t, theirs[t.name])]
-    shared = [t for t in shared if helper.tensor_dtype_to_np_dtype(t.data_type).name in SHARED_DTYPES]
+    shared = [t for t in proto.graph.initializer if t.name in theirs and tuple(t.dims) == tuple(table)
+              and len(t.raw_data) >= SHARED_MIN_BYTES and _same_tensor(t, theirs[t.name])
+              and helper.tensor_dtype_to_np_dtype(t.data_type).name in SHARED_DTYPES.values()]
     data = path.with_name(path.name + ".data")
     for tensor in shared:
         external_data_helper.set_external_data(tensor, data.name)
@@ -179,12 +180,13 @@ def save_sharing_graph(proto: onnx.ModelProto, path: Path, encoder: onnx.ModelPr
     return (files if not shared or data in files else [*files, _readable_as(data, path)]), entries
 
 
-def save_graph_of(graph: Graph | GraphVariant, proto: onnx.ModelProto, directory: Path, encoder: onnx.ModelProto
-                  ) -> tuple[list[Path], list[dict]]:
+def save_graph_of(graph: Graph | GraphVariant, proto: onnx.ModelProto, directory: Path, encoder: onnx.ModelProto,
+                  table: tuple[int, int]) -> tuple[list[Path], list[dict]]:
     """Saves a directory's graph: decoder_step_buffered, which only this tool's runtime opens, shares the
-    encoder's copy of tied weights (artifacts.model_dir.SHARED); the contract's graphs keep theirs inline."""
+    encoder's copy of the tied table, (vocabulary, d_model) (artifacts.model_dir.SHARED); the contract's graphs
+    keep theirs inline."""
     if graph is GraphVariant.DECODER_STEP_BUFFERED:
-        return save_sharing_graph(proto, directory / graph.filename, encoder)
+        return save_sharing_graph(proto, directory / graph.filename, encoder, table)
     return save_graph(proto, directory / graph.filename), []
 
 

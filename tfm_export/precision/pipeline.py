@@ -135,7 +135,8 @@ def quantize_model_dir(source: Path, output: Path, precision: str, mode: str | N
                                                            not float_embeddings)
             _set_precision_metadata(converted[graph], precision)
             checked = check_contract(converted[graph], specs[graph])
-            files, shared[graph] = save_graph_of(graph, converted[graph], staging, converted[Graph.ENCODER])
+            files, shared[graph] = save_graph_of(graph, converted[graph], staging, converted[Graph.ENCODER],
+                                                 (config.trg_vocab_size, config.d_model))
             listed += [p.name for p in files[1:]]
             entry = {k: v for k, v in manifest["graphs"][graph.value].items() if k != SHARED}
             entries[graph.value] = {**entry, "sha256": file_sha256(staging / graph.filename),
