@@ -191,11 +191,12 @@ def save_graph_of(graph: Graph | GraphVariant, proto: onnx.ModelProto, directory
 
 
 def add_shared(manifest: dict[str, Any], shared: dict[Graph | GraphVariant, list[dict]]) -> None:
+    """Records save_graph_of's entries in the graphs' manifest entries, and says so in `optimizations`."""
     for graph, entries in shared.items():
         if entries:
             manifest["graphs"][graph.value][SHARED] = entries
-            manifest["optimizations"].append(f"{graph.value} reads the encoder's copy of {len(entries)} shared "
-                                             "initializer(s) (the tied embedding table) from its .data file")
+            manifest["optimizations"].append(f"{graph.value} keeps the tied embedding table it shares with the "
+                                             "encoder in its .data file; tfm-run reads it once for both sessions")
 
 
 def _same_tensor(a: onnx.TensorProto, b: onnx.TensorProto) -> bool:
