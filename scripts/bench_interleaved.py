@@ -33,6 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from tfm_export.bench import protocol
+from tfm_export.bench.targets import floor_ms, ms_per_token, round_ratios, targets
 from tfm_export.core.machine import return_large_blocks
 
 # Every backend runs in a spawned process, which imports this script again: the export side (torch, onnx:
@@ -254,12 +255,11 @@ def summarise(report: dict) -> None:
     print("| cell | " + " | ".join(f"{n} tok/s" for n in names) + " | "
           + " | ".join(f"{a} / {b} (median; min-max)" for a, b in pairs) + " |")
     print("|---|" + "---:|" * (len(names) + len(pairs)))
+    per_round = {pair: round_ratios(report, *pair) for pair in pairs}
     for cell in cells:
         rates = {n: [r["results"][n]["cells"][cell]["tokens_per_s"] for r in report["rounds"]] for n in names}
-        ratios = []
-        for a, b in pairs:
-            values = [x / y for x, y in zip(rates[a], rates[b], strict=True)]
-            ratios.append(f"{statistics.median(values):.2f}x ({min(values):.2f}-{max(values):.2f})")
+        ratios = [f"{statistics.median(v):.2f}x ({min(v):.2f}-{max(v):.2f})"
+                  for v in (per_round[pair][cell] for pair in pairs)]
         print(f"| {cell} | " + " | ".join(f"{statistics.median(rates[n]):.0f}" for n in names) + " | "
               + " | ".join(ratios) + " |")
     print()
@@ -271,16 +271,14 @@ def summarise(report: dict) -> None:
         agree = [r["results"][n]["agreement"] for r in report["rounds"] if r["results"][n]["agreement"] is not None]
         print(f"| {n} | {statistics.median(load):.2f} | {statistics.median(rss):.0f} ({min(rss):.0f}-{max(rss):.0f}) | "
               + (f"{100 * statistics.median(agree):.1f}%" if agree else "-") + " |")
-    bandwidth, weights = report["copy_bandwidth_gbs"], report["weight_bytes_per_token"]
-    floor_ms = weights / (bandwidth * 1e9) * 1e3
+    floor = floor_ms(report)
     print(f"\ncopy bandwidth (bytes read + written per s, 512 MB np.copyto, a slice per core, best of 7): "
-          f"{bandwidth:.1f} GB/s; "
-          f"weights read per greedy token at batch 1: {weights / 1e6:.1f} MB; floor {floor_ms:.2f} ms/token")
+          f"{report['copy_bandwidth_gbs']:.1f} GB/s; weights read per greedy token at batch 1: "
+          f"{report['weight_bytes_per_token'] / 1e6:.1f} MB; floor {floor:.2f} ms/token")
     for n in [n for n in names if n.startswith("ort-fp32")]:
-        cells = [r["results"][n]["cells"] for r in report["rounds"]]
-        for cell in [c for c in cells[0] if c.endswith("beam 1, batch 1")]:
-            ms = statistics.median(1e3 / c[cell]["tokens_per_s"] for c in cells)
-            print(f"{n}, {cell}: {ms:.2f} ms/token = {ms / floor_ms:.2f}x the floor")
+        for cell in [c for c in cells if c.endswith("beam 1, batch 1")]:
+            ms = ms_per_token(report, n, cell)
+            print(f"{n}, {cell}: {ms:.2f} ms/token = {ms / floor:.2f}x the floor")
     for name, values in report.get("first_output_s", {}).items():
         print(f"first output line, {name}: median {statistics.median(values):.2f} s "
               f"({', '.join(f'{v:.2f}' for v in values)})")
@@ -290,7 +288,6 @@ if __name__ == "__main__":
     if len(sys.argv) == 3 and sys.argv[1] == "--summarise":
         summarise(json.loads(Path(sys.argv[2]).read_text(encoding="utf-8")))
     elif len(sys.argv) > 2 and sys.argv[1] == "--targets":  # --targets NAME=REPORT.json ...
-        from tfm_export.bench.targets import targets
         print(targets({name: json.loads(Path(path).read_text(encoding="utf-8"))
                        for name, path in (arg.split("=", 1) for arg in sys.argv[2:])}))
     else:

@@ -42,9 +42,7 @@ def _backend(model: Path, profile_prefix: str | None = None) -> OrtBufferedBacke
     encoder = ort.InferenceSession(str(model / "encoder.onnx"), sharing(shared), providers=["CPUExecutionProvider"])
     decoder = ort.InferenceSession(str(model / "decoder_step_buffered.onnx"), options,
                                    providers=["CPUExecutionProvider"])
-    backend = OrtBufferedBackend(encoder, decoder, ModelConfig.from_dict(manifest["model"]), manifest)
-    backend.shared = shared
-    return backend
+    return OrtBufferedBackend(encoder, decoder, ModelConfig.from_dict(manifest["model"]), manifest, shared=shared)
 
 
 def operator_profile(model: Path, batch: int, beam: int, steps: int) -> None:

@@ -144,8 +144,8 @@ def shared_initializers(directory: Path, manifest: dict[str, Any], graph: str) -
         return {}
     # ONNX Runtime takes a supplied initializer of any shape and fails (or reads it wrongly) mid-decode, so the
     # entries must describe the one table sharing is for: the tied embedding, in the directory's weight type
-    model = manifest["model"]
-    table = {"dtype": SHARED_DTYPES.get(manifest["precision"]), "shape": [model["trg_vocab_size"], model["d_model"]]}
+    table = {"dtype": SHARED_DTYPES.get(manifest["precision"]),
+             "shape": list(ModelConfig.from_dict(manifest["model"]).tied_table)}
     if not isinstance(entries, list) or not all(_shared_entry(e, table) for e in entries):
         raise ModelDirError(f"{directory / MANIFEST}: has an invalid graphs.{graph}.{SHARED} (each entry: name, "
                             f"dtype {table['dtype']}, shape {table['shape']}, offset); {REMAKE}")

@@ -100,6 +100,11 @@ class ModelConfig:
         return self.proj_share_weight and self.scale_emb_or_prj == "emb"
 
     @property
+    def tied_table(self) -> tuple[int, int]:
+        """The shape of the embedding table the output projection and (shared vocabularies) the source share."""
+        return self.trg_vocab_size, self.d_model
+
+    @property
     def scale_prj(self) -> bool:
         return self.proj_share_weight and self.scale_emb_or_prj == "prj"
 

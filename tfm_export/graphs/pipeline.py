@@ -108,8 +108,7 @@ def export_model_dir(ckpt: Checkpoint, output: Path, opset: int = DEFAULT_OPSET,
         hashes, listed, shared = {}, [], {}
         for graph, proto in graphs.items():
             onnx.helper.set_model_props(proto, _metadata(ckpt, opset, graph))
-            files, shared[graph] = save_graph_of(graph, proto, staging, graphs[Graph.ENCODER],
-                                                 (ckpt.config.trg_vocab_size, ckpt.config.d_model))
+            files, shared[graph] = save_graph_of(graph, proto, staging, graphs[Graph.ENCODER], ckpt.config.tied_table)
             listed += [p.name for p in files[1:]]  # external weights
             hashes[graph] = file_sha256(staging / graph.filename)
         bar.update()

@@ -128,15 +128,17 @@ def quantize_model_dir(source: Path, output: Path, precision: str, mode: str | N
         bar.update()
         config = ModelConfig.from_dict(manifest["model"])
         specs = {**graph_specs(config), **variant_specs(config)}
-        entries, kept, listed, converted, shared = {}, {}, [], {}, {}
+        entries, kept, listed, shared = {}, {}, [], {}
+        encoder = None  # converted first; the graphs after it share its tied table
         for graph, proto in graphs.items():
             bar.set_postfix_str(graph.value)
-            converted[graph], kept[graph.value] = _convert(proto, precision, mode, keep_io_types, traces, graph,
-                                                           not float_embeddings)
-            _set_precision_metadata(converted[graph], precision)
-            checked = check_contract(converted[graph], specs[graph])
-            files, shared[graph] = save_graph_of(graph, converted[graph], staging, converted[Graph.ENCODER],
-                                                 (config.trg_vocab_size, config.d_model))
+            converted, kept[graph.value] = _convert(proto, precision, mode, keep_io_types, traces, graph,
+                                                    not float_embeddings)
+            if graph is Graph.ENCODER:
+                encoder = converted
+            _set_precision_metadata(converted, precision)
+            checked = check_contract(converted, specs[graph])
+            files, shared[graph] = save_graph_of(graph, converted, staging, encoder, config.tied_table)
             listed += [p.name for p in files[1:]]
             entry = {k: v for k, v in manifest["graphs"][graph.value].items() if k != SHARED}
             entries[graph.value] = {**entry, "sha256": file_sha256(staging / graph.filename),

@@ -98,7 +98,8 @@ class OrtBufferedBackend:
     """decoding.StepBackend on an encoder and a decoder_step_buffered session."""
 
     def __init__(self, encoder: ort.InferenceSession, decoder: ort.InferenceSession, config: ModelConfig,
-                 manifest: dict | None = None, capacity_step: int = CAPACITY_STEP) -> None:
+                 manifest: dict | None = None, capacity_step: int = CAPACITY_STEP,
+                 shared: dict[str, ort.OrtValue] | None = None) -> None:
         self.encoder, self.decoder, self.config, self.manifest = encoder, decoder, config, manifest or {}
         self.capacity_step = capacity_step
         self.names = cache_names(config)
@@ -108,7 +109,7 @@ class OrtBufferedBackend:
         # graphs exported before the encoder's keys/values came per source take them per row
         mask = next(i for i in decoder.get_inputs() if i.name == "encoder_attention_mask")
         self.per_source = mask.shape[0] == SOURCES
-        self.shared: dict[str, ort.OrtValue] = {}  # memory both sessions read: must live as long as they do
+        self.shared = shared or {}  # memory both sessions read (shared_values): must live as long as they do
 
     @classmethod
     def open(cls, directory: Path, options: SessionOptions = DEFAULT_OPTIONS,
@@ -126,9 +127,7 @@ class OrtBufferedBackend:
                              sharing(shared))
         decoder = open_graph(Path(directory), manifest, variant_specs(config)[GraphVariant.DECODER_STEP_BUFFERED],
                              options, sharing(shared))
-        backend = cls(encoder, decoder, config, manifest, capacity_step)
-        backend.shared = shared
-        return backend
+        return cls(encoder, decoder, config, manifest, capacity_step, shared)
 
     def run_encoder(self, src: np.ndarray) -> dict[str, np.ndarray]:
         return run_encoder(self.encoder, src, self.config.src_pad_idx)
