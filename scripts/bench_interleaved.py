@@ -7,8 +7,9 @@ rotates from round to round, so every backend sees the same drift of the machine
 per round (ours / anchor from the same round) and their median is reported beside the spread.
 
 Backends besides `tfm-run bench`'s names:
-  ort-fp32+noarena, ort-fp32+nospin, ort-fp32+noarena+nospin
-                      ort-fp32 without ONNX Runtime's CPU memory arena / with its threads not spinning
+  ort-fp32+arena, ort-fp32+spin, ort-fp32+arena+spin
+                      ort-fp32 with ONNX Runtime's own defaults back: its CPU memory arena / its threads
+                      spinning while they wait (tfm-run's defaults have both off)
   ort-fp32-contract   the contract's decoder_step (whole-cache Concat, arrays in and out) instead of
                       decoder_step_buffered, which tfm-run translate uses when the directory has it
   ct2-<compute_type>[+packed][+mkl][+isa=NAME]
@@ -65,14 +66,13 @@ def _decoder(name: str, artifacts, threads: int):
         compute, env = _ct2_setting(name)
         os.environ.update(env)  # before ctranslate2 is imported in this fresh process
         return runners._ctranslate2(artifacts, compute, threads)
-    if name.startswith("ort-fp32+"):  # settings levers: +noarena, +nospin
+    if name.startswith("ort-fp32+"):  # settings levers: +arena, +spin
         from tfm_export.runtime.session import SessionOptions
         from tfm_export.runtime.translator import Translator
         flags = set(name.split("+")[1:])
-        if flags - {"noarena", "nospin"}:
-            raise SystemExit(f"unknown ONNX Runtime setting in {name}: use +noarena, +nospin")
-        options = SessionOptions(intra_op_threads=threads, memory_arena="noarena" not in flags,
-                                 spinning="nospin" not in flags)
+        if flags - {"arena", "spin"}:
+            raise SystemExit(f"unknown ONNX Runtime setting in {name}: use +arena, +spin")
+        options = SessionOptions(intra_op_threads=threads, memory_arena="arena" in flags, spinning="spin" in flags)
         return runners._loop(Translator.load(artifacts.onnx["fp32"], backend="onnxruntime",
                                              session_options=options).backend, artifacts.rules)
     if name == "ort-fp32-contract":

@@ -1784,6 +1784,8 @@ add("wrong-answer", "device-cuda-without-gpu", option_case(("--device", "cuda"),
 add("wrong-answer", "backend-tensorrt-on-model-dir", option_case((), "tensorrt", expect="either"))
 add("wrong-answer", "demo-oracle-torch (control)", option_case((), "torch", expect="either", beam=1))
 add("wrong-answer", "no-memory-arena (control)", option_case(("--no-memory-arena",), expect="either"))
+add("wrong-answer", "memory-arena-spinning (control)", option_case(("--memory-arena", "--spinning"), expect="either"))
+add("wrong-answer", "env-TFM_ORT_ARENA-bogus", option_case((), env={"TFM_ORT_ARENA": "sometimes"}))
 
 
 def bench_threads_case(threads: str) -> Callable[[Trial], tuple[str, str]]:

@@ -38,7 +38,7 @@ def main() -> None:
     parser.add_argument("--length", type=int, default=64, help="tokens generated per sentence (forced)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--compute-type", default="float32", help="CTranslate2's")
-    parser.add_argument("--no-arena", action="store_true", help="ONNX Runtime without its CPU memory arena")
+    parser.add_argument("--arena", action="store_true", help="ONNX Runtime with its CPU memory arena (tfm-run: off)")
     args = parser.parse_args()
     return_large_blocks()  # as tfm-run and the benchmark workers do
     source = np.random.default_rng(0).integers(4, 32000, size=(args.batch, 24))
@@ -59,7 +59,7 @@ def main() -> None:
         from tfm_export.runtime.session import SessionOptions
         print(f"imported: {memory()}")
         backend = OrtBufferedBackend.open(args.model, SessionOptions(intra_op_threads=args.threads,
-                                                                     memory_arena=not args.no_arena))
+                                                                     memory_arena=args.arena))
         print(f"loaded: {memory()}")
         source = source % backend.config.src_vocab_size
         start = time.perf_counter()

@@ -190,6 +190,15 @@ def test_malformed_shared_initializer_entries_are_one_line(tiny, tmp_path, entri
     one_line_error(run_reader(["translate", "w5"], model, tmp_path / "out"), fragment)
 
 
+def test_an_int8_table_declared_float_is_one_line(variants, tmp_path):
+    """ONNX Runtime takes a supplied initializer of another type without complaint and computes with garbage,
+    so an int8 directory's shared table must be declared as what int8 stores: int8."""
+    model = copy_of(variants["int8-dynamic"], tmp_path)
+    [entry] = read_manifest(model)["graphs"]["decoder_step_buffered"][SHARED]
+    edit_manifest(model, lambda m: m["graphs"]["decoder_step_buffered"][SHARED][0].update(dtype="float32"))
+    one_line_error(run_reader(["translate", "w5"], model, tmp_path / "out"), f"dtype int8, shape {entry['shape']}")
+
+
 @pytest.mark.parametrize("entry", ["decoder_step_buffered.onnx", {"file": "decoder_step_buffered.onnx"},
                                    {"file": 7, "sha256": "0" * 64}])
 def test_a_malformed_optional_graph_entry_is_one_line(tiny, tmp_path, entry):

@@ -9,17 +9,24 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 import pytest
 from click.testing import CliRunner
-from conftest import CALIBRATION, REPO, listing, unwritable_dir
+from conftest import CALIBRATION, REPO, listing, tiny_config, unwritable_dir
 from onnx import numpy_helper
 
+from tfm_export.artifacts.model_dir import SHARED, read_manifest
 from tfm_export.cli.export_cli import main as export_main
+from tfm_export.core.config import ModelConfig
 from tfm_export.core.graph_spec import Graph
 from tfm_export.demo import numbers as demo_numbers
-from tfm_export.precision.int8 import logits_nodes
+from tfm_export.graphs.pipeline import export_model_dir
+from tfm_export.model.checkpoint import load_checkpoint
+from tfm_export.model.synthetic import random_checkpoint
+from tfm_export.precision.int8 import logits_nodes, quantize_dynamic_graph
 from tfm_export.precision.pipeline import Calibration, quantize_model_dir
 from tfm_export.runtime import decoding
+from tfm_export.runtime.ort_buffered import OrtBufferedBackend
 from tfm_export.runtime.translator import DecodeOptions, Translator
 from tfm_export.verify.precision import compare_decodes
 
@@ -72,6 +79,49 @@ def test_int8_graphs_store_no_float_matrices(variants):
             floats = [i.name for i in _graph(variants[name], graph).graph.initializer
                       if i.data_type == onnx.TensorProto.FLOAT and len(i.dims) == 2]
             assert floats == [], (name, graph, floats)
+
+
+def test_int8_dynamic_buffered_decoder_shares_the_encoders_int8_table(variants):
+    """decoder_step_buffered's embedding reads the encoder's own int8 table (per-row scales), kept once in its
+    .data file and given to both sessions: zeroing that one array changes both graphs' outputs. Its projection
+    keeps its own int8 W^T, which only the MatMul reads (so ONNX Runtime can free it once prepacked)."""
+    directory = variants["int8-dynamic"]
+    manifest = read_manifest(directory)
+    [entry] = manifest["graphs"]["decoder_step_buffered"][SHARED]
+    assert entry["dtype"] == "int8" and entry["shape"] == list(ModelConfig.from_dict(manifest["model"]).tied_table)
+    proto = onnx.load(str(directory / "decoder_step_buffered.onnx"), load_external_data=False)
+    readers = [n.op_type for n in proto.graph.node if entry["name"] in n.input]
+    assert readers and set(readers) == {"Gather"}
+    backend = OrtBufferedBackend.open(directory)
+    src = np.array([[2, 5, 6, 7, 3]])
+    encoded = backend.run_encoder(src)["last_hidden_state"]
+    logits = backend.step(backend.encode(src), np.array([2]))[1].copy()
+    backend.shared[entry["name"]].numpy()[:] = 0
+    assert not np.allclose(backend.run_encoder(src)["last_hidden_state"], encoded)
+    assert not np.allclose(backend.step(backend.encode(src), np.array([2]))[1], logits)
+
+
+def test_int8_dynamic_folds_the_logits_scale_into_the_weight_scales(tmp_path):
+    """A projection scaled by d_model ** -0.5 ("prj") computes its logits in one quantized MatMul: the scalar
+    joins the weight's per-channel scales, and the logits equal ONNX Runtime's quantizer's unfolded graph's."""
+    ckpt = load_checkpoint(random_checkpoint(tiny_config(scale_emb_or_prj="prj"), tmp_path / "ckpt"))
+    export_model_dir(ckpt, tmp_path / "fp32", progress=False)
+    path = str(tmp_path / "fp32" / "decoder_step.onnx")
+    folded = quantize_dynamic_graph(onnx.load(path), int8_embeddings=False)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr("tfm_export.precision.int8.fold_output_scales", lambda proto: proto)
+        plain = quantize_dynamic_graph(onnx.load(path), int8_embeddings=False)
+    scalars = {i.name for i in plain.graph.initializer if not i.dims}
+    assert _producers(plain)["logits"].op_type == "Mul" and _producers(plain)["logits"].input[1] in scalars
+    producers = _producers(folded)
+    assert producers[producers["logits"].input[0]].op_type == "Cast"
+    assert len(folded.graph.node) == len(plain.graph.node) - 1
+    rng = np.random.default_rng(0)
+    feeds = {"input_ids": np.array([[2], [5]]), "encoder_attention_mask": np.ones((2, 3), np.int64)}
+    for name in [i.name for i in plain.graph.input if i.name.startswith("past_key_values")]:
+        feeds[name] = rng.standard_normal((2, 2, 1 if ".decoder." in name else 3, 8)).astype(np.float32)
+    got, want = (ort.InferenceSession(m.SerializeToString()).run(["logits"], feeds)[0] for m in (folded, plain))
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
 def test_int8_dynamic_quantizes_weights_at_run_time(variants):

@@ -22,7 +22,7 @@ from tfm_export.model.synthetic import random_checkpoint
 from tfm_export.runtime import decoding
 from tfm_export.runtime.iobinding_backend import OrtBoundBackend
 from tfm_export.runtime.ort_backend import OrtBackend
-from tfm_export.runtime.ort_buffered import CAPACITY_STEP, OrtBufferedBackend, source_groups
+from tfm_export.runtime.ort_buffered import CAPACITY_STEP, OrtBufferedBackend, source_groups, widen
 from tfm_export.runtime.torch_backend import TorchBackend
 
 MAX_LENGTH = 12
@@ -204,27 +204,45 @@ def test_beam_search_over_a_large_vocabulary_equals_the_reference(wide, name):
         assert backend.moved > 10, "beams must reshuffle within inputs"
 
 
-def test_growing_cache_buffers_hold_one_old_tensor_at_a_time(flat, monkeypatch):
-    """When the buffers fill up, each new tensor is allocated after the previous old one was let go (the bound
-    OrtValues included), so growing costs one old tensor more than the grown cache, not a second cache."""
-    import weakref
+def test_log_sum_exp_by_row_blocks_equals_the_whole_array(monkeypatch):
+    """_normalizers works a few rows at a time (no second (N, V) array at the memory peak): row by row the same
+    float32 operations, so bit-identical to the whole array's, masked rows included; and torch's log-sum-exp."""
+    x = np.random.default_rng(0).standard_normal((37, 1000)).astype(np.float32) * 5
+    x[3, :500] = -np.inf
+    top = x.max(axis=-1, keepdims=True)
+    want = np.log(np.exp(x - top).sum(axis=-1, keepdims=True))
+    monkeypatch.setattr(decoding, "NORMALIZER_BYTES", 3 * x.shape[1] * x.itemsize)
+    got_top, got = decoding._normalizers(x)
+    assert np.array_equal(got_top, top) and np.array_equal(got, want)
+    np.testing.assert_allclose(got_top + got, torch.logsumexp(torch.from_numpy(x), -1, keepdim=True), rtol=1e-6)
 
+
+def test_growing_cache_buffers_grow_in_place(flat, monkeypatch):
+    """When the buffers fill up they grow in their own memory: the same arrays, no new cache-sized array
+    allocated and the other bound arrays (logits, new keys/values) kept, so growing never holds a second copy of
+    any tensor; the logits after growing still equal the reference (test_beam_search_equals_the_reference...)."""
     backend = OrtBufferedBackend.open(flat[1], capacity_step=3)
     state, tokens = backend.encode(_sources(19, 4, 0)), np.full(4, BOS_ID, np.int64)
     for _ in range(3):
         state, _ = backend.step(state, tokens)
-    old = [weakref.ref(tensor) for tensor in state.buffers.cache]
-    alive, zeros = [], np.zeros
-
-    def counting_zeros(*args, **kwargs):
-        alive.append(sum(ref() is not None for ref in old))
-        return zeros(*args, **kwargs)
-
-    monkeypatch.setattr(np, "zeros", counting_zeros)
+    before = state.buffers
+    made, zeros = [], np.zeros
+    monkeypatch.setattr(np, "zeros", lambda *args, **kwargs: made.append(args) or zeros(*args, **kwargs))
     state, _ = backend.step(state, tokens)
     monkeypatch.undo()
     assert state.buffers.cache[0].shape[2] == 6, "the step must have grown the buffers"
-    assert alive[:len(old)] == [len(old) - i for i in range(len(old))]
+    assert all(a is b for a, b in zip(state.buffers.cache, before.cache, strict=True)) and not made
+    assert state.buffers.logits is before.logits and state.buffers.new == before.new
+
+
+@pytest.mark.parametrize("shape, capacity", [((5, 3, 4, 2), 7), ((1, 1, 1, 1), 2), ((6, 2, 5, 3), 6),
+                                             ((3, 2, 16, 4), 100), ((2, 4, 3, 8), 3)])
+def test_widen_moves_every_position_to_its_place(shape, capacity):
+    """Row blocks move within one allocation, so later rows overlap earlier ones' old places: against np.pad."""
+    cache = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
+    want = np.pad(cache, ((0, 0), (0, 0), (0, max(0, capacity - shape[2])), (0, 0)))
+    got = widen(cache, capacity)
+    assert got is cache and np.array_equal(got, want)
 
 
 @pytest.mark.parametrize("sources, expected", [

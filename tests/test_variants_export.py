@@ -12,6 +12,7 @@ import torch
 from test_onnx_export import assert_stepwise_parity
 from variant_cases import CASES, COMBINATIONS, case_config, save_varied_checkpoint
 
+from tfm_export.artifacts.model_dir import EMBEDDING_MIN_ELEMENTS
 from tfm_export.core.config import ModelConfig
 from tfm_export.core.graph_spec import Graph
 from tfm_export.core.variants import GATED_ACTIVATIONS, PRESETS
@@ -22,7 +23,7 @@ from tfm_export.graphs.roles import role_groups
 from tfm_export.model import reference_decoding
 from tfm_export.model.checkpoint import load_checkpoint
 from tfm_export.model.synthetic import random_checkpoint, random_texts
-from tfm_export.precision.int8 import EMBEDDING_MIN_ELEMENTS, logits_nodes
+from tfm_export.precision.int8 import logits_nodes
 from tfm_export.precision.pipeline import Calibration, quantize_model_dir
 from tfm_export.runtime import decoding
 from tfm_export.runtime.ort_backend import OrtBackend

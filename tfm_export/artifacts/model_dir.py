@@ -36,7 +36,9 @@ TOKEN_RULES = "token_rules"  # a pretrained model's ids and generation defaults;
 # weights file so that a runtime reads them once and gives both sessions the same memory: the tied embedding table.
 SHARED = "shared_initializers"
 SHARED_MIN_BYTES = 256  # smaller ones (folded scalars, shapes) stay inline
-SHARED_DTYPES = {"fp32": "float32", "fp16": "float16"}  # by precision; int8's two graphs share no table
+SHARED_DTYPES = {"fp32": "float32", "fp16": "float16", "int8": "int8"}  # the shared table's type, by precision
+EMBEDDING_MIN_ELEMENTS = 4096  # int8 stores Gather tables this large int8; smaller ones (positions, shapes) stay float
+FLOAT_EMBEDDINGS = "float (--float-embeddings)"  # an int8 manifest's int8.embeddings when every table stayed float
 PRECISIONS = ("fp32", "fp16", "int8")
 INT8_MODES = ("static", "dynamic")  # manifest int8.mode: calibrated Q/DQ graphs, or run-time activation ranges
 REMAKE = "export the model again with `tfm-export onnx`"
@@ -144,8 +146,8 @@ def shared_initializers(directory: Path, manifest: dict[str, Any], graph: str) -
         return {}
     # ONNX Runtime takes a supplied initializer of any shape and fails (or reads it wrongly) mid-decode, so the
     # entries must describe the one table sharing is for: the tied embedding, in the directory's weight type
-    table = {"dtype": SHARED_DTYPES.get(manifest["precision"]),
-             "shape": list(ModelConfig.from_dict(manifest["model"]).tied_table)}
+    shape = ModelConfig.from_dict(manifest["model"]).tied_table
+    table = {"dtype": shared_dtype(manifest, shape), "shape": list(shape)}
     if not isinstance(entries, list) or not all(_shared_entry(e, table) for e in entries):
         raise ModelDirError(f"{directory / MANIFEST}: has an invalid graphs.{graph}.{SHARED} (each entry: name, "
                             f"dtype {table['dtype']}, shape {table['shape']}, offset); {REMAKE}")
@@ -159,6 +161,15 @@ def shared_initializers(directory: Path, manifest: dict[str, Any], graph: str) -
             raise ModelDirError(f"{path}: ends before {entry['name']!r} does (the manifest's {SHARED}); {REMAKE}")
         arrays[entry["name"]] = array.reshape(entry["shape"])
     return arrays
+
+
+def shared_dtype(manifest: dict[str, Any], table: tuple[int, int]) -> str | None:
+    """The type the tied table has in a directory: its precision's, except in int8 directories whose tables
+    stayed float (too small to quantize, or --float-embeddings)."""
+    if manifest["precision"] == "int8" and (math.prod(table) < EMBEDDING_MIN_ELEMENTS or
+                                            manifest.get("int8", {}).get("embeddings") == FLOAT_EMBEDDINGS):
+        return "float32"
+    return SHARED_DTYPES.get(manifest["precision"])
 
 
 def _shared_entry(entry: object, table: dict[str, Any]) -> bool:

@@ -114,14 +114,19 @@ def write_output(lines: list[str], output: Path | None) -> None:
               help="CPU threads for ONNX Runtime (0 = its default) or PyTorch. Env: TFM_THREADS.")
 @click.option("--ort-opt-level", type=click.Choice(list(OPT_LEVELS)), default="all", envvar="TFM_ORT_OPT_LEVEL",
               show_default=True, help="ONNX Runtime graph optimisation level. Env: TFM_ORT_OPT_LEVEL.")
-@click.option("--no-memory-arena", is_flag=True, envvar="TFM_ORT_NO_ARENA",
-              help="Disable ONNX Runtime's CPU memory arena (less memory held, slower). Env: TFM_ORT_NO_ARENA.")
+@click.option("--memory-arena/--no-memory-arena", default=None, envvar="TFM_ORT_ARENA",
+              help="ONNX Runtime's CPU memory arena. Default: off for the CPU decoder that keeps its cache in place "
+                   "(less peak memory, same speed), on for graphs that allocate the whole cache every step. "
+                   "Env: TFM_ORT_ARENA=1/0.")
+@click.option("--spinning/--no-spinning", default=False, envvar="TFM_ORT_SPINNING", show_default=True,
+              help="Let ONNX Runtime's threads spin while they wait for work: can help on dedicated cores, slows "
+                   "shared ones. Env: TFM_ORT_SPINNING=1/0.")
 @click.option("--ort-trt", is_flag=True, help="With --device cuda: ONNX Runtime's TensorRT execution provider first.")
 def translate(texts: tuple[str, ...], model_path: Path, vocab: tuple[Path, ...], backend: str | None,
               device: str | None, beam_size: int | None, length_penalty: float | None, max_length: int | None,
               n_best: int, batch_size: int, source_lang: str | None, target_lang: str | None, truncate: bool,
               input_file: Path | None, output: Path | None, fmt: str, threads: int, ort_opt_level: str,
-              no_memory_arena: bool, ort_trt: bool) -> None:
+              memory_arena: bool | None, spinning: bool, ort_trt: bool) -> None:
     """Translate TEXT arguments, a file or stdin: one translation per line, in input order.
 
     Empty lines give empty lines. A line longer than the model's positions is an error naming the line
@@ -130,8 +135,8 @@ def translate(texts: tuple[str, ...], model_path: Path, vocab: tuple[Path, ...],
     inputs = [p for p in (input_file, model_path, *vocab) if p]
     check_output_path(output, "--output", inputs)
     lines = read_lines(input_file, texts)
-    session = SessionOptions(intra_op_threads=threads, optimization=ort_opt_level, memory_arena=not no_memory_arena,
-                             tensorrt_ep=ort_trt)
+    session = SessionOptions(intra_op_threads=threads, optimization=ort_opt_level, memory_arena=memory_arena,
+                             spinning=spinning, tensorrt_ep=ort_trt)
     translator = Translator.load(model_path, vocab, backend, device, session)
     translator = translator.with_languages(source_lang, target_lang)
     check_output_path(output, "--output", [*inputs, *translator.vocab.files])  # a checkpoint's tokenizer too

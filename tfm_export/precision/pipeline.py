@@ -21,6 +21,7 @@ from tqdm import tqdm
 
 from ..artifacts.manifest import write_manifest
 from ..artifacts.model_dir import (
+    FLOAT_EMBEDDINGS,
     INT8_MODES,
     SHARED,
     copy_tokenizers,
@@ -149,7 +150,7 @@ def quantize_model_dir(source: Path, output: Path, precision: str, mode: str | N
         new = _manifest(manifest, source, precision, mode, keep_io_types, entries, kept, calibration, traces)
         new["files"] = file_hashes(staging, listed)
         if precision == "int8" and float_embeddings:
-            new["int8"]["embeddings"] = "float (--float-embeddings)"
+            new["int8"]["embeddings"] = FLOAT_EMBEDDINGS
         if has_buffered_decoder(manifest) and not variants:
             new.setdefault("optimizations_not_applied", {})[GraphVariant.DECODER_STEP_BUFFERED.value] = \
                 NO_STATIC_BUFFERED
@@ -173,7 +174,8 @@ def _convert(proto: onnx.ModelProto, precision: str, mode: str, keep_io_types: b
     if mode == "static":
         quantized = quantize_static_graph(proto, traces.feeds[graph], int8_embeddings)
     else:
-        quantized = quantize_dynamic_graph(proto, int8_embeddings)
+        quantized = quantize_dynamic_graph(proto, int8_embeddings,
+                                           keep_embedding=graph is GraphVariant.DECODER_STEP_BUFFERED)
     return quantized, float_ops(quantized)
 
 

@@ -22,6 +22,7 @@ from ..core.hypothesis import Hypothesis
 from ..core.token_rules import SEED_RULES, TokenRules
 
 FULL_SORT_WIDTH = 4096  # candidates per input up to which sorting them all is cheaper than the block floor
+NORMALIZER_BYTES = 1 << 21  # the log-sum-exp's temporary: rows of logits at a time, this many bytes at most
 
 
 class StepBackend(Protocol):
@@ -53,9 +54,13 @@ def _normalizers(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Per row the maximum and log-sum-exp of (x - maximum), (N, 1) each: log p = (x - max) - norm.
     Every token counts in the sum, <blank> included, as in torch's log_softmax before the mask."""
     top = x.max(axis=-1, keepdims=True)
-    shifted = np.subtract(x, top)
-    np.exp(shifted, out=shifted)
-    return top, np.log(shifted.sum(axis=-1, keepdims=True))
+    sums = np.empty_like(top)
+    rows = max(1, NORMALIZER_BYTES // max(1, x.shape[-1] * x.itemsize))
+    for start in range(0, len(x), rows):  # a few rows at a time: no second (N, V) array at the memory peak
+        shifted = np.subtract(x[start:start + rows], top[start:start + rows])
+        np.exp(shifted, out=shifted)
+        shifted.sum(axis=-1, keepdims=True, out=sums[start:start + rows])
+    return top, np.log(sums)
 
 
 def _masked(x: np.ndarray, rules: TokenRules, allow_eos: bool, first: bool, last: bool) -> np.ndarray:
@@ -130,9 +135,11 @@ def _top_candidates(logits: np.ndarray, scores: np.ndarray, count: int, mask: Ca
         return order, np.take_along_axis(cand, order, axis=1)
     size = max(1, int(np.sqrt(vocab / count)))  # block length: ~vocab/size maxima + ~count * size elements
     blocks = -(-vocab // size)
-    padded = np.concatenate([x, np.full((n, blocks * size - vocab), -np.inf, np.float32)], axis=1) \
-        if vocab % size else x
-    block_max = _score(padded.reshape(n, blocks, size).max(axis=-1), top, norm, beam_scores)  # (N, blocks)
+    whole = vocab // size  # the last block may be short: its missing elements count as -inf, without a padded copy
+    maxima = x[:, :whole * size].reshape(n, whole, size).max(axis=-1)
+    if blocks > whole:
+        maxima = np.concatenate([maxima, x[:, whole * size:].max(axis=-1, keepdims=True)], axis=1)
+    block_max = _score(maxima, top, norm, beam_scores)  # (N, blocks)
     block_max = block_max.reshape(-1, k * blocks)  # (A, k * blocks), in (beam, block) order
     if block_max.shape[1] > count:
         floor = np.partition(block_max, -count, axis=1)[:, -count]
@@ -142,7 +149,8 @@ def _top_candidates(logits: np.ndarray, scores: np.ndarray, count: int, mask: Ca
     entry, block = np.nonzero(chosen)  # ascending (beam, block) within each input
     row = entry * k + block // blocks
     column = (block % blocks)[:, None] * size + np.arange(size)  # (S, size)
-    values = _score(padded[row[:, None], column], top[row], norm[row], beam_scores[row])
+    values = _score(x[row[:, None], np.minimum(column, vocab - 1)], top[row], norm[row], beam_scores[row])
+    values[column >= vocab] = -np.inf
     flat = (row % k)[:, None] * vocab + column
     # one padded (A, most blocks * size) table per input, then a stable sort of each row
     per_input = np.bincount(entry, minlength=len(block_max))

@@ -5,8 +5,8 @@ cache (Concat), allocates it and its logits afresh, and Python converts 4 x laye
 the session. Here the self-attention cache lives in NumPy buffers of fixed capacity that are bound to the
 session once (OrtValues share their memory), as are the logits and the new token's keys/values; a step
 writes the token and the cache length into bound arrays, runs, and copies each layer's new key/value into
-its buffer. Buffers grow by `capacity_step` positions when full, one tensor at a time (so growing never
-holds two copies of the cache); beams that reshuffle within their input move only the rows that change.
+its buffer. Buffers grow in place by `capacity_step` positions when full (so growing never holds two
+copies of any of it); beams that reshuffle within their input move only the rows that change.
 """
 
 from __future__ import annotations
@@ -94,6 +94,24 @@ def sharing(shared: dict[str, ort.OrtValue]) -> ort.SessionOptions:
     return so
 
 
+def widen(cache: np.ndarray, capacity: int) -> np.ndarray:
+    """A (N, H, C, D) buffer regrown to (N, H, capacity, D) in its own memory: the allocation is extended (glibc
+    moves large blocks by remapping pages, not copying them), then each row's H x C x D block is moved to its
+    new place, last row first, so nothing is overwritten before it has moved. Copying into a new buffer
+    instead would hold one old layer tensor besides the grown cache: the decode's memory peak (29 MB on the
+    base config at beam 4 x 32). The caller must hold no other reference to the buffer's memory."""
+    n, h, c, d = cache.shape
+    if capacity <= c:
+        return cache
+    cache.resize((n, h, capacity, d), refcheck=False)  # the old elements now lie flat at the start
+    flat, old = cache.reshape(-1), h * c * d
+    for row in range(n - 1, -1, -1):
+        grown = cache[row]
+        grown[:, :c] = flat[row * old:(row + 1) * old].reshape(h, c, d)  # NumPy copies overlapping sources first
+        grown[:, c:] = 0
+    return cache
+
+
 class OrtBufferedBackend:
     """decoding.StepBackend on an encoder and a decoder_step_buffered session."""
 
@@ -119,6 +137,8 @@ class OrtBufferedBackend:
             raise ModelDirError(f"{directory}: has no {GraphVariant.DECODER_STEP_BUFFERED.filename}; export the "
                                 "model again with `tfm-export onnx`")
         options = directory_options(manifest, options)
+        if options.memory_arena is None:
+            options = replace(options, memory_arena=False)
         config = ModelConfig.from_dict(manifest["model"])
         # not run here, but checked too: a directory with any damaged graph is refused, whichever decoder runs
         graph_path(Path(directory), manifest, Graph.DECODER_STEP.value)
@@ -143,7 +163,7 @@ class OrtBufferedBackend:
         check_target_length(state.length + 1, self.config.n_position)
         buffers = state.buffers
         if buffers is None or state.length == buffers.cache[0].shape[2]:
-            buffers = self._bind(state, self._grown(state))
+            buffers = self._bind(state, self._grown(state), buffers)
         buffers.ids[:, 0] = tokens
         buffers.length[...] = state.length
         self.decoder.run_with_iobinding(buffers.binding)
@@ -181,31 +201,29 @@ class OrtBufferedBackend:
 
     def _grown(self, state: BufferedState) -> list[np.ndarray]:
         """The cache with room for capacity_step more positions (zeros: the graph reads unused positions, so
-        they must be finite), made one tensor at a time so that only one old tensor is alive besides them."""
+        they must be finite). Existing buffers grow in place (widen), so growing never holds a second copy."""
         rows, cfg = state.rows, self.config
-        old = [None] * len(self.names.self_inputs)
-        if state.buffers is not None:  # the bound OrtValues hold the old arrays too: let go of those first
-            state.buffers.binding.clear_binding_inputs()
-            state.buffers.binding.clear_binding_outputs()
-            state.buffers.values.clear()
-            old = state.buffers.cache
         capacity = min(state.length + self.capacity_step, cfg.n_position)
-        grown = []
-        for i, size in enumerate(cache_head_sizes(cfg)):
-            buffer = np.zeros((rows, cfg.n_head, capacity, size), self.cache_dtype)
-            if old[i] is not None:
-                buffer[:, :, :state.length] = old[i][:, :, :state.length]
-                old[i] = None
-            grown.append(buffer)
-        return grown
+        if state.buffers is None:
+            return [np.zeros((rows, cfg.n_head, capacity, size), self.cache_dtype) for size in cache_head_sizes(cfg)]
+        # the bound OrtValues point into the buffers: let go of them before the memory moves
+        state.buffers.binding.clear_binding_inputs()
+        state.buffers.binding.clear_binding_outputs()
+        state.buffers.values.clear()
+        return [widen(cache, capacity) for cache in state.buffers.cache]
 
-    def _bind(self, state: BufferedState, cache: list[np.ndarray]) -> Buffers:
-        """Bind a row set's inputs, cache and outputs once; steps only write into the bound arrays."""
+    def _bind(self, state: BufferedState, cache: list[np.ndarray], same_rows: Buffers | None = None) -> Buffers:
+        """Bind a row set's inputs, cache and outputs once; steps only write into the bound arrays.
+        same_rows: the buffers of these very rows (a grown cache), whose other arrays are bound again rather than
+        made anew (a second logits array alive at once would be the memory peak)."""
         rows, cfg = state.rows, self.config
         binding = self.decoder.io_binding()
-        buffers = Buffers(binding, np.zeros((rows, 1), np.int64), np.zeros((), np.int64), cache,
-                          [np.zeros((rows, cfg.n_head, 1, d), self.cache_dtype) for d in cache_head_sizes(cfg)],
-                          np.zeros((rows, 1, cfg.trg_vocab_size), np.float32), [])
+        if same_rows is None:
+            buffers = Buffers(binding, np.zeros((rows, 1), np.int64), np.zeros((), np.int64), cache,
+                              [np.zeros((rows, cfg.n_head, 1, d), self.cache_dtype) for d in cache_head_sizes(cfg)],
+                              np.zeros((rows, 1, cfg.trg_vocab_size), np.float32), [])
+        else:
+            buffers = replace(same_rows, binding=binding, cache=cache, values=[])
         inputs = {"input_ids": buffers.ids, "encoder_attention_mask": state.mask, "cache_length": buffers.length,
                   **dict(zip(self.names.self_inputs, cache, strict=True)),
                   **dict(zip(self.names.cross_inputs, state.cross, strict=True))}

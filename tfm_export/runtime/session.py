@@ -24,8 +24,10 @@ class SessionOptions:
 
     intra_op_threads: int | str = os.environ.get("TFM_THREADS", 0)  # 0 = ONNX Runtime's choice
     optimization: str = os.environ.get("TFM_ORT_OPT_LEVEL", "all")
-    memory_arena: bool = True
-    spinning: bool = True  # ONNX Runtime's intra-op threads spin while waiting for work (its default)
+    # ONNX Runtime's CPU memory arena. None: off for decoder_step_buffered, whose IO-bound steps allocate little
+    # (less peak memory, speed level), on for the graphs that allocate whole caches every step
+    memory_arena: bool | None = None
+    spinning: bool = False  # intra-op threads spin while they wait (ONNX Runtime's default; slower on shared cores)
     device: str = "cpu"  # "cuda": CUDA execution provider, CPU for what it does not cover
     tensorrt_ep: bool = False  # with device "cuda": ONNX Runtime's TensorRT execution provider first
     fold_qdq: bool = False  # run Q/DQ as plain float ops, weight DequantizeLinear constant-folded (see OrtBackend)
@@ -75,10 +77,9 @@ def open_session(path: Path, options: SessionOptions = DEFAULT_OPTIONS,
     so.intra_op_num_threads = check_threads(options.intra_op_threads)
     so.inter_op_num_threads = 1
     so.graph_optimization_level = OPT_LEVELS[options.optimization]
-    so.enable_cpu_mem_arena = options.memory_arena
+    so.enable_cpu_mem_arena = options.memory_arena is not False
     so.log_severity_level = 3
-    if not options.spinning:
-        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    so.add_session_config_entry("session.intra_op.allow_spinning", "1" if options.spinning else "0")
     if options.fold_qdq:
         so.add_session_config_entry("session.disable_quant_qdq", "1")
     try:
