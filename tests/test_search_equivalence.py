@@ -19,10 +19,16 @@ from tfm_export.graphs.pipeline import export_model_dir
 from tfm_export.model import reference_decoding
 from tfm_export.model.checkpoint import load_checkpoint, save_checkpoint
 from tfm_export.model.synthetic import random_checkpoint
-from tfm_export.runtime import decoding
+from tfm_export.runtime import decoding, ort_buffered
 from tfm_export.runtime.iobinding_backend import OrtBoundBackend
 from tfm_export.runtime.ort_backend import OrtBackend
-from tfm_export.runtime.ort_buffered import CAPACITY_STEP, OrtBufferedBackend, source_groups, widen
+from tfm_export.runtime.ort_buffered import (
+    CAPACITY_STEP,
+    OrtBufferedBackend,
+    move_order,
+    source_groups,
+    widen,
+)
 from tfm_export.runtime.torch_backend import TorchBackend
 
 MAX_LENGTH = 12
@@ -119,6 +125,38 @@ def test_beam_search_equals_the_reference_where_beams_reshuffle(flat, backend_na
         finished += [h.finished for nb in want for h in nb]
     assert any(finished) and not all(finished), "the test needs hypotheses that end and ones that are cut"
     assert backend.moved > 20, "beams must reshuffle within inputs, or the cache reorder goes untested"
+
+
+def test_beam_reorders_in_one_row_pieces_equal_the_reference(flat, monkeypatch):
+    """The buffered backend copies moved rows in pieces (move_order): here one row per piece wherever a cut is safe."""
+    monkeypatch.setattr(ort_buffered, "REORDER_BYTES", 1)
+    ckpt, directory = flat
+    backend = CountingReorders(OrtBufferedBackend.open(directory, capacity_step=3))
+    for k, count, seed in ((4, 7, 0), (3, 5, 2)):
+        src = _sources(ckpt.config.src_vocab_size, count, seed)
+        got = decoding.beam_search(backend, src, k, MAX_LENGTH, 0.6, n_best=k)
+        assert_same_nbest(got, reference_decoding.beam_search(ckpt.model, torch.from_numpy(src), k, MAX_LENGTH,
+                                                              0.6, n_best=k))
+    assert backend.moved > 20
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_move_order_pieces_copied_in_turn_equal_one_gather(seed):
+    """Row i takes row rows[i]: beams shuffled within inputs of k rows, and any mapping at all."""
+    rng = np.random.default_rng(seed)
+    for trial in range(300):
+        if trial % 2:
+            k, inputs = int(rng.integers(1, 6)), int(rng.integers(1, 12))
+            rows = np.concatenate([a * k + rng.integers(0, k, size=k) for a in range(inputs)])
+        else:
+            rows = rng.integers(0, 20, size=20)
+        moved = np.flatnonzero(rows != np.arange(len(rows)))
+        pieces = move_order(rows, moved, int(rng.integers(1, 5)))
+        cache = rng.standard_normal((len(rows), 3))
+        want = cache[rows]
+        for piece in pieces:
+            cache[piece] = cache[rows[piece]]
+        assert np.array_equal(cache, want) and np.array_equal(np.concatenate([moved[:0], *pieces]), moved)
 
 
 @pytest.mark.parametrize("backend_name", BACKENDS)

@@ -217,6 +217,13 @@ def load_tokenizer(path: str | Path, expected_size: int | None = None, side: str
     table: T5 pads its table past the tokenizer)."""
     path = Path(path)
     text = _read_vocabulary(path)
+    if text.lstrip().startswith("{") and '"model"' in text:  # most likely a `tokenizers` file: no json.loads copy
+        try:
+            tokenizer = Tokenizer.from_str(text)
+        except Exception:  # the Rust side raises plain Exception; the checks below say what the file is
+            tokenizer = None
+        if tokenizer is not None:
+            return _seed_checked(TextTokenizer(tokenizer, str(path), seed_layout), path, expected_size, side)
     try:
         data = json.loads(text)
     except json.JSONDecodeError:
@@ -232,8 +239,7 @@ def load_tokenizer(path: str | Path, expected_size: int | None = None, side: str
             raise
         except Exception as exc:  # the Rust side raises plain Exception
             raise VocabularyError(f"{path}: not a valid tokenizers JSON file ({first_line(exc, 200)})") from None
-        _check_size(path, tok.vocab_size, expected_size, side, exact=seed_layout)
-        return tok
+        return _seed_checked(tok, path, expected_size, side)
     if not seed_layout:
         raise VocabularyError(f"{path}: not a tokenizers JSON file; {REMAKE_TOKENIZER}")
     tokens = _tokens_from_json(data, str(path))
@@ -256,6 +262,12 @@ def _read_vocabulary(path: Path) -> str:
     if not text.strip():
         raise VocabularyError(f"{path}: vocabulary file is empty")
     return text
+
+
+def _seed_checked(tok: TextTokenizer, path: Path, expected: int | None, side: str) -> TextTokenizer:
+    """A tokenizers file's size check: exact in the seed layout, at most the table's otherwise."""
+    _check_size(path, tok.vocab_size, expected, side, exact=tok.seed_layout)
+    return tok
 
 
 def _check_size(path: Path, size: int, expected: int | None, side: str, exact: bool = True) -> None:

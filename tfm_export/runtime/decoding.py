@@ -22,7 +22,7 @@ from ..core.hypothesis import Hypothesis
 from ..core.token_rules import SEED_RULES, TokenRules
 
 FULL_SORT_WIDTH = 4096  # candidates per input up to which sorting them all is cheaper than the block floor
-NORMALIZER_BYTES = 1 << 21  # the log-sum-exp's temporary: rows of logits at a time, this many bytes at most
+NORMALIZER_BYTES = 1 << 19  # the log-sum-exp's temporary, at most: rows of logits at a time, under the mmap threshold
 
 
 class StepBackend(Protocol):
