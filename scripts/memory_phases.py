@@ -4,6 +4,7 @@ backend's peak over all its cells; this says which phase the peak belongs to.
 
     python scripts/memory_phases.py ort build/bench/base/onnx-fp32 --batch 32 --beam 4 --length 128
     python scripts/memory_phases.py ct2 build/bench/base/ctranslate2 --batch 32 --beam 4 --length 128
+    python scripts/memory_phases.py ort build/bench/base/onnx-fp32 --batch 32 --beam 4 --length 128 --trace
 
 Run each in its own process (this script is one): peaks never go down.
 """
@@ -29,6 +30,30 @@ def memory() -> str:
     return ", ".join(f"{k} {v} MB" for k, v in fields.items())
 
 
+def peak_mb() -> int:
+    return next(int(line.split()[1]) // 1024 for line in Path("/proc/self/status").read_text().splitlines()
+                if line.startswith("VmHWM"))
+
+
+def trace_peaks(backend, decoding) -> None:
+    """Print where the peak rises: after which call (a step, a reorder, a cache growth, the candidate search)."""
+    last = [peak_mb()]
+
+    def watched(owner, name: str) -> None:
+        call = getattr(owner, name)
+
+        def wrapper(*args, **kwargs):
+            result = call(*args, **kwargs)
+            if peak_mb() > last[0]:
+                print(f"  peak {last[0]} -> {peak_mb()} MB in {name}")
+                last[0] = peak_mb()
+            return result
+        setattr(owner, name, wrapper)
+    for name in ("step", "reorder", "_grown", "_bind"):
+        watched(backend, name)
+    watched(decoding, "_top_candidates")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("library", choices=("ort", "ct2"))
@@ -39,6 +64,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--compute-type", default="float32", help="CTranslate2's")
     parser.add_argument("--arena", action="store_true", help="ONNX Runtime with its CPU memory arena (tfm-run: off)")
+    parser.add_argument("--trace", action="store_true", help="ONNX Runtime: print the calls in which the peak rises")
     args = parser.parse_args()
     return_large_blocks()  # as tfm-run and the benchmark workers do
     source = np.random.default_rng(0).integers(4, 32000, size=(args.batch, 24))
@@ -61,6 +87,8 @@ def main() -> None:
         backend = OrtBufferedBackend.open(args.model, SessionOptions(intra_op_threads=args.threads,
                                                                      memory_arena=args.arena))
         print(f"loaded: {memory()}")
+        if args.trace:
+            trace_peaks(backend, decoding)
         source = source % backend.config.src_vocab_size
         start = time.perf_counter()
         if args.beam > 1:
