@@ -67,7 +67,7 @@ BENCH := build/bench
 # Speed and memory against CTranslate2 (issue 18's targets, docs/benchmarks.md): the shipped demo model and a random
 # base-config model (d_model 512, 6+6 layers, vocab 32,000), each backend in a fresh process with both cores (the
 # fastest setting for both libraries when the machine is quiet; under other jobs' load one thread is, see
-# docs/benchmarks.md), rounds interleaved; ends with the targets table. About 25 minutes on 2 cores. The
+# docs/benchmarks.md), rounds interleaved; ends with the targets table. 12-25 minutes on 2 cores. The
 # demo model's steps are tiny, so its cells repeat for at least a second each.
 # `tfm-run bench` is the same measurement for one model in one pass, with plots.
 BENCH_CELLS := --lengths 64,128 --batch-sizes 1,8,32 --beam-sizes 1,4 --threads 2 \

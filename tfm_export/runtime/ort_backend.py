@@ -28,6 +28,13 @@ def check_contract_names(session: ort.InferenceSession, spec: GraphSpec, path: P
             raise ModelDirError(f"{path}: its {kind} do not match the graph contract for this manifest's model "
                                 f"(got {len(names)}, expected {len(expected)}: {_first_difference(names, expected)}); "
                                 "export the model again")
+        for value, tensor in zip(got, want, strict=True):  # fixed sizes (heads, head size) as the config says
+            sizes = [(g, w) for g, w in zip(value.shape, tensor.shape, strict=True)
+                     if isinstance(g, int) and isinstance(w, int) and g != w]
+            if sizes:
+                raise ModelDirError(f"{path}: {kind[:-1]} {value.name!r} has size {sizes[0][0]} where this manifest's "
+                                    f"model config implies {sizes[0][1]} (shape {list(tensor.shape)}); the manifest "
+                                    "does not describe this graph: export the model again")
     return session
 
 
