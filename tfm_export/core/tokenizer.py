@@ -223,7 +223,7 @@ def load_tokenizer(path: str | Path, expected_size: int | None = None, side: str
         except Exception:  # the Rust side raises plain Exception; the checks below say what the file is
             tokenizer = None
         if tokenizer is not None:
-            return _seed_checked(TextTokenizer(tokenizer, str(path), seed_layout), path, expected_size, side)
+            return _size_checked(TextTokenizer(tokenizer, str(path), seed_layout), path, expected_size, side)
     try:
         data = json.loads(text)
     except json.JSONDecodeError:
@@ -239,7 +239,7 @@ def load_tokenizer(path: str | Path, expected_size: int | None = None, side: str
             raise
         except Exception as exc:  # the Rust side raises plain Exception
             raise VocabularyError(f"{path}: not a valid tokenizers JSON file ({first_line(exc, 200)})") from None
-        return _seed_checked(tok, path, expected_size, side)
+        return _size_checked(tok, path, expected_size, side)
     if not seed_layout:
         raise VocabularyError(f"{path}: not a tokenizers JSON file; {REMAKE_TOKENIZER}")
     tokens = _tokens_from_json(data, str(path))
@@ -264,7 +264,7 @@ def _read_vocabulary(path: Path) -> str:
     return text
 
 
-def _seed_checked(tok: TextTokenizer, path: Path, expected: int | None, side: str) -> TextTokenizer:
+def _size_checked(tok: TextTokenizer, path: Path, expected: int | None, side: str) -> TextTokenizer:
     """A tokenizers file's size check: exact in the seed layout, at most the table's otherwise."""
     _check_size(path, tok.vocab_size, expected, side, exact=tok.seed_layout)
     return tok

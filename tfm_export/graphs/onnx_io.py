@@ -169,7 +169,7 @@ def save_sharing_graph(proto: onnx.ModelProto, path: Path, encoder: onnx.ModelPr
     theirs = {t.name: t for t in encoder.graph.initializer}
     shared = [t for t in proto.graph.initializer if t.name in theirs and tuple(t.dims) == tuple(table)
               and len(t.raw_data) >= SHARED_MIN_BYTES and _same_tensor(t, theirs[t.name])
-              and helper.tensor_dtype_to_np_dtype(t.data_type).name in {*SHARED_DTYPES.values(), "float32"}]
+              and helper.tensor_dtype_to_np_dtype(t.data_type).name in SHARED_DTYPES.values()]
     data = path.with_name(path.name + ".data")
     for tensor in shared:
         external_data_helper.set_external_data(tensor, data.name)

@@ -19,10 +19,11 @@ from typing import Any, NamedTuple, Protocol
 import numpy as np
 
 from ..core.hypothesis import Hypothesis
+from ..core.machine import LARGE_BLOCK_BYTES
 from ..core.token_rules import SEED_RULES, TokenRules
 
 FULL_SORT_WIDTH = 4096  # candidates per input up to which sorting them all is cheaper than the block floor
-NORMALIZER_BYTES = 1 << 19  # the log-sum-exp's temporary, at most: rows of logits at a time, under the mmap threshold
+NORMALIZER_BYTES = LARGE_BLOCK_BYTES // 2  # the log-sum-exp's temporary, at most: heap memory, reused each step
 
 
 class StepBackend(Protocol):

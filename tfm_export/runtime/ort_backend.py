@@ -17,9 +17,10 @@ from .cache import CacheState
 from .session import DEFAULT_OPTIONS, SessionOptions, open_session, run
 
 
-def check_contract_names(session: ort.InferenceSession, spec: GraphSpec, path: Path) -> ort.InferenceSession:
-    """A graph whose inputs/outputs are not the ones the manifest's model config implies (a graph of another
-    model put in the directory) is refused here, not met as a KeyError mid-decode."""
+def check_contract_tensors(session: ort.InferenceSession, spec: GraphSpec, path: Path) -> ort.InferenceSession:
+    """A graph whose inputs/outputs (names, ranks, fixed sizes) are not the ones the manifest's model config
+    implies (a graph of another model put in the directory, an edited config) is refused here, not met as a
+    KeyError or an ONNX Runtime shape error mid-decode."""
     for kind, got, want in (("inputs", session.get_inputs(), spec.inputs), ("outputs", session.get_outputs(),
                                                                              spec.outputs)):
         names, expected = [v.name for v in got], [t.name for t in want]
@@ -61,7 +62,7 @@ def open_graph(directory: Path, manifest: dict, spec: GraphSpec, options: Sessio
                session_options: ort.SessionOptions | None = None) -> ort.InferenceSession:
     """A session for one of the directory's graphs, checked against the manifest's sha256 and the contract."""
     path = graph_path(directory, manifest, spec.graph.value)
-    return check_contract_names(open_session(path, options, session_options), spec, path)
+    return check_contract_tensors(open_session(path, options, session_options), spec, path)
 
 
 class OrtBackend:

@@ -29,12 +29,13 @@ from ..core.graph_spec import (
     graph_specs,
     variant_specs,
 )
+from ..core.machine import LARGE_BLOCK_BYTES
 from ..core.sources import check_source_length, check_target_length
 from .ort_backend import directory_options, open_graph, run_encoder
 from .session import DEFAULT_OPTIONS, SessionOptions
 
 CAPACITY_STEP = 16  # positions added when a cache buffer is full: attention reads at most this many unused
-REORDER_BYTES = 1 << 18  # beam reorders copy rows in pieces of about this size (twice it at most: under 1 MB)
+REORDER_BYTES = LARGE_BLOCK_BYTES // 4  # beam reorders copy rows in pieces of about this size (twice it at most)
 
 
 def has_buffered_decoder(manifest: dict) -> bool:
