@@ -214,32 +214,42 @@ def test_a_hypothesis_that_ends_early_can_win_only_through_the_length_penalty(fl
 @pytest.fixture(scope="module")
 def wide():
     """A flat random model whose k x vocab candidates are too many to sort whole, so beam search takes the
-    block-floor path; and one whose logits are all equal (ties across every block)."""
+    block-floor path; one whose logits are all equal (ties across every block); and one whose last token, in the
+    short last block (1500 is no multiple of the block length at k = 4 and 2), is often among the best."""
     models = {}
-    for name, zero in (("flat", False), ("tied", True)):
+    for name in ("flat", "tied", "last"):
         torch.manual_seed(3)
         from tfm_export.model.transformer import Transformer
         model = Transformer(tiny_config(n_position=24, src_vocab_size=19, trg_vocab_size=1500,
                                         proj_share_weight=False, embs_share_weight=False)).eval()
         with torch.no_grad():
-            model.trg_word_prj.weight.mul_(0.0 if zero else 3.0)
-            model.trg_word_prj.weight[EOS_ID] = model.trg_word_prj.weight[EOS_ID:EOS_ID + 1].abs().mean(0) * 4
+            weight = model.trg_word_prj.weight
+            weight.mul_(0.0 if name == "tied" else 3.0)
+            weight[EOS_ID] = weight[EOS_ID:EOS_ID + 1].abs().mean(0) * 4
+            if name == "last":  # the flat model's favourite token, moved to the last id and made a little stronger
+                src = torch.from_numpy(_sources(19, 5, 0))
+                tokens = [t for h in reference_decoding.greedy_decode(model, src, MAX_LENGTH) for t in h.tokens]
+                weight[-1] = weight[max(set(tokens) - {EOS_ID}, key=tokens.count)] * 1.02
         models[name] = model
     return models
 
 
-@pytest.mark.parametrize("name", ["flat", "tied"])
+@pytest.mark.parametrize("name", ["flat", "tied", "last"])
 def test_beam_search_over_a_large_vocabulary_equals_the_reference(wide, name):
     model = wide[name]
     assert 4 * model.config.trg_vocab_size > decoding.FULL_SORT_WIDTH, "the block-floor path must be the one taken"
     backend = CountingReorders(TorchBackend(model))
+    chosen = set()
     for k, count, seed, penalty in ((4, 5, 0, 1.0), (3, 2, 1, 0.6), (2, 3, 2, 2.0)):
         src = _sources(19, count, seed)
         got = decoding.beam_search(backend, src, k, MAX_LENGTH, penalty, n_best=k)
         want = reference_decoding.beam_search(model, torch.from_numpy(src), k, MAX_LENGTH, penalty, n_best=k)
         assert_same_nbest(got, want)
+        chosen |= {t for nb in want for h in nb for t in h.tokens}
     if name == "flat":
         assert backend.moved > 10, "beams must reshuffle within inputs"
+    if name == "last":
+        assert model.config.trg_vocab_size - 1 in chosen, "the short last block's token must be chosen"
 
 
 def test_log_sum_exp_by_row_blocks_equals_the_whole_array(monkeypatch):
