@@ -37,8 +37,8 @@ class _SelfAttention(nn.Module):
     def __init__(self, attn: MultiHeadAttention) -> None:
         super().__init__()
         self.attn = attn
-        # 1/temperature folded into the query rows (exact for power-of-two d_k): left on q, ONNX Runtime makes
-        # it the score MatMul's alpha, which measured 5-10% slower per step at 8-32 rows on the demo model
+        # 1/temperature folded into the query rows (exact where sqrt(d_k) is a power of two, as for d_k 64):
+        # left on q, ONNX Runtime makes it the score MatMul's alpha, measured 5-10% slower per step at 8-32 rows
         query = attn.w_qs.weight / attn.attention.temperature
         self.qkv = nn.Parameter(torch.cat([query, attn.w_ks.weight, attn.w_vs.weight]).detach(), requires_grad=False)
         self.sizes = [attn.n_head * attn.d_k, attn.n_head * attn.d_k, attn.n_head * attn.d_v]
