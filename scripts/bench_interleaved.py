@@ -7,9 +7,9 @@ rotates from round to round, so every backend sees the same drift of the machine
 per round (ours / anchor from the same round) and their median is reported beside the spread.
 
 Backends besides `tfm-run bench`'s names:
-  ort-fp32+arena, ort-fp32+spin, ort-fp32+arena+spin
-                      ort-fp32 with ONNX Runtime's own defaults back: its CPU memory arena / its threads
-                      spinning while they wait (tfm-run's defaults have both off)
+  ort-fp32+arena, ort-fp32+nospin, ort-fp32+arena+nospin
+                      ort-fp32 with ONNX Runtime's CPU memory arena on / its threads sleeping while they wait
+                      (tfm-run's defaults: no arena for the buffered decoder, threads spinning within a run)
   ort-fp32-contract   the contract's decoder_step (whole-cache Concat, arrays in and out) instead of
                       decoder_step_buffered, which tfm-run translate uses when the directory has it
   ct2-<compute_type>[+packed][+mkl][+isa=NAME]
@@ -66,13 +66,14 @@ def _decoder(name: str, artifacts, threads: int):
         compute, env = _ct2_setting(name)
         os.environ.update(env)  # before ctranslate2 is imported in this fresh process
         return runners._ctranslate2(artifacts, compute, threads)
-    if name.startswith("ort-fp32+"):  # settings levers: +arena, +spin
+    if name.startswith("ort-fp32+"):  # settings levers: +arena, +nospin
         from tfm_export.runtime.session import SessionOptions
         from tfm_export.runtime.translator import Translator
         flags = set(name.split("+")[1:])
-        if flags - {"arena", "spin"}:
-            raise SystemExit(f"unknown ONNX Runtime setting in {name}: use +arena, +spin")
-        options = SessionOptions(intra_op_threads=threads, memory_arena="arena" in flags, spinning="spin" in flags)
+        if flags - {"arena", "nospin"}:
+            raise SystemExit(f"unknown ONNX Runtime setting in {name}: use +arena, +nospin")
+        options = SessionOptions(intra_op_threads=threads, memory_arena="arena" in flags,
+                                 spinning="nospin" not in flags)
         return runners._loop(Translator.load(artifacts.onnx["fp32"], backend="onnxruntime",
                                              session_options=options).backend, artifacts.rules)
     if name == "ort-fp32-contract":
@@ -237,6 +238,10 @@ def finish(args, model, partial: dict) -> None:
     first = first_latencies(args.work_dir / "onnx-fp32", args.work_dir / "ctranslate2",
                             _texts(model, len(vocab), 1)[0], " ".join(vocab[i] for i in ct2_ids),
                             args.rounds, args.threads)
+    if model.checkpoint is not None:  # the MatMuls by its weights: the fastest any ONNX Runtime step could be
+        from tfm_export.bench.kernel_floor import matmul_floor_ms
+        say("ONNX Runtime's weight MatMuls alone")
+        partial = {**partial, "matmul_floor_ms": matmul_floor_ms(model.checkpoint.model, args.threads)}
     report = {"machine": protocol.machine_info(), "model": str(args.model),
               "settings": {k: str(v) for k, v in vars(args).items()},
               "weight_bytes_per_token": weight_bytes_per_token(model.checkpoint), "first_output_s": first, **partial}
@@ -279,6 +284,9 @@ def summarise(report: dict) -> None:
         for cell in [c for c in cells if c.endswith("beam 1, batch 1")]:
             ms = ms_per_token(report, n, cell)
             print(f"{n}, {cell}: {ms:.2f} ms/token = {ms / floor:.2f}x the floor")
+    if "matmul_floor_ms" in report:
+        print("ONNX Runtime's weight MatMuls alone, one batch-1 step, best of 40: "
+              + ", ".join(f"{k} {v:.3f} ms" for k, v in report["matmul_floor_ms"].items()))
     for name, values in report.get("first_output_s", {}).items():
         print(f"first output line, {name}: median {statistics.median(values):.2f} s "
               f"({', '.join(f'{v:.2f}' for v in values)})")

@@ -27,7 +27,9 @@ class SessionOptions:
     # ONNX Runtime's CPU memory arena. None: off for decoder_step_buffered, whose IO-bound steps allocate little
     # (less peak memory, speed level), on for the graphs that allocate whole caches every step
     memory_arena: bool | None = None
-    spinning: bool = False  # intra-op threads spin while they wait (ONNX Runtime's default; slower on shared cores)
+    # intra-op threads spin between a run's ops and stop when the run returns (session.force_spinning_stop):
+    # quick hand-offs within a decoder step, a free core for the search between steps. False: they sleep.
+    spinning: bool = True
     device: str = "cpu"  # "cuda": CUDA execution provider, CPU for what it does not cover
     tensorrt_ep: bool = False  # with device "cuda": ONNX Runtime's TensorRT execution provider first
     fold_qdq: bool = False  # run Q/DQ as plain float ops, weight DequantizeLinear constant-folded (see OrtBackend)
@@ -80,6 +82,7 @@ def open_session(path: Path, options: SessionOptions = DEFAULT_OPTIONS,
     so.enable_cpu_mem_arena = options.memory_arena is not False
     so.log_severity_level = 3
     so.add_session_config_entry("session.intra_op.allow_spinning", "1" if options.spinning else "0")
+    so.add_session_config_entry("session.force_spinning_stop", "1")
     if options.fold_qdq:
         so.add_session_config_entry("session.disable_quant_qdq", "1")
     try:

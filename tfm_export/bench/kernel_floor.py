@@ -1,0 +1,69 @@
+"""How fast any decoder step ONNX Runtime runs could be here, at batch 1: only the MatMuls by the weights one
+greedy step reads (no attention over the cache, no norms, no search around it), as one graph of ONNX Runtime's
+own kernels, timed at its best. A speed target that needs a whole step faster than this needs other kernels
+than ONNX Runtime's CPU ones, not another graph or loop around them."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+from torch import nn
+
+ONCE_PER_SOURCE = ("enc_attn.w_ks", "enc_attn.w_vs")  # applied to the encoder output once, not per step
+FUSED_QKV = ("slf_attn.w_qs", "slf_attn.w_ks", "slf_attn.w_vs")  # one MatMul in decoder_step_buffered
+RUNS = 40
+
+
+def step_matmuls(model: nn.Module) -> list[tuple[int, int]]:
+    """(in, out) of each MatMul by a weight in one decoder step, grouped as decoder_step_buffered groups them
+    (a layer's self-attention Q, K and V in one), the output projection last."""
+    shapes: dict[str, list[int]] = {}
+    for name, module in model.decoder.named_modules():
+        if not isinstance(module, nn.Linear) or name.endswith(ONCE_PER_SOURCE):
+            continue
+        key = name.rsplit(".", 1)[0] if name.endswith(FUSED_QKV) else name
+        shapes.setdefault(key, [module.in_features, 0])[1] += module.out_features
+    projection = model.trg_word_prj
+    return [(i, o) for i, o in shapes.values()] + [(projection.in_features, projection.out_features)]
+
+
+def _graph(shapes: list[tuple[int, int]]) -> bytes:
+    """One MatMul per shape, each from its own input row, every product an output (nothing is skipped)."""
+    from onnx import TensorProto, helper, numpy_helper
+    rng = np.random.default_rng(0)
+    widths = sorted({i for i, _ in shapes})
+    inputs = [helper.make_tensor_value_info(f"x{w}", TensorProto.FLOAT, [1, w]) for w in widths]
+    nodes = [helper.make_node("MatMul", [f"x{i}", f"w{n}"], [f"y{n}"]) for n, (i, _) in enumerate(shapes)]
+    weights = [numpy_helper.from_array(rng.standard_normal(shape, dtype=np.float32), f"w{n}")
+               for n, shape in enumerate(shapes)]
+    outputs = [helper.make_tensor_value_info(f"y{n}", TensorProto.FLOAT, [1, o]) for n, (_, o) in enumerate(shapes)]
+    graph = helper.make_graph(nodes, "step_matmuls", inputs, outputs, weights)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+
+
+def matmul_floor_ms(model: nn.Module, threads: int = 0) -> dict[str, float]:
+    """Best time of RUNS runs of the step's MatMuls, with ONNX Runtime's threads spinning within a run (tfm-run's
+    default) and sleeping: the lower is the floor. Inputs and outputs bound once, as tfm-run's step binds them."""
+    import onnxruntime as ort
+    shapes = step_matmuls(model)
+    graph = _graph(shapes)
+    best = {}
+    for spinning in (False, True):
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = threads
+        options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
+        options.add_session_config_entry("session.force_spinning_stop", "1")
+        session = ort.InferenceSession(graph, options, providers=["CPUExecutionProvider"])
+        binding = session.io_binding()
+        for w in {i for i, _ in shapes}:
+            binding.bind_cpu_input(f"x{w}", np.ones((1, w), np.float32))
+        for output in session.get_outputs():
+            binding.bind_output(output.name)
+        times = []
+        for _ in range(RUNS):
+            start = time.perf_counter()
+            session.run_with_iobinding(binding)
+            times.append(time.perf_counter() - start)
+        best["spinning" if spinning else "sleeping"] = 1e3 * min(times[1:])
+    return best
