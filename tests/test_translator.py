@@ -304,7 +304,7 @@ def test_bad_environment_values_are_one_line(demo_onnx, monkeypatch):
         Translator.load(demo_onnx, session_options=SessionOptions(optimization="Basic"))
 
 
-@pytest.mark.parametrize("vocab, ties", [(32000, False), (32000, True), (97, True), (5, False)])
+@pytest.mark.parametrize("vocab, ties", [(32000, False), (32000, True), (1501, True), (97, True), (5, False)])
 @pytest.mark.parametrize("allow_eos", [False, True])
 def test_top_candidates_equal_a_stable_descending_sort(vocab, ties, allow_eos):
     """The block-floor selection is exact: the same (beam, token) indices and values as a full stable sort of

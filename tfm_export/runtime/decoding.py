@@ -124,7 +124,10 @@ def _top_candidates(logits: np.ndarray, scores: np.ndarray, count: int, mask: Ca
     would dominate beam search (~30 ms per step at 32 inputs x 4 x 32,000). Instead each row is cut into
     blocks: the count-th best block maximum is a floor that the input's count-th best candidate cannot fall
     below, so only the elements of the blocks at or above it (about `count` blocks) are scored and sorted.
-    A candidate's value is monotone in its logit, so block maxima of logits give those of candidates."""
+    A candidate's value is monotone in its logit, so block maxima of logits give those of candidates. A block
+    is every `whole`-th token (one column of a (size, whole) view, whose column maxima are one vectorised
+    reduction; contiguous blocks took 9x longer), plus the short tail past size x whole; ties are put back in
+    token order by the final sort."""
     x = logits.astype(np.float32, copy=False)
     (n, vocab), k = x.shape, scores.shape[1]
     top, norm = _normalizers(x)
@@ -134,12 +137,12 @@ def _top_candidates(logits: np.ndarray, scores: np.ndarray, count: int, mask: Ca
         cand = _score(x, top, norm, beam_scores).reshape(-1, k * vocab)
         order = np.argsort(-cand, axis=1, kind="stable")[:, :count]
         return order, np.take_along_axis(cand, order, axis=1)
-    size = max(1, int(np.sqrt(vocab / count)))  # block length: ~vocab/size maxima + ~count * size elements
-    blocks = -(-vocab // size)
-    whole = vocab // size  # the last block may be short: its missing elements count as -inf, without a padded copy
-    maxima = x[:, :whole * size].reshape(n, whole, size).max(axis=-1)
+    size = max(1, int(np.sqrt(vocab / count)))  # tokens per block: ~vocab/size maxima + ~count * size elements
+    whole = vocab // size  # strided blocks; the tail (vocab - size * whole < size tokens) is one more
+    blocks = whole + (vocab > size * whole)
+    maxima = x[:, :size * whole].reshape(n, size, whole).max(axis=1)
     if blocks > whole:
-        maxima = np.concatenate([maxima, x[:, whole * size:].max(axis=-1, keepdims=True)], axis=1)
+        maxima = np.concatenate([maxima, x[:, size * whole:].max(axis=-1, keepdims=True)], axis=1)
     block_max = _score(maxima, top, norm, beam_scores)  # (N, blocks)
     block_max = block_max.reshape(-1, k * blocks)  # (A, k * blocks), in (beam, block) order
     if block_max.shape[1] > count:
@@ -147,21 +150,22 @@ def _top_candidates(logits: np.ndarray, scores: np.ndarray, count: int, mask: Ca
         chosen = block_max >= floor[:, None]
     else:
         chosen = np.ones(block_max.shape, dtype=bool)
-    entry, block = np.nonzero(chosen)  # ascending (beam, block) within each input
-    row = entry * k + block // blocks
-    column = (block % blocks)[:, None] * size + np.arange(size)  # (S, size)
+    entry, block = np.nonzero(chosen)
+    row, block = entry * k + block // blocks, (block % blocks)[:, None]
+    column = np.where(block < whole, block + whole * np.arange(size), size * whole + np.arange(size))  # (S, size)
     values = _score(x[row[:, None], np.minimum(column, vocab - 1)], top[row], norm[row], beam_scores[row])
     values[column >= vocab] = -np.inf
     flat = (row % k)[:, None] * vocab + column
-    # one padded (A, most blocks * size) table per input, then a stable sort of each row
+    # one padded (A, most blocks * size) table per input, then each row by value, ties by (beam, token)
     per_input = np.bincount(entry, minlength=len(block_max))
     slot = np.arange(len(entry)) - np.repeat(np.cumsum(per_input) - per_input, per_input)
     table = np.full((len(block_max), per_input.max(), size), -np.inf, dtype=np.float32)
-    index = np.zeros(table.shape, dtype=np.int64)
+    index = np.full(table.shape, k * vocab)  # padding sorts after every real candidate, and is returned as 0
     table[entry, slot], index[entry, slot] = values, flat
     table, index = table.reshape(len(block_max), -1), index.reshape(len(block_max), -1)
-    order = np.argsort(-table, axis=1, kind="stable")[:, :count]
-    return np.take_along_axis(index, order, axis=1), np.take_along_axis(table, order, axis=1)
+    order = np.lexsort((index, -table), axis=1)[:, :count]
+    best = np.take_along_axis(index, order, axis=1)
+    return np.where(best < k * vocab, best, 0), np.take_along_axis(table, order, axis=1)
 
 
 def _score(x: np.ndarray, top: np.ndarray, norm: np.ndarray, beam_scores: np.ndarray) -> np.ndarray:
