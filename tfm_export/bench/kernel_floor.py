@@ -5,10 +5,14 @@ than ONNX Runtime's CPU ones, not another graph or loop around them."""
 
 from __future__ import annotations
 
+import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 from torch import nn
+
+from ..runtime.session import SessionOptions, open_session
 
 ONCE_PER_SOURCE = ("enc_attn.w_ks", "enc_attn.w_vs")  # applied to the encoder output once, not per step
 FUSED_QKV = ("slf_attn.w_qs", "slf_attn.w_ks", "slf_attn.w_vs")  # one MatMul in decoder_step_buffered
@@ -43,27 +47,25 @@ def _graph(shapes: list[tuple[int, int]]) -> bytes:
 
 
 def matmul_floor_ms(model: nn.Module, threads: int = 0) -> dict[str, float]:
-    """Best time of RUNS runs of the step's MatMuls, with ONNX Runtime's threads spinning within a run (tfm-run's
-    default) and sleeping: the lower is the floor. Inputs and outputs bound once, as tfm-run's step binds them."""
-    import onnxruntime as ort
+    """Best time of RUNS runs of the step's MatMuls in sessions opened as tfm-run opens its own, threads spinning
+    within a run (its default) and sleeping: the lower is the floor. Inputs and outputs bound once, as tfm-run's
+    step binds them."""
     shapes = step_matmuls(model)
-    graph = _graph(shapes)
     best = {}
-    for spinning in (False, True):
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = threads
-        options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
-        options.add_session_config_entry("session.force_spinning_stop", "1")
-        session = ort.InferenceSession(graph, options, providers=["CPUExecutionProvider"])
-        binding = session.io_binding()
-        for w in {i for i, _ in shapes}:
-            binding.bind_cpu_input(f"x{w}", np.ones((1, w), np.float32))
-        for output in session.get_outputs():
-            binding.bind_output(output.name)
-        times = []
-        for _ in range(RUNS):
-            start = time.perf_counter()
-            session.run_with_iobinding(binding)
-            times.append(time.perf_counter() - start)
-        best["spinning" if spinning else "sleeping"] = 1e3 * min(times[1:])
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "step_matmuls.onnx"
+        path.write_bytes(_graph(shapes))
+        for spinning in (False, True):
+            session = open_session(path, SessionOptions(intra_op_threads=threads, spinning=spinning))
+            binding = session.io_binding()
+            for width in {i for i, _ in shapes}:
+                binding.bind_cpu_input(f"x{width}", np.ones((1, width), np.float32))
+            for output in session.get_outputs():
+                binding.bind_output(output.name)
+            times = []
+            for _ in range(RUNS):
+                start = time.perf_counter()
+                session.run_with_iobinding(binding)
+                times.append(time.perf_counter() - start)
+            best["spinning" if spinning else "sleeping"] = 1e3 * min(times[1:])
     return best
