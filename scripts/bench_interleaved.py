@@ -122,9 +122,10 @@ def weight_bytes_per_token(checkpoint) -> int:
     """fp32 bytes of the weights one greedy step reads at batch 1: every decoder layer's (less the
     cross-attention key/value projections, applied once to the encoder output) and the output projection
     (the tied embedding matrix; the input embedding reads one row of it)."""
+    from tfm_export.bench.kernel_floor import ONCE_PER_SOURCE
     params = dict(checkpoint.model.named_parameters())
     layers = sum(p.numel() for n, p in params.items() if n.startswith("decoder.")
-                 and ".enc_attn.w_ks." not in n and ".enc_attn.w_vs." not in n and "word_emb" not in n
+                 and not any(f".{once}." in n for once in ONCE_PER_SOURCE) and "word_emb" not in n
                  and "position" not in n)
     vocab, width = checkpoint.config.trg_vocab_size, checkpoint.config.d_model
     return 4 * (layers + vocab * width)
@@ -285,7 +286,8 @@ def summarise(report: dict) -> None:
             ms = ms_per_token(report, n, cell)
             print(f"{n}, {cell}: {ms:.2f} ms/token = {ms / floor:.2f}x the floor")
     if "matmul_floor_ms" in report:
-        print("ONNX Runtime's weight MatMuls alone, one batch-1 step, best of 40: "
+        from tfm_export.bench.kernel_floor import RUNS
+        print(f"ONNX Runtime's weight MatMuls alone, one batch-1 step, best of {RUNS}: "
               + ", ".join(f"{k} {v:.3f} ms" for k, v in report["matmul_floor_ms"].items()))
     for name, values in report.get("first_output_s", {}).items():
         print(f"first output line, {name}: median {statistics.median(values):.2f} s "

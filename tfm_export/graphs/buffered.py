@@ -26,6 +26,12 @@ def _heads(x: Tensor, n_head: int) -> Tensor:
     return x.view(x.size(0), n_head, 1, -1)
 
 
+def _query_weight(attn: MultiHeadAttention) -> Tensor:
+    """W_q with 1/temperature folded in (exact where sqrt(d_k) is a power of two, as for d_k 64): left on q, ONNX
+    Runtime makes it the score MatMul's alpha, measured 5-10% slower per step at 8-32 rows."""
+    return attn.w_qs.weight / attn.attention.temperature
+
+
 def _merged(x: Tensor) -> Tensor:
     """(N, nh, 1, d) -> (N, 1, nh*d)."""
     return x.view(x.size(0), 1, -1)
@@ -37,10 +43,8 @@ class _SelfAttention(nn.Module):
     def __init__(self, attn: MultiHeadAttention) -> None:
         super().__init__()
         self.attn = attn
-        # 1/temperature folded into the query rows (exact where sqrt(d_k) is a power of two, as for d_k 64):
-        # left on q, ONNX Runtime makes it the score MatMul's alpha, measured 5-10% slower per step at 8-32 rows
-        query = attn.w_qs.weight / attn.attention.temperature
-        self.qkv = nn.Parameter(torch.cat([query, attn.w_ks.weight, attn.w_vs.weight]).detach(), requires_grad=False)
+        self.qkv = nn.Parameter(torch.cat([_query_weight(attn), attn.w_ks.weight, attn.w_vs.weight]).detach(),
+                                requires_grad=False)
         self.sizes = [attn.n_head * attn.d_k, attn.n_head * attn.d_k, attn.n_head * attn.d_v]
 
     def forward(self, x: Tensor, keys: Tensor, values: Tensor, filled: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -59,7 +63,7 @@ def _cross_attention(attn: MultiHeadAttention, x: Tensor, keys: Tensor, values: 
     source; keys/values (B, nh, S, d) and mask (B, 1, 1, S) bool (True on source tokens) once per source, so
     beams share them: a group's queries are one (group, S) product instead of a copy of the keys per beam."""
     sources, rows = keys.size(0), x.size(0)
-    q = F.linear(x, attn.w_qs.weight / attn.attention.temperature)  # the scale folded, as in _SelfAttention
+    q = F.linear(x, _query_weight(attn))
     q = q.view(sources, -1, attn.n_head, attn.d_k).transpose(1, 2)  # (B, nh, group, dk)
     scores = torch.matmul(q, keys.transpose(2, 3)).masked_fill(~mask, MASKED)
     out = torch.matmul(F.softmax(scores, dim=-1), values).transpose(1, 2)  # (B, group, nh, dv)
