@@ -34,7 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from tfm_export.bench import protocol
-from tfm_export.bench.targets import floor_ms, ms_per_token, round_ratios, targets
+from tfm_export.bench.targets import cell_name, cell_sizes, floor_ms, ms_per_token, round_ratios, targets
 from tfm_export.core.machine import return_large_blocks
 
 # Every backend runs in a spawned process, which imports this script again: the export side (torch, onnx:
@@ -95,7 +95,7 @@ def measure(name: str, artifacts, sources, lengths, settings, reference) -> dict
         for beam in settings.beam_sizes:
             for size in settings.batch_sizes:
                 row = protocol._time_batches(decode, protocol._batches(sources, size), beam, length, True, settings)
-                cells[f"len {length}, beam {beam}, batch {size}"] = {**row.summary, "timings_s": row.timings_s}
+                cells[cell_name(length, beam, size)] = {**row.summary, "timings_s": row.timings_s}
     return {"name": name, "load_s": load_s, "peak_rss_mb": protocol.peak_rss_mb(), "cells": cells,
             "agreement": None if reference is None else protocol.agreement(outputs, reference),
             "outputs": outputs}
@@ -234,7 +234,8 @@ def finish(args, model, partial: dict) -> None:
     say = lambda text: print(f"[{time.strftime('%H:%M:%S')}] {text}", file=sys.stderr, flush=True)  # noqa: E731
     say("first translation latency")
     vocab = model.vocab.source.tokens()
-    first_source = _sources(None, model, len(vocab), 32)[0]
+    sources = _sources(None, model, len(vocab), 32)
+    first_source = sources[0]
     ct2_ids = first_source[1:-1] if model.rules == SEED_RULES else first_source  # CT2 frames only the seed's
     first = first_latencies(args.work_dir / "onnx-fp32", args.work_dir / "ctranslate2",
                             _texts(model, len(vocab), 1)[0], " ".join(vocab[i] for i in ct2_ids),
@@ -243,12 +244,28 @@ def finish(args, model, partial: dict) -> None:
         from tfm_export.bench.kernel_floor import matmul_floor_ms
         say("ONNX Runtime's weight MatMuls alone")
         partial = {**partial, "matmul_floor_ms": matmul_floor_ms(model.checkpoint.model, args.threads)}
+        partial = {**partial, **step_floors(model.checkpoint.model, partial, sources, args.threads, say)}
     report = {"machine": protocol.machine_info(), "model": str(args.model),
               "settings": {k: str(v) for k, v in vars(args).items()},
               "weight_bytes_per_token": weight_bytes_per_token(model.checkpoint), "first_output_s": first, **partial}
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(report, indent=1), encoding="utf-8")
     summarise(report)
+
+
+def step_floors(model, partial: dict, sources: list[list[int]], threads: int, say) -> dict:
+    """Per cell, ONNX Runtime's fastest whole step (bench.step_floor) at the cell's rows, at the mean cache
+    length of its steps and the shortest source (a floor: no real step of the cell has less to do)."""
+    from tfm_export.bench.step_floor import step_floor_ms, supports
+    if not supports(model.config):
+        return {}
+    say("ONNX Runtime's fastest whole step, per cell")
+    source = min(len(s) for s in sources)
+    floors = {}
+    for cell in next(iter(partial["rounds"][0]["results"].values()))["cells"]:
+        length, beam, batch = cell_sizes(cell)
+        floors[cell] = step_floor_ms(model, beam * batch, (length - 1) // 2, source, threads)
+    return {"step_floor_ms": floors, "step_floor_source_length": source}
 
 
 def summarise(report: dict) -> None:
@@ -289,6 +306,18 @@ def summarise(report: dict) -> None:
         from tfm_export.bench.kernel_floor import RUNS
         print(f"ONNX Runtime's weight MatMuls alone, one batch-1 step, best of {RUNS}: "
               + ", ".join(f"{k} {v:.3f} ms" for k, v in report["matmul_floor_ms"].items()))
+    if "step_floor_ms" in report:
+        print(f"\nONNX Runtime's fastest whole step (bench.step_floor: fused operators, no search; source of "
+              f"{report['step_floor_source_length']} tokens, the mean cache length), against each fp32 backend's "
+              "step (a step: one token for each sentence of the batch):\n")
+        fp32 = [n for n in names if n.endswith("fp32")]
+        print("| cell | floor ms (best setting) | " + " | ".join(f"{n} ms/step" for n in fp32) + " |")
+        print("|---|---:|" + "---:|" * len(fp32))
+        for cell, floor in report["step_floor_ms"].items():
+            best = min(floor, key=floor.get)
+            steps = [ms_per_token(report, n, cell) * cell_sizes(cell)[2] for n in fp32]
+            print(f"| {cell} | {floor[best]:.3f} ({best}) | " + " | ".join(f"{v:.3f}" for v in steps) + " |")
+        print()
     for name, values in report.get("first_output_s", {}).items():
         print(f"first output line, {name}: median {statistics.median(values):.2f} s "
               f"({', '.join(f'{v:.2f}' for v in values)})")

@@ -210,6 +210,63 @@ def test_bench_targets_are_met_only_where_every_cell_and_round_median_is():
     assert demo["peak RSS ort-int8-dynamic <= ct2-int8 (demo)"].endswith("reported |")
 
 
+def test_the_step_floor_puts_a_short_cell_out_of_reach_only_when_its_fastest_step_exceeds_the_allowance():
+    """A step of a batch-1 cell may take the anchor's median time per token / 1.25 (here 6.2485 ms / 1.25,
+    as above); only cells short of the target are judged, each against its best setting."""
+    from tfm_export.bench.targets import targets
+    rss = {"ort-fp32": 800, "ct2-fp32": 800, "ort-int8-dynamic": 500, "ct2-int8": 500}
+    int8 = {"ort-int8-dynamic": [300.0] * 3, "ct2-int8": [100.0] * 3}
+    report = _report({"ort-fp32": [200.0] * 3, "ct2-fp32": [200 / 1.2497, 200 / 1.3, 200 / 1.2], **int8}, rss)
+    row = "ONNX Runtime's fastest whole step"
+
+    def judged(floors: dict[str, float]) -> str:
+        lines = targets({"base": {**report, "step_floor_ms": {"len 64, beam 1, batch 1": floors}}}).splitlines()
+        return next(line for line in lines if line.startswith(f"| {row}"))
+    assert "out of reach in 1: len 64, beam 1, batch 1 (5.000 vs 4.999 ms)" in judged({"a": 5.0, "b": 7.0})
+    assert "within reach in 1: len 64, beam 1, batch 1 (4.990 vs 4.999 ms)" in judged({"a": 4.99, "b": 5.5})
+    met = _report({"ort-fp32": [200.0] * 3, "ct2-fp32": [100.0] * 3, **int8}, rss)
+    met["step_floor_ms"] = {"len 64, beam 1, batch 1": {"a": 9.0}}
+    assert row not in targets({"base": met})  # the cell meets the target: nothing to judge
+
+
+def test_the_step_floor_graph_is_a_whole_decoder_step():
+    """The fused graph, fed the reference model's cache and cross keys/values after two tokens (one source
+    padded), gives the reference's logits for the third and the cache extended by its keys and values; a
+    variant it does not rebuild is refused, and the floor runs in every setting."""
+    import onnxruntime as ort
+
+    from tfm_export.bench.step_floor import fused_step, step_floor_ms
+    from tfm_export.core.errors import TfmExportError
+    from tfm_export.model.transformer import Transformer
+    torch.manual_seed(0)
+    config = tiny_config()
+    model = Transformer(config).eval()
+    src = torch.tensor([[2, 5, 6, 7, 3], [2, 8, 9, 3, config.src_pad_idx]])
+    with torch.no_grad():
+        enc, mask = model.encode(src)
+        cross = model.decoder.cross_keys_values(enc)
+        empty = torch.zeros(2, config.n_head, 0, config.d_k)
+        past = [(empty, empty)] * config.n_layers
+        for token in ([[2], [2]], [[5], [7]]):
+            _, past = model.decoder.step(torch.tensor(token), past, cross, mask)
+        out, present = model.decoder.step(torch.tensor([[9], [4]]), past, cross, mask)
+        expected = model.project(out).numpy()
+    feeds = {"token": np.array([[9], [4]]), "position": np.full((2, 1), 2), "source_mask": mask[:, 0].int().numpy()}
+    for i, ((k, v), (ck, cv)) in enumerate(zip(past, cross, strict=True)):
+        feeds |= {f"past_key.{i}": k.numpy(), f"past_value.{i}": v.numpy(),
+                  f"cross_key.{i}": ck.numpy(), f"cross_value.{i}": cv.numpy()}
+    logits, *cache = ort.InferenceSession(fused_step(model), providers=["CPUExecutionProvider"]).run(None, feeds)
+    np.testing.assert_allclose(logits, expected, atol=1e-5)
+    assert np.abs(logits - expected).max() < 1e-3 * np.abs(expected).max()
+    for ours, theirs in zip(cache, [t for kv in present for t in kv], strict=True):
+        np.testing.assert_allclose(ours, theirs.numpy(), atol=1e-6)
+    with pytest.raises(TfmExportError, match="rebuilds the classic model only"):
+        fused_step(Transformer(tiny_config(activation="swiglu")))
+    floor = step_floor_ms(model, rows=4, cache_length=40, source_length=5, threads=2)
+    assert set(floor) == {"2 threads, spinning", "2 threads, sleeping", "1 thread, spinning", "1 thread, sleeping"}
+    assert all(0 < v < 1000 for v in floor.values())
+
+
 @pytest.mark.parametrize("config", [tiny_config(), tiny_config(n_head=3, d_k=5, d_v=7, activation="swiglu")])
 def test_the_kernel_floor_multiplies_by_every_weight_a_step_reads(config):
     """One MatMul per weight a decoder step multiplies by (Q, K and V together; not the cross-attention's K/V,

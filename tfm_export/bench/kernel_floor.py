@@ -46,26 +46,31 @@ def _graph(shapes: list[tuple[int, int]]) -> bytes:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
 
 
+def best_run_ms(path: Path, feeds: dict[str, np.ndarray], options: SessionOptions) -> float:
+    """Best of RUNS runs (the first, which allocates, left out) of the graph opened as tfm-run opens its own,
+    inputs and outputs bound once, as tfm-run's step binds them."""
+    session = open_session(path, options)
+    binding = session.io_binding()
+    for name, value in feeds.items():
+        binding.bind_cpu_input(name, value)
+    for output in session.get_outputs():
+        binding.bind_output(output.name)
+    times = []
+    for _ in range(RUNS):
+        start = time.perf_counter()
+        session.run_with_iobinding(binding)
+        times.append(time.perf_counter() - start)
+    return 1e3 * min(times[1:])
+
+
 def matmul_floor_ms(model: nn.Module, threads: int = 0) -> dict[str, float]:
-    """Best time of RUNS runs of the step's MatMuls in sessions opened as tfm-run opens its own, threads spinning
-    within a run (its default) and sleeping: the lower is the floor. Inputs and outputs bound once, as tfm-run's
-    step binds them."""
+    """Best time of the step's MatMuls with threads spinning within a run (tfm-run's default) and sleeping:
+    the lower is the floor."""
     shapes = step_matmuls(model)
-    best = {}
+    feeds = {f"x{width}": np.ones((1, width), np.float32) for width in {i for i, _ in shapes}}
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "step_matmuls.onnx"
         path.write_bytes(_graph(shapes))
-        for spinning in (False, True):
-            session = open_session(path, SessionOptions(intra_op_threads=threads, spinning=spinning))
-            binding = session.io_binding()
-            for width in {i for i, _ in shapes}:
-                binding.bind_cpu_input(f"x{width}", np.ones((1, width), np.float32))
-            for output in session.get_outputs():
-                binding.bind_output(output.name)
-            times = []
-            for _ in range(RUNS):
-                start = time.perf_counter()
-                session.run_with_iobinding(binding)
-                times.append(time.perf_counter() - start)
-            best["spinning" if spinning else "sleeping"] = 1e3 * min(times[1:])
-    return best
+        return {"spinning" if spinning else "sleeping":
+                best_run_ms(path, feeds, SessionOptions(intra_op_threads=threads, spinning=spinning))
+                for spinning in (False, True)}

@@ -7,12 +7,24 @@ is met only where every cell meets it; shortfalls are shown cut, never rounded, 
 from __future__ import annotations
 
 import math
+import re
 import statistics
 
 TARGET_RATIO = 1.25  # ours / CTranslate2 tokens/s, in every cell
 FLOOR_RATIO = 1.3  # batch-1 fp32 greedy time per token / the memory-bandwidth floor
 TARGET_MODEL = "base"  # the model whose memory and floor are targets; the others' are reported
 PAIRS = (("ort-fp32", "ct2-fp32"), ("ort-int8-dynamic", "ct2-int8"))
+CELL = "len {length}, beam {beam}, batch {batch}"
+
+
+def cell_name(length: int, beam: int, batch: int) -> str:
+    return CELL.format(length=length, beam=beam, batch=batch)
+
+
+def cell_sizes(cell: str) -> tuple[int, int, int]:
+    """(length, beam, batch) of a cell's name."""
+    length, beam, batch = (int(v) for v in re.findall(r"\d+", cell))
+    return length, beam, batch
 
 
 def cut(value: float, places: int = 3) -> str:
@@ -78,11 +90,37 @@ def _model_rows(model: str, report: dict) -> list[tuple[str, str, bool | None]]:
                      f"{TARGET_RATIO}x ct2-fp32 allows a whole token ({cell})",
                      f"{min(kernels.values()):.3f} ms (best of: "
                      + ", ".join(f"{k} {v:.3f}" for k, v in kernels.items()) + f"); allowed {need:.3f} ms", None))
+    rows += _step_floor_rows(model, report)
     first = {name: statistics.median(v) for name, v in report.get("first_output_s", {}).items()}
     if first:
         rows.append((f"first translation reported beside CTranslate2's ({model})",
                      "; ".join(f"{n} {v:.2f} s" for n, v in first.items()), None))
     return rows
+
+
+def allowed_step_ms(report: dict, cell: str) -> float:
+    """The time a whole step of the cell may take to meet the target: CTranslate2's per step (a step gives
+    each sentence of the batch one token) / TARGET_RATIO."""
+    return ms_per_token(report, "ct2-fp32", cell) * cell_sizes(cell)[2] / TARGET_RATIO
+
+
+def _step_floor_rows(model: str, report: dict) -> list[tuple[str, str, bool | None]]:
+    """Per fp32 cell short of the target: ONNX Runtime's fastest whole step (bench.step_floor) against the
+    step the target allows. A floor above the allowance puts the cell out of ONNX Runtime's reach."""
+    floors = report.get("step_floor_ms")
+    if not floors:
+        return []
+    short = [c for c, v in cell_ratios(report, "ort-fp32", "ct2-fp32").items() if v < TARGET_RATIO and c in floors]
+    if not short:
+        return []
+    verdicts = {True: [], False: []}
+    for cell in short:
+        floor, allowed = min(floors[cell].values()), allowed_step_ms(report, cell)
+        verdicts[floor > allowed].append(f"{cell} ({floor:.3f} vs {allowed:.3f} ms)")
+    measured = "; ".join(f"{label} in {len(v)}: {', '.join(v)}" for label, v in
+                         (("out of reach", verdicts[True]), ("within reach", verdicts[False])) if v)
+    return [(f"ONNX Runtime's fastest whole step (fused operators, no search) against the step {TARGET_RATIO}x "
+             f"ct2-fp32 allows, in the fp32 cells short of the target ({model})", measured, None)]
 
 
 def targets(reports: dict[str, dict]) -> str:
