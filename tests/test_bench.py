@@ -230,12 +230,13 @@ def test_the_step_floor_puts_a_short_cell_out_of_reach_only_when_its_fastest_ste
 
 
 def test_the_step_floor_graph_is_a_whole_decoder_step():
-    """The fused graph, fed the reference model's cache and cross keys/values after two tokens (one source
-    padded), gives the reference's logits for the third and the cache extended by its keys and values; a
-    variant it does not rebuild is refused, and the floor runs in every setting."""
+    """The fused graph, given the reference model's keys/values after two tokens (one source padded) in cache
+    buffers with room to spare, gives the reference's logits for the third and writes its keys/values into the
+    buffers in place, at position 2 and nowhere else; a variant it does not rebuild is refused, and the floor
+    runs in every setting."""
     import onnxruntime as ort
 
-    from tfm_export.bench.step_floor import fused_step, step_floor_ms
+    from tfm_export.bench.step_floor import fused_step, present_of, step_floor_ms
     from tfm_export.core.errors import TfmExportError
     from tfm_export.model.transformer import Transformer
     torch.manual_seed(0)
@@ -251,15 +252,29 @@ def test_the_step_floor_graph_is_a_whole_decoder_step():
             _, past = model.decoder.step(torch.tensor(token), past, cross, mask)
         out, present = model.decoder.step(torch.tensor([[9], [4]]), past, cross, mask)
         expected = model.project(out).numpy()
-    feeds = {"token": np.array([[9], [4]]), "position": np.full((2, 1), 2), "source_mask": mask[:, 0].int().numpy()}
-    for i, ((k, v), (ck, cv)) in enumerate(zip(past, cross, strict=True)):
-        feeds |= {f"past_key.{i}": k.numpy(), f"past_value.{i}": v.numpy(),
-                  f"cross_key.{i}": ck.numpy(), f"cross_value.{i}": cv.numpy()}
-    logits, *cache = ort.InferenceSession(fused_step(model), providers=["CPUExecutionProvider"]).run(None, feeds)
+    feeds = {"token": np.array([[9], [4]]), "position": np.full((2, 1), 2), "source_mask": mask[:, 0].int().numpy(),
+             "seqlens_k": np.full(2, 2, np.int32), "total_sequence_length": np.array(3, np.int32)}
+    for i, (kv, (ck, cv)) in enumerate(zip(past, cross, strict=True)):
+        for kind, t in zip(("cache_key", "cache_value"), kv, strict=True):
+            feeds[f"{kind}.{i}"] = np.zeros((2, config.n_head, 6, config.d_k), np.float32)  # room for 6
+            feeds[f"{kind}.{i}"][:, :, :2] = t.numpy()
+        feeds |= {f"cross_key.{i}": ck.numpy(), f"cross_value.{i}": cv.numpy()}
+    session = ort.InferenceSession(fused_step(model), providers=["CPUExecutionProvider"])
+    values = {name: ort.OrtValue.ortvalue_from_numpy(value) for name, value in feeds.items()}
+    binding = session.io_binding()
+    binding.bind_output("logits")  # first: copy_outputs_to_cpu keeps the order of binding
+    for name, value in values.items():
+        binding.bind_ortvalue_input(name, value)
+        if present_of(name):
+            binding.bind_ortvalue_output(present_of(name), value)
+    session.run_with_iobinding(binding)
+    logits = binding.copy_outputs_to_cpu()[0]
     np.testing.assert_allclose(logits, expected, atol=1e-5)
     assert np.abs(logits - expected).max() < 1e-3 * np.abs(expected).max()
-    for ours, theirs in zip(cache, [t for kv in present for t in kv], strict=True):
-        np.testing.assert_allclose(ours, theirs.numpy(), atol=1e-6)
+    buffers = [feeds[f"{kind}.{i}"] for i in range(config.n_layers) for kind in ("cache_key", "cache_value")]
+    for buffer, theirs in zip(buffers, [t for kv in present for t in kv], strict=True):
+        np.testing.assert_allclose(buffer[:, :, :3], theirs.numpy(), atol=1e-6)
+        assert not buffer[:, :, 3:].any()
     with pytest.raises(TfmExportError, match="rebuilds the classic model only"):
         fused_step(Transformer(tiny_config(activation="swiglu")))
     floor = step_floor_ms(model, rows=4, cache_length=40, source_length=5, threads=2)

@@ -1,10 +1,13 @@
 """How fast a whole decoder step can be in ONNX Runtime on this machine: the classic model's step rebuilt from
-its own weights out of ONNX Runtime's fused CPU operators (the com.microsoft MultiHeadAttention that extends
-its own cache, SkipLayerNormalization, one MatMul per weight, Q/K/V in one), 15 nodes a layer, no search
-around it, timed at its best over thread counts and spinning. It is a whole step: its logits match the
-reference model's. Where the step time 1.25x CTranslate2 allows is below this, no graph of ONNX Runtime's
-kernels, and no loop around them, meets the target there. A graph for measuring only: it saves com.microsoft
-operators, which TensorRT and the other runtimes the contract serves do not take."""
+its own weights out of ONNX Runtime's fused CPU operators, 13 nodes a layer, no search around it, timed at its
+best over thread counts and spinning. Self-attention is com.microsoft GroupQueryAttention on the packed Q/K/V,
+over a cache buffer it extends in place (bound as both its past and its present); cross-attention is
+MultiHeadAttention on the encoder's keys/values; residual + LayerNorm is SkipLayerNormalization. Measured here
+against MultiHeadAttention concatenating its past, and against Attention with Q/K/V inside, this self-attention
+was the fastest. It is a whole step: its logits match the reference model's. Where the step time 1.25x
+CTranslate2 allows is below this, no graph of ONNX Runtime's kernels, and no loop around them, meets the target.
+A graph for measuring only: it saves com.microsoft operators, which TensorRT and the other runtimes the
+contract serves do not take."""
 
 from __future__ import annotations
 
@@ -53,10 +56,11 @@ def _layer(g: _Builder, layer: nn.Module, x: str, i: int, cfg) -> tuple[str, lis
     slf, enc, ffn = layer.slf_attn, layer.enc_attn, layer.pos_ffn
     eps = slf.layer_norm.eps
     qkv = torch.cat([slf.w_qs.weight, slf.w_ks.weight, slf.w_vs.weight]).T
-    q, k, v = g.op("Split", g.op("MatMul", [x, g.const(f"wqkv{i}", qkv)], [f"qkv{i}"]),
-                   [f"q{i}", f"k{i}", f"v{i}"], axis=2)
-    ctx, key, value = g.op("MultiHeadAttention", [q, k, v, "", "", "", f"past_key.{i}", f"past_value.{i}"],
-                           [f"ctx{i}", f"present_key.{i}", f"present_value.{i}"], MS_DOMAIN, num_heads=cfg.n_head)
+    qkv = g.op("MatMul", [x, g.const(f"wqkv{i}", qkv)], [f"qkv{i}"])[0]
+    ctx, key, value = g.op("GroupQueryAttention", [qkv, "", "", f"cache_key.{i}", f"cache_value.{i}", "seqlens_k",
+                                                   "total_sequence_length"],
+                           [f"ctx{i}", f"present_key.{i}", f"present_value.{i}"], MS_DOMAIN,
+                           num_heads=cfg.n_head, kv_num_heads=cfg.n_head)
     out = g.op("MatMul", [ctx, g.const(f"wo{i}", _weight(slf.fc.weight))], [f"o{i}"])[0]
     x = g.op("SkipLayerNormalization", [out, x, g.const(f"ln1g{i}", slf.layer_norm.weight),
                                         g.const(f"ln1b{i}", slf.layer_norm.bias)], [f"x1_{i}"], MS_DOMAIN,
@@ -82,9 +86,11 @@ def supports(cfg) -> bool:
 
 
 def fused_step(model: nn.Module) -> bytes:
-    """The classic model's decoder step as ONNX Runtime's fused operators. Inputs: token (B, 1), position
-    (B, 1), source_mask (B, S) int32, per layer past_key/past_value (B, H, P, d_k) and cross_key/cross_value
-    (B, H, S, d_k); outputs: logits (B, 1, V), then each layer's present key and value (B, H, P+1, d_k)."""
+    """The classic model's decoder step as ONNX Runtime's fused operators. Inputs: token and position (B, 1);
+    source_mask (B, S) int32; seqlens_k (B,) int32, the filled cache positions; total_sequence_length, one more;
+    per layer cache_key/cache_value (B, H, capacity, d_k) and cross_key/cross_value (B, H, S, d_k). Outputs:
+    logits (B, 1, V), then each layer's present key and value: its cache buffer with the new token's written at
+    seqlens_k (the same memory when bound to the buffer)."""
     from onnx import TensorProto, helper
     cfg = model.config
     if not supports(cfg):
@@ -104,16 +110,15 @@ def fused_step(model: nn.Module) -> bytes:
     logits = g.op("MatMul", [x, g.const("projection", _weight(model.trg_word_prj.weight))], ["raw_logits"])[0]
     g.op("Mul", [logits, g.const("logit_scale", np.array(cfg.d_model ** -0.5 if cfg.scale_prj else 1.0,
                                                          np.float32))], ["logits"])
-    cache = ["B", cfg.n_head, "P", cfg.d_k]
-    inputs = [helper.make_tensor_value_info("token", TensorProto.INT64, ["B", 1]),
-              helper.make_tensor_value_info("position", TensorProto.INT64, ["B", 1]),
-              helper.make_tensor_value_info("source_mask", TensorProto.INT32, ["B", "S"])]
+    int32, int64, f32 = TensorProto.INT32, TensorProto.INT64, TensorProto.FLOAT
+    inputs = [helper.make_tensor_value_info(*spec) for spec in (
+        ("token", int64, ["B", 1]), ("position", int64, ["B", 1]), ("source_mask", int32, ["B", "S"]),
+        ("seqlens_k", int32, ["B"]), ("total_sequence_length", int32, []))]
     for i in range(cfg.n_layers):
-        inputs += [helper.make_tensor_value_info(f"{kind}.{i}", TensorProto.FLOAT, shape)
-                   for kind, shape in (("past_key", cache), ("past_value", cache),
-                                       ("cross_key", ["B", cfg.n_head, "S", cfg.d_k]),
-                                       ("cross_value", ["B", cfg.n_head, "S", cfg.d_k]))]
-    outputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ["logits", *presents]]
+        inputs += [helper.make_tensor_value_info(f"{kind}.{i}", f32, ["B", cfg.n_head, length, cfg.d_k])
+                   for kind, length in (("cache_key", "C"), ("cache_value", "C"), ("cross_key", "S"),
+                                        ("cross_value", "S"))]
+    outputs = [helper.make_tensor_value_info(n, f32, None) for n in ["logits", *presents]]
     graph = helper.make_graph(g.nodes, "fused_step", inputs, outputs, g.inits)
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
                                                    helper.make_opsetid(MS_DOMAIN, 1)]).SerializeToString()
@@ -121,16 +126,23 @@ def fused_step(model: nn.Module) -> bytes:
 
 def step_inputs(model: nn.Module, rows: int, cache_length: int, source_length: int) -> dict[str, np.ndarray]:
     """Random cache and cross keys/values of the given sizes (values do not change the time; the position is
-    kept inside the model's table)."""
+    kept inside the model's table); cache buffers with room for the new token."""
     cfg, rng = model.config, np.random.default_rng(0)
     position = min(cache_length, cfg.n_position - 1)
     feeds = {"token": np.full((rows, 1), 4, np.int64), "position": np.full((rows, 1), position, np.int64),
-             "source_mask": np.ones((rows, source_length), np.int32)}
+             "source_mask": np.ones((rows, source_length), np.int32),
+             "seqlens_k": np.full(rows, cache_length, np.int32),
+             "total_sequence_length": np.array(cache_length + 1, np.int32)}
     for i in range(cfg.n_layers):
-        for kind, length in (("past_key", cache_length), ("past_value", cache_length),
+        for kind, length in (("cache_key", cache_length + 1), ("cache_value", cache_length + 1),
                              ("cross_key", source_length), ("cross_value", source_length)):
             feeds[f"{kind}.{i}"] = rng.standard_normal((rows, cfg.n_head, length, cfg.d_k), dtype=np.float32)
     return feeds
+
+
+def present_of(name: str) -> str | None:
+    """The output a cache input is bound to as well (the buffer the step extends in place)."""
+    return name.replace("cache_", "present_") if name.startswith("cache_") else None
 
 
 def step_floor_ms(model: nn.Module, rows: int, cache_length: int, source_length: int,
@@ -145,5 +157,6 @@ def step_floor_ms(model: nn.Module, rows: int, cache_length: int, source_length:
         for count in dict.fromkeys((threads, 1)):
             for spinning in (True, False):
                 label = f"{count or 'all'} thread{'s' if count != 1 else ''}, {'spinning' if spinning else 'sleeping'}"
-                best[label] = best_run_ms(path, feeds, SessionOptions(intra_op_threads=count, spinning=spinning))
+                best[label] = best_run_ms(path, feeds, SessionOptions(intra_op_threads=count, spinning=spinning),
+                                          present_of)
     return best
