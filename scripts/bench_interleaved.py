@@ -7,11 +7,13 @@ rotates from round to round, so every backend sees the same drift of the machine
 per round (ours / anchor from the same round) and their median is reported beside the spread.
 
 Backends besides `tfm-run bench`'s names:
-  ort-fp32+arena, ort-fp32+nospin, ort-fp32+arena+nospin
-                      ort-fp32 with ONNX Runtime's CPU memory arena on / its threads sleeping while they wait
-                      (tfm-run's defaults: no arena for the buffered decoder, threads spinning within a run)
+  ort-fp32+arena, ort-fp32+nospin, ort-fp32+buffered (combined: ort-fp32+arena+nospin, ...)
+                      ort-fp32 with ONNX Runtime's CPU memory arena on / its threads sleeping while they wait /
+                      decoder_step_buffered instead of decoder_step_fused (tfm-run's defaults: no arena for the
+                      buffered decoders, threads spinning within a run, decoder_step_fused where the directory
+                      has it)
   ort-fp32-contract   the contract's decoder_step (whole-cache Concat, arrays in and out) instead of
-                      decoder_step_buffered, which tfm-run translate uses when the directory has it
+                      decoder_step_fused, which tfm-run translate uses when the directory has it
   ct2-<compute_type>[+packed][+mkl][+isa=NAME]
                       CTranslate2 with that compute type and CT2_USE_EXPERIMENTAL_PACKED_GEMM=1,
                       CT2_USE_MKL=1, CT2_FORCE_CPU_ISA=NAME set before it is imported
@@ -66,14 +68,14 @@ def _decoder(name: str, artifacts, threads: int):
         compute, env = _ct2_setting(name)
         os.environ.update(env)  # before ctranslate2 is imported in this fresh process
         return runners._ctranslate2(artifacts, compute, threads)
-    if name.startswith("ort-fp32+"):  # settings levers: +arena, +nospin
+    if name.startswith("ort-fp32+"):  # settings levers: +arena, +nospin, +buffered
         from tfm_export.runtime.session import SessionOptions
         from tfm_export.runtime.translator import Translator
         flags = set(name.split("+")[1:])
-        if flags - {"arena", "nospin"}:
-            raise SystemExit(f"unknown ONNX Runtime setting in {name}: use +arena, +nospin")
+        if flags - {"arena", "nospin", "buffered"}:
+            raise SystemExit(f"unknown ONNX Runtime setting in {name}: use +arena, +nospin, +buffered")
         options = SessionOptions(intra_op_threads=threads, memory_arena="arena" in flags,
-                                 spinning="nospin" not in flags)
+                                 spinning="nospin" not in flags, fused="buffered" not in flags)
         return runners._loop(Translator.load(artifacts.onnx["fp32"], backend="onnxruntime",
                                              session_options=options).backend, artifacts.rules)
     if name == "ort-fp32-contract":
@@ -264,7 +266,7 @@ def step_floors(model, partial: dict, sources: list[list[int]], threads: int, sa
     floors = {}
     for cell in next(iter(partial["rounds"][0]["results"].values()))["cells"]:
         length, beam, batch = cell_sizes(cell)
-        floors[cell] = step_floor_ms(model, beam * batch, (length - 1) // 2, source, threads)
+        floors[cell] = step_floor_ms(model, batch, beam, (length - 1) // 2, source, threads)
     return {"step_floor_ms": floors, "step_floor_source_length": source}
 
 

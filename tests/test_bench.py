@@ -229,57 +229,35 @@ def test_the_step_floor_puts_a_short_cell_out_of_reach_only_when_its_fastest_ste
     assert row not in targets({"base": met})  # the cell meets the target: nothing to judge
 
 
-def test_the_step_floor_graph_is_a_whole_decoder_step():
-    """The fused graph, given the reference model's keys/values after two tokens (one source padded) in cache
-    buffers with room to spare, gives the reference's logits for the third and writes its keys/values into the
-    buffers in place, at position 2 and nowhere else; a variant it does not rebuild is refused, and the floor
-    runs in every setting."""
-    import onnxruntime as ort
-
-    from tfm_export.bench.step_floor import fused_step, present_of, step_floor_ms
+def test_the_step_floor_runs_decoder_step_fused_extending_its_buffers_in_place():
+    """The floor times decoder_step_fused (held to the reference by export's parity check and the search
+    equivalence tests) with its cache buffers bound as its presents: after the runs the new token's keys and
+    values sit at the cache length in the very arrays fed, every setting is timed, and a model without the
+    graph is refused."""
+    from tfm_export.bench import step_floor
     from tfm_export.core.errors import TfmExportError
     from tfm_export.model.transformer import Transformer
     torch.manual_seed(0)
-    config = tiny_config()
-    model = Transformer(config).eval()
-    src = torch.tensor([[2, 5, 6, 7, 3], [2, 8, 9, 3, config.src_pad_idx]])
-    with torch.no_grad():
-        enc, mask = model.encode(src)
-        cross = model.decoder.cross_keys_values(enc)
-        empty = torch.zeros(2, config.n_head, 0, config.d_k)
-        past = [(empty, empty)] * config.n_layers
-        for token in ([[2], [2]], [[5], [7]]):
-            _, past = model.decoder.step(torch.tensor(token), past, cross, mask)
-        out, present = model.decoder.step(torch.tensor([[9], [4]]), past, cross, mask)
-        expected = model.project(out).numpy()
-    feeds = {"token": np.array([[9], [4]]), "position": np.full((2, 1), 2), "source_mask": mask[:, 0].int().numpy(),
-             "seqlens_k": np.full(2, 2, np.int32), "total_sequence_length": np.array(3, np.int32)}
-    for i, (kv, (ck, cv)) in enumerate(zip(past, cross, strict=True)):
-        for kind, t in zip(("cache_key", "cache_value"), kv, strict=True):
-            feeds[f"{kind}.{i}"] = np.zeros((2, config.n_head, 6, config.d_k), np.float32)  # room for 6
-            feeds[f"{kind}.{i}"][:, :, :2] = t.numpy()
-        feeds |= {f"cross_key.{i}": ck.numpy(), f"cross_value.{i}": cv.numpy()}
-    session = ort.InferenceSession(fused_step(model), providers=["CPUExecutionProvider"])
-    values = {name: ort.OrtValue.ortvalue_from_numpy(value) for name, value in feeds.items()}
-    binding = session.io_binding()
-    binding.bind_output("logits")  # first: copy_outputs_to_cpu keeps the order of binding
-    for name, value in values.items():
-        binding.bind_ortvalue_input(name, value)
-        if present_of(name):
-            binding.bind_ortvalue_output(present_of(name), value)
-    session.run_with_iobinding(binding)
-    logits = binding.copy_outputs_to_cpu()[0]
-    np.testing.assert_allclose(logits, expected, atol=1e-5)
-    assert np.abs(logits - expected).max() < 1e-3 * np.abs(expected).max()
-    buffers = [feeds[f"{kind}.{i}"] for i in range(config.n_layers) for kind in ("cache_key", "cache_value")]
-    for buffer, theirs in zip(buffers, [t for kv in present for t in kv], strict=True):
-        np.testing.assert_allclose(buffer[:, :, :3], theirs.numpy(), atol=1e-6)
-        assert not buffer[:, :, 3:].any()
-    with pytest.raises(TfmExportError, match="rebuilds the classic model only"):
-        fused_step(Transformer(tiny_config(activation="swiglu")))
-    floor = step_floor_ms(model, rows=4, cache_length=40, source_length=5, threads=2)
+    model = Transformer(tiny_config()).eval()
+    fed = {}
+    real = step_floor.step_inputs
+
+    def keep(*args):
+        fed.update(real(*args))
+        return fed
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(step_floor, "step_inputs", keep)
+        floor = step_floor.step_floor_ms(model, batch=2, beam=3, cache_length=7, source_length=5, threads=2)
     assert set(floor) == {"2 threads, spinning", "2 threads, sleeping", "1 thread, spinning", "1 thread, sleeping"}
     assert all(0 < v < 1000 for v in floor.values())
+    key = fed["past_key_values.0.decoder.key"]
+    assert key.shape == (6, 2, 8, 8)
+    with torch.no_grad():  # the new token's key: the layer's K projection of the embedded token at position 7
+        x = model.decoder._embed(torch.from_numpy(fed["input_ids"]), model.decoder.trg_word_emb, start=7)
+        want = model.decoder.layer_stack[0].slf_attn.keys_values(x, x)[0][:, :, 0]
+    np.testing.assert_allclose(key[:, :, 7], want.numpy(), atol=1e-5)
+    with pytest.raises(TfmExportError, match="has none of"):
+        step_floor.step_floor_ms(Transformer(tiny_config(activation="swiglu")), 1, 1, 3, 4)
 
 
 @pytest.mark.parametrize("config", [tiny_config(), tiny_config(n_head=3, d_k=5, d_v=7, activation="swiglu")])

@@ -129,8 +129,9 @@ def test_checkpoint_tokenizer_names_stay_beside_the_checkpoint(tiny, tmp_path, n
     one_line_error(result, "is not a plain file name")
 
 
-@pytest.mark.parametrize("graph, reader", [("decoder_step_buffered", ["translate", "w5"]),  # what translate runs
-                                           ("decoder_step", ["verify"])])  # verify runs both decoders
+@pytest.mark.parametrize("graph, reader", [("decoder_step_fused", ["translate", "w5"]),  # what translate runs
+                                           ("decoder_step_buffered", ["translate", "--no-fused", "w5"]),
+                                           ("decoder_step", ["verify"])])  # verify runs every decoder
 def test_a_graph_of_another_model_rehashed_into_the_manifest_is_refused(tiny, tmp_path, graph, reader):
     other = load_checkpoint(random_checkpoint(tiny_config(n_layers=3, n_position=16), tmp_path / "other"))
     export_model_dir(other, tmp_path / "other-model", progress=False)
@@ -146,29 +147,34 @@ def test_the_same_graph_listed_twice_is_refused(tiny, tmp_path):
     one_line_error(CliRunner().invoke(run_main, ["translate", "--model", str(model), "w5"]), "for two graphs")
 
 
+VARIANTS = ("decoder_step_buffered", "decoder_step_fused")
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("reader", READERS, ids=lambda a: a[0])
-def test_a_damaged_buffered_decoder_is_refused_by_every_reader(tiny, tmp_path, reader):
-    """decoder_step_buffered.onnx is hashed like the contract's graphs; tfm-run translate runs it on the CPU."""
+def test_a_damaged_buffered_decoder_is_refused_by_every_reader(tiny, tmp_path, reader, variant):
+    """The optional decoders are hashed like the contract's graphs; tfm-run translate runs decoder_step_fused
+    on the CPU, and refuses a damaged decoder_step_buffered too (whichever decoder runs)."""
     model = copy_of(tiny[1], tmp_path)
-    assert "decoder_step_buffered" in read_manifest(model)["graphs"]
-    graph = model / "decoder_step_buffered.onnx"
+    assert variant in read_manifest(model)["graphs"]
+    graph = model / f"{variant}.onnx"
     data = bytearray(graph.read_bytes())
     data[-8:] = bytes(8)  # same size, last initializer bytes zeroed
     graph.write_bytes(bytes(data))
-    one_line_error(run_reader(reader, model, tmp_path / "out"),
-                   "decoder_step_buffered.onnx: sha256 differs from manifest.json")
+    one_line_error(run_reader(reader, model, tmp_path / "out"), f"{variant}.onnx: sha256 differs from manifest.json")
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("reader", READERS, ids=lambda a: a[0])
-def test_damaged_shared_weights_are_refused_by_every_reader(tiny, tmp_path, reader):
-    """The tied table both sessions read lives in decoder_step_buffered.onnx.data: hashed like the graphs."""
+def test_damaged_shared_weights_are_refused_by_every_reader(tiny, tmp_path, reader, variant):
+    """The tied table both sessions read lives in the decoder's .onnx.data: hashed like the graphs."""
     model = copy_of(tiny[1], tmp_path)
-    data = model / "decoder_step_buffered.onnx.data"
-    assert read_manifest(model)["graphs"]["decoder_step_buffered"][SHARED]
+    data = model / f"{variant}.onnx.data"
+    assert read_manifest(model)["graphs"][variant][SHARED]
     data.write_bytes(bytes(data.stat().st_size))
     one_line_error(run_reader(reader, model, tmp_path / "out"),
-                   "decoder_step_buffered.onnx.data: sha256 differs from manifest.json")
+                   f"{variant}.onnx.data: sha256 differs from manifest.json")
     assert not (tmp_path / "out").exists()
 
 
@@ -184,10 +190,12 @@ def test_damaged_shared_weights_are_refused_by_every_reader(tiny, tmp_path, read
      "invalid graphs.decoder_step_buffered.shared_initializers"),
     ([{"name": "model.trg_word_prj.weight", "dtype": "float32", "shape": [13, 16], "offset": 10 ** 9}],
      "ends before 'model.trg_word_prj.weight'")])
-def test_malformed_shared_initializer_entries_are_one_line(tiny, tmp_path, entries, fragment):
+@pytest.mark.parametrize("variant, reader", [("decoder_step_buffered", ["translate", "--no-fused", "w5"]),
+                                             ("decoder_step_fused", ["translate", "w5"])])
+def test_malformed_shared_initializer_entries_are_one_line(tiny, tmp_path, entries, fragment, variant, reader):
     model = copy_of(tiny[1], tmp_path)
-    edit_manifest(model, lambda m: m["graphs"]["decoder_step_buffered"].update({SHARED: entries}))
-    one_line_error(run_reader(["translate", "w5"], model, tmp_path / "out"), fragment)
+    edit_manifest(model, lambda m: m["graphs"][variant].update({SHARED: entries}))
+    one_line_error(run_reader(reader, model, tmp_path / "out"), fragment.replace("decoder_step_buffered", variant))
 
 
 def test_an_int8_table_declared_float_is_one_line(variants, tmp_path):

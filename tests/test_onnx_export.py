@@ -34,6 +34,7 @@ from tfm_export.model.synthetic import random_checkpoint
 from tfm_export.runtime import decoding
 from tfm_export.runtime.ort_backend import OrtBackend
 from tfm_export.runtime.ort_buffered import OrtBufferedBackend
+from tfm_export.runtime.ort_fused import OrtFusedBackend
 
 
 def make_ckpt(directory, cfg: ModelConfig, seed: int = 0):
@@ -138,22 +139,25 @@ def test_manifest_records_what_consumers_need(tiny):
     for graph in Graph:
         assert m["graphs"][graph.value]["sha256"] == file_sha256(directory / graph.filename)
     assert sorted(p.name for p in directory.iterdir()) == ["decoder_step.onnx", "decoder_step_buffered.onnx",
-                                                            "decoder_step_buffered.onnx.data", "encoder.onnx",
-                                                            "manifest.json", "tokenizer.json"]
-    assert m["graphs"]["decoder_step_buffered"]["sha256"] == file_sha256(directory / "decoder_step_buffered.onnx")
+                                                            "decoder_step_buffered.onnx.data",
+                                                            "decoder_step_fused.onnx", "decoder_step_fused.onnx.data",
+                                                            "encoder.onnx", "manifest.json", "tokenizer.json"]
+    for variant in ("decoder_step_buffered", "decoder_step_fused"):
+        assert m["graphs"][variant]["sha256"] == file_sha256(directory / f"{variant}.onnx")
     assert m["optimizations"]
 
 
-def test_the_tied_table_is_one_memory_for_both_sessions(tiny):
-    """decoder_step_buffered keeps the tied embedding table in its .data file (standard external data), and
-    the runtime gives that one array to the encoder's and the decoder's sessions: zeroing it changes both
-    graphs' outputs, so neither reads a copy of its own."""
+@pytest.mark.parametrize("kind", [OrtBufferedBackend, OrtFusedBackend])
+def test_the_tied_table_is_one_memory_for_both_sessions(tiny, kind):
+    """decoder_step_buffered and decoder_step_fused keep the tied embedding table in their .data files
+    (standard external data), and the runtime gives that one array to the encoder's and the decoder's sessions:
+    zeroing it changes both graphs' outputs, so neither reads a copy of its own."""
     ckpt, directory = tiny
-    entries = read_manifest(directory)["graphs"]["decoder_step_buffered"][SHARED]
+    entries = read_manifest(directory)["graphs"][kind.variant.value][SHARED]
     assert [(e["name"], e["shape"]) for e in entries] == [("model.trg_word_prj.weight", [13, 16])]
-    plain = ort.InferenceSession(str(directory / "decoder_step_buffered.onnx"))  # reads the .data itself
+    plain = ort.InferenceSession(str(directory / kind.variant.filename))  # reads the .data itself
     assert plain.get_inputs()[0].name == "input_ids"
-    backend = OrtBufferedBackend.open(directory)
+    backend = kind.open(directory)
     src = np.array([[2, 5, 6, 7, 3]])
     before = backend.run_encoder(src)["last_hidden_state"]
     state, logits = backend.step(backend.encode(src), np.array([2]))
@@ -161,7 +165,7 @@ def test_the_tied_table_is_one_memory_for_both_sessions(tiny):
     backend.shared["model.trg_word_prj.weight"].numpy()[:] = 0
     assert not np.allclose(backend.run_encoder(src)["last_hidden_state"], before)
     assert not np.allclose(backend.step(backend.encode(src), np.array([2]))[1], logits)
-    fresh = OrtBufferedBackend.open(directory)
+    fresh = kind.open(directory)
     assert np.allclose(fresh.step(fresh.encode(src), np.array([2]))[1], logits)
 
 

@@ -29,10 +29,12 @@ from tfm_export.runtime.ort_buffered import (
     source_groups,
     widen,
 )
+from tfm_export.runtime.ort_fused import OrtFusedBackend
 from tfm_export.runtime.torch_backend import TorchBackend
 
 MAX_LENGTH = 12
-BACKENDS = ("torch", "onnxruntime", "iobinding", "buffered", "buffered-growing", "tensorrt-cache-handling")
+BACKENDS = ("torch", "onnxruntime", "iobinding", "buffered", "buffered-growing", "fused", "fused-growing",
+            "tensorrt-cache-handling")
 
 
 def _sources(vocab: int, count: int, seed: int) -> np.ndarray:
@@ -98,8 +100,9 @@ def open_backend(name: str, ckpt, directory):
         return OrtBackend.open(directory)
     if name == "iobinding":
         return OrtBoundBackend(OrtBackend.open(directory), "cpu")
-    if name.startswith("buffered"):  # growing: the cache buffers fill up and grow every 3 steps
-        return OrtBufferedBackend.open(directory, capacity_step=3 if name == "buffered-growing" else CAPACITY_STEP)
+    if name.startswith(("buffered", "fused")):  # growing: the cache buffers fill up and grow every 3 steps
+        kind = OrtFusedBackend if name.startswith("fused") else OrtBufferedBackend
+        return kind.open(directory, capacity_step=3 if name.endswith("-growing") else CAPACITY_STEP)
     from test_tensorrt import _cache_handling_backend
     return _cache_handling_backend(directory)[0]
 
@@ -265,11 +268,12 @@ def test_log_sum_exp_by_row_blocks_equals_the_whole_array(monkeypatch):
     np.testing.assert_allclose(got_top + got, torch.logsumexp(torch.from_numpy(x), -1, keepdim=True), rtol=1e-6)
 
 
-def test_growing_cache_buffers_grow_in_place(flat, monkeypatch):
+@pytest.mark.parametrize("kind", [OrtBufferedBackend, OrtFusedBackend])
+def test_growing_cache_buffers_grow_in_place(flat, monkeypatch, kind):
     """When the buffers fill up they grow in their own memory: the same arrays, no new cache-sized array
     allocated and the other bound arrays (logits, new keys/values) kept, so growing never holds a second copy of
     any tensor; the logits after growing still equal the reference (test_beam_search_equals_the_reference...)."""
-    backend = OrtBufferedBackend.open(flat[1], capacity_step=3)
+    backend = kind.open(flat[1], capacity_step=3)
     state, tokens = backend.encode(_sources(19, 4, 0)), np.full(4, BOS_ID, np.int64)
     for _ in range(3):
         state, _ = backend.step(state, tokens)
@@ -301,12 +305,13 @@ def test_rows_are_grouped_per_source_only_in_equal_consecutive_groups(sources, e
     assert (got.tolist(), group) == expected
 
 
-def test_buffered_rows_in_any_grouping_give_the_reference_logits(flat):
+@pytest.mark.parametrize("kind", [OrtBufferedBackend, OrtFusedBackend])
+def test_buffered_rows_in_any_grouping_give_the_reference_logits(flat, kind):
     """decoder_step_buffered takes the encoder's keys/values once per source and its rows in equal groups per
     source (a source's beams); other row selections fall back to a group per row. After each reorder the
     logits equal the reference model's on the same rows: expansions, dropped sources, unequal groups."""
     ckpt, directory = flat
-    ours, reference = OrtBufferedBackend.open(directory), TorchBackend(ckpt.model)
+    ours, reference = kind.open(directory), TorchBackend(ckpt.model)
     src = _sources(ckpt.config.src_vocab_size, 3, 4)
     rng = np.random.default_rng(0)
     for rows, later, groups in (([0, 0, 1, 1, 2, 2], [2, 3, 4, 5], (2, 2)), ([0, 0, 0, 1, 2, 2], [5, 0, 1], (1, 1)),

@@ -118,7 +118,9 @@ def test_control_flow_fixed_axes_and_opset_are_reported(demo_onnx):
 @pytest.mark.parametrize("precision", TRT_PRECISIONS)
 def test_polygraphy_onnxruntime_runs_pass_on_the_demo(variants, precision):
     results = check_onnxruntime(variants[precision])
-    assert {r.graph for r in results} == set(read_manifest(variants[precision])["graphs"])  # buffered one too
+    graphs = set(read_manifest(variants[precision])["graphs"])
+    # the buffered one too; decoder_step_fused (ONNX Runtime's own operators) is not TensorRT's to check
+    assert {r.graph for r in results} == graphs - {"decoder_step_fused"}
     assert any("past 0" in r.case for r in results) and any("past 199" in r.case for r in results)
     assert [r for r in results if r.problem] == []
 

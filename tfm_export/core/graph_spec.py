@@ -29,6 +29,11 @@ class _GraphFile:
     def filename(self) -> str:
         return f"{self.value}.onnx"
 
+    @property
+    def standard_ops(self) -> bool:
+        """Whether the graph holds standard ONNX operators only (any ONNX runtime, TensorRT, the converters)."""
+        return self.value != "decoder_step_fused"
+
 
 class Graph(_GraphFile, str, Enum):
     ENCODER = "encoder"
@@ -43,6 +48,11 @@ class GraphVariant(_GraphFile, str, Enum):
     # reads them up to `cache_length` and returns only the new token's keys/values, which the caller writes
     # at position `cache_length`. No whole-cache copy per step (decoder_step's Concat), no cache allocations.
     DECODER_STEP_BUFFERED = "decoder_step_buffered"
+    # decoder_step_buffered's step in ONNX Runtime's fused CPU operators (com.microsoft GroupQueryAttention,
+    # MultiHeadAttention, SkipLayerNormalization): the graph writes the new token's keys/values into the cache
+    # buffers itself, which the caller binds as both past inputs and present outputs. ONNX Runtime only: fp32
+    # directories, never in TensorRT checks, Triton repositories or converted precisions.
+    DECODER_STEP_FUSED = "decoder_step_fused"
 
 
 @dataclass(frozen=True)
@@ -142,12 +152,32 @@ def buffered_step_spec(cfg: ModelConfig) -> GraphSpec:
     )
 
 
+def fused_step_spec(cfg: ModelConfig) -> GraphSpec:
+    """decoder_step_fused: decoder_step_buffered's inputs, plus GroupQueryAttention's own: `seqlens_k` (batch_size,
+    int32, each row's filled positions, = cache_length) and `total_sequence_length` (int32, cache_length + 1).
+    Its outputs are the cache buffers with the new token's keys/values written at cache_length: bound to the
+    past inputs' memory, the graph extends the caller's buffers in place."""
+    buffered = buffered_step_spec(cfg)
+    return GraphSpec(
+        GraphVariant.DECODER_STEP_FUSED,
+        inputs=(*buffered.inputs[:3], TensorSpec("seqlens_k", "int32", (BATCH,)),
+                TensorSpec("total_sequence_length", "int32", ()), *buffered.inputs[3:]),
+        outputs=(buffered.outputs[0], *_cache(cache_names(cfg).self_outputs, cfg, CAPACITY)),
+    )
+
+
 def graph_specs(cfg: ModelConfig) -> dict[Graph, GraphSpec]:
     return {Graph.ENCODER: encoder_spec(cfg), Graph.DECODER_STEP: decoder_step_spec(cfg)}
 
 
 def variant_specs(cfg: ModelConfig) -> dict[GraphVariant, GraphSpec]:
     """The optional graphs a model gets: decoder_step_buffered is built for the classic architecture only (its
-    attention is written out for post-norm LayerNorm, ReLU and the sinusoid table); other architectures
-    decode through the contract's decoder_step."""
-    return {GraphVariant.DECODER_STEP_BUFFERED: buffered_step_spec(cfg)} if cfg.is_classic else {}
+    attention is written out for post-norm LayerNorm, ReLU and the sinusoid table), decoder_step_fused also
+    needs equal key and value sizes (GroupQueryAttention's packed Q/K/V); other architectures decode through
+    the contract's decoder_step."""
+    if not cfg.is_classic:
+        return {}
+    specs = {GraphVariant.DECODER_STEP_BUFFERED: buffered_step_spec(cfg)}
+    if cfg.d_k == cfg.d_v:
+        specs[GraphVariant.DECODER_STEP_FUSED] = fused_step_spec(cfg)
+    return specs

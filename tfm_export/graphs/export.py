@@ -13,6 +13,7 @@ import io
 import logging
 import warnings
 
+import numpy as np
 import onnx
 import torch
 from torch.export import Dim
@@ -20,6 +21,7 @@ from torch.export import Dim
 from ..core.graph_spec import SUPPORTED_OPSETS, Graph, GraphSpec, GraphVariant, graph_specs, variant_specs
 from ..model.transformer import Transformer
 from .buffered import BufferedDecoderStepGraph, buffered_example_inputs
+from .fused import fused_step_graph
 from .modules import DecoderStepGraph, EncoderGraph, example_inputs
 from .onnx_io import ExportError, check_contract, share_tied_weights, strip_exporter_metadata
 
@@ -101,11 +103,23 @@ def export_all(model: Transformer, opset: int, optimize: bool = True,
     graphs = {}
     specs = {**graph_specs(model.config), **(variant_specs(model.config) if variants else {})}
     for graph, spec in specs.items():
-        proto = export_graph(model.eval(), spec, opset, optimize)
-        strip_exporter_metadata(proto)
-        removed = share_tied_weights(proto, keep_embedding=graph is GraphVariant.DECODER_STEP_BUFFERED)
-        log.info("%s: exported, %d duplicate weight copies removed", graph.filename, removed)
+        if graph is GraphVariant.DECODER_STEP_FUSED:  # written from the weights, not exported
+            proto = fused_step_graph(model, spec, _table_name(graphs[Graph.ENCODER], model), opset)
+        else:
+            proto = export_graph(model.eval(), spec, opset, optimize)
+            strip_exporter_metadata(proto)
+            removed = share_tied_weights(proto, keep_embedding=graph is GraphVariant.DECODER_STEP_BUFFERED)
+            log.info("%s: exported, %d duplicate weight copies removed", graph.filename, removed)
         graphs[graph] = check_contract(proto, spec)
     return graphs
+
+
+def _table_name(encoder: onnx.ModelProto, model: Transformer) -> str:
+    """The name of the encoder's copy of the target embedding table (tied models), for a graph to share it."""
+    table = model.decoder.trg_word_emb.weight.detach().numpy()
+    for init in encoder.graph.initializer:
+        if tuple(init.dims) == table.shape and np.array_equal(onnx.numpy_helper.to_array(init), table):
+            return init.name
+    return "decoder.trg_word_emb.weight"
 
 

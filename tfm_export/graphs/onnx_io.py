@@ -182,10 +182,10 @@ def save_sharing_graph(proto: onnx.ModelProto, path: Path, encoder: onnx.ModelPr
 
 def save_graph_of(graph: Graph | GraphVariant, proto: onnx.ModelProto, directory: Path, encoder: onnx.ModelProto,
                   table: tuple[int, int]) -> tuple[list[Path], list[dict]]:
-    """Saves a directory's graph: decoder_step_buffered, which only this tool's runtime opens, shares the
-    encoder's copy of the tied table, (vocabulary, d_model) (artifacts.model_dir.SHARED); the contract's graphs
-    keep theirs inline."""
-    if graph is GraphVariant.DECODER_STEP_BUFFERED:
+    """Saves a directory's graph: the variants (decoder_step_buffered, decoder_step_fused), which only this tool's
+    runtime opens, share the encoder's copy of the tied table, (vocabulary, d_model) (artifacts.model_dir.SHARED);
+    the contract's graphs keep theirs inline."""
+    if isinstance(graph, GraphVariant):
         return save_sharing_graph(proto, directory / graph.filename, encoder, table)
     return save_graph(proto, directory / graph.filename), []
 

@@ -26,6 +26,7 @@ from ..artifacts.model_dir import (
     SHARED,
     copy_tokenizers,
     file_hashes,
+    graph_path,
     load_vocabulary,
     read_manifest,
 )
@@ -47,6 +48,8 @@ from .fp16 import to_fp16
 from .int8 import float_ops, quantize_dynamic_graph, quantize_static_graph
 
 PRECISIONS = tuple(p for p in MODEL_PRECISIONS if p != "fp32")  # what quantize makes from fp32
+NO_FUSED = ("fp32 only: its ONNX Runtime operators are not converted; this directory decodes on the CPU through "
+            "decoder_step_buffered")
 NO_STATIC_BUFFERED = ("int8 static graphs are calibrated on traces of the contract's decoder_step and are meant for "
                       "TensorRT; decoder_step_buffered is made for fp32, fp16 and int8 dynamic")
 log = logging.getLogger(__name__)
@@ -116,9 +119,11 @@ def quantize_model_dir(source: Path, output: Path, precision: str, mode: str | N
     manifest = read_manifest(source)
     mode = check_request(manifest, source, precision, mode, calibration, keep_io_types, float_embeddings)
     vocab = load_vocabulary(source, manifest)  # present and parseable, before any slow work
-    variants = [v for v in GraphVariant if v.value in manifest["graphs"]] \
+    variants = [v for v in GraphVariant if v.value in manifest["graphs"] and v.standard_ops] \
         if (precision, mode) != ("int8", "static") else []
     graphs = {g: load_graph(source, manifest, g.value) for g in (*Graph, *variants)}
+    for skipped in [v for v in GraphVariant if v.value in manifest["graphs"] and v not in variants]:
+        graph_path(source, manifest, skipped.value)  # not converted, but a damaged directory is refused
     keep = (source, *([calibration.path] if calibration else []))
     with staged_directory(output, force, keep=keep) as staging, \
             tqdm(total=len(graphs) + 2, desc=f"{precision}", disable=not progress) as bar:
@@ -154,6 +159,8 @@ def quantize_model_dir(source: Path, output: Path, precision: str, mode: str | N
         if has_buffered_decoder(manifest) and not variants:
             new.setdefault("optimizations_not_applied", {})[GraphVariant.DECODER_STEP_BUFFERED.value] = \
                 NO_STATIC_BUFFERED
+        if has_buffered_decoder(manifest, GraphVariant.DECODER_STEP_FUSED):
+            new.setdefault("optimizations_not_applied", {})[GraphVariant.DECODER_STEP_FUSED.value] = NO_FUSED
         add_shared(new, shared)
         write_manifest(staging, new)
         bar.set_postfix_str("smoke test")

@@ -38,8 +38,8 @@ CAPACITY_STEP = 16  # positions added when a cache buffer is full: attention rea
 REORDER_BYTES = LARGE_BLOCK_BYTES // 4  # beam reorders copy rows in pieces of about this size (twice it at most)
 
 
-def has_buffered_decoder(manifest: dict) -> bool:
-    return GraphVariant.DECODER_STEP_BUFFERED.value in manifest.get("graphs", {})
+def has_buffered_decoder(manifest: dict, variant: GraphVariant = GraphVariant.DECODER_STEP_BUFFERED) -> bool:
+    return variant.value in manifest.get("graphs", {})
 
 
 @dataclass
@@ -53,6 +53,8 @@ class Buffers:
     new: list[np.ndarray]  # per layer key, value: (N, nh, 1, d), the step's own
     logits: np.ndarray  # (N, 1, V)
     values: list[ort.OrtValue]  # what is bound: the session reads and writes their memory
+    filled: np.ndarray | None = None  # decoder_step_fused: (N,) int32 seqlens_k, each row's filled positions
+    total: np.ndarray | None = None  # decoder_step_fused: () int32 total_sequence_length, one more
 
 
 @dataclass(frozen=True)
@@ -96,9 +98,10 @@ def move_order(rows: np.ndarray, moved: np.ndarray, per_piece: int) -> list[np.n
     return [piece for piece in np.split(moved, np.searchsorted(moved, cuts)) if len(piece)]
 
 
-def shared_values(directory: Path, manifest: dict) -> dict[str, ort.OrtValue]:
-    """The initializers the buffered decoder shares with the encoder (the tied embedding table), read once."""
-    arrays = shared_initializers(directory, manifest, GraphVariant.DECODER_STEP_BUFFERED.value)
+def shared_values(directory: Path, manifest: dict,
+                  variant: GraphVariant = GraphVariant.DECODER_STEP_BUFFERED) -> dict[str, ort.OrtValue]:
+    """The initializers a decoder variant shares with the encoder (the tied embedding table), read once."""
+    arrays = shared_initializers(directory, manifest, variant.value)
     return {name: ort.OrtValue.ortvalue_from_numpy(array) for name, array in arrays.items()}
 
 
@@ -135,6 +138,8 @@ def widen(cache: np.ndarray, capacity: int) -> np.ndarray:
 class OrtBufferedBackend:
     """decoding.StepBackend on an encoder and a decoder_step_buffered session."""
 
+    variant = GraphVariant.DECODER_STEP_BUFFERED
+
     def __init__(self, encoder: ort.InferenceSession, decoder: ort.InferenceSession, config: ModelConfig,
                  manifest: dict | None = None, capacity_step: int = CAPACITY_STEP,
                  shared: dict[str, ort.OrtValue] | None = None) -> None:
@@ -153,20 +158,21 @@ class OrtBufferedBackend:
     def open(cls, directory: Path, options: SessionOptions = DEFAULT_OPTIONS,
              capacity_step: int = CAPACITY_STEP) -> OrtBufferedBackend:
         manifest = read_manifest(Path(directory))
-        if not has_buffered_decoder(manifest):
-            raise ModelDirError(f"{directory}: has no {GraphVariant.DECODER_STEP_BUFFERED.filename}; export the "
-                                "model again with `tfm-export onnx`")
+        if not has_buffered_decoder(manifest, cls.variant):
+            raise ModelDirError(f"{directory}: has no {cls.variant.filename}; export the model again with "
+                                "`tfm-export onnx`")
         options = directory_options(manifest, options)
         if options.memory_arena is None:
             options = replace(options, memory_arena=False)
         config = ModelConfig.from_dict(manifest["model"])
         # not run here, but checked too: a directory with any damaged graph is refused, whichever decoder runs
-        graph_path(Path(directory), manifest, Graph.DECODER_STEP.value)
-        shared = shared_values(Path(directory), manifest)
+        for other in set(manifest["graphs"]) - {Graph.ENCODER.value, cls.variant.value}:
+            graph_path(Path(directory), manifest, other)
+        shared = shared_values(Path(directory), manifest, cls.variant)
         encoder = open_graph(Path(directory), manifest, graph_specs(config)[Graph.ENCODER], options,
                              sharing(shared, prepacked=False))
-        decoder = open_graph(Path(directory), manifest, variant_specs(config)[GraphVariant.DECODER_STEP_BUFFERED],
-                             options, sharing(shared))
+        decoder = open_graph(Path(directory), manifest, variant_specs(config)[cls.variant], options,
+                             sharing(shared))
         return cls(encoder, decoder, config, manifest, capacity_step, shared)
 
     def run_encoder(self, src: np.ndarray) -> dict[str, np.ndarray]:

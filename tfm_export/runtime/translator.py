@@ -139,6 +139,7 @@ class Translator:
         """generate: run generate.onnx (the whole search in ONNX Runtime's BeamSearch op) instead of the loop."""
         from .ort_backend import OrtBackend
         from .ort_buffered import OrtBufferedBackend, has_buffered_decoder
+        from .ort_fused import OrtFusedBackend
         from .session import require_device
         options = dataclasses.replace(session_options, device=device)
         require_device(options)
@@ -146,8 +147,10 @@ class Translator:
             from .generate_backend import GenerateBackend
             search = GenerateBackend.open(model, options)
             return cls(search, _directory_vocab(model, search.manifest, vocab), search.config)
-        if device == "cpu" and has_buffered_decoder(read_manifest(model)):  # the cache stays in place
-            buffered = OrtBufferedBackend.open(model, options)
+        manifest = read_manifest(model)
+        if device == "cpu" and has_buffered_decoder(manifest):  # the cache stays in place
+            fused = options.fused and has_buffered_decoder(manifest, OrtFusedBackend.variant)
+            buffered = (OrtFusedBackend if fused else OrtBufferedBackend).open(model, options)
             return cls(buffered, _directory_vocab(model, buffered.manifest, vocab), buffered.config,
                        rules=_rules(model, buffered.manifest))
         backend = OrtBackend.open(model, options)

@@ -16,7 +16,7 @@ from pathlib import Path
 import onnx
 from onnx import numpy_helper
 
-from ..artifacts.model_dir import load_vocabulary, read_manifest
+from ..artifacts.model_dir import graph_path, load_vocabulary, read_manifest
 from ..core.config import ModelConfig
 from ..core.graph_spec import GraphSpec, graph_specs, variant_specs
 from ..graphs.onnx_io import load_graph
@@ -86,7 +86,9 @@ def check_model_dir(model_dir: Path) -> CompatReport:
     config = ModelConfig.from_dict(manifest["model"])
     specs = {**graph_specs(config), **variant_specs(config)}
     findings = []
-    for graph in [g for g in specs if g.value in manifest["graphs"]]:
+    for graph in [g for g in specs if g.value in manifest["graphs"] and not g.standard_ops]:
+        graph_path(model_dir, manifest, graph.value)  # not TensorRT's to check, but a damaged directory is refused
+    for graph in [g for g in specs if g.value in manifest["graphs"] and g.standard_ops]:  # TensorRT's graphs
         proto = load_graph(model_dir, manifest, graph.value)
         findings += graph_findings(proto, specs[graph])
     return CompatReport(model_dir, manifest["precision"], tuple(findings), tuple(r.name for r in RELEASES))

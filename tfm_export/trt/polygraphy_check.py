@@ -134,7 +134,7 @@ def check_onnxruntime(model_dir: Path, trt: bool = False) -> list[CheckResult]:
     manifest = read_manifest(model_dir)
     config = ModelConfig.from_dict(manifest["model"])
     specs, results = {**graph_specs(config), **variant_specs(config)}, []
-    for graph in [g for g in specs if g.value in manifest["graphs"]]:
+    for graph in [g for g in specs if g.value in manifest["graphs"] and g.standard_ops]:  # TensorRT's graphs
         path = graph_path(model_dir, manifest, graph.value)
         spec, types = specs[graph], _input_types(model_dir, manifest, graph)
         vocab = config.src_vocab_size if graph is Graph.ENCODER else config.trg_vocab_size

@@ -12,7 +12,6 @@ import torch
 from ..artifacts.model_dir import load_vocabulary, read_manifest
 from ..core.batching import pad_batch
 from ..core.errors import TfmExportError
-from ..core.graph_spec import GraphVariant
 from ..core.sources import encode_lines
 from ..graphs.inputs import random_sources, random_targets
 from ..graphs.parity import (
@@ -33,6 +32,7 @@ from ..runtime import decoding
 from ..runtime.decoding import GraphBackend
 from ..runtime.ort_backend import OrtBackend
 from ..runtime.ort_buffered import OrtBufferedBackend, has_buffered_decoder
+from ..runtime.ort_fused import OrtFusedBackend
 from .hf_generate import HfGenerate
 
 
@@ -111,10 +111,12 @@ def _oracle(ckpt: Checkpoint) -> Callable[[np.ndarray, int, int], list[tuple[int
 
 def graph_backends(directory: Path) -> dict[str, GraphBackend]:
     """The directory's decoders, each labelled for the report: the contract's decoder_step, and
-    decoder_step_buffered (what `tfm-run translate` runs on the CPU) where the directory has it."""
+    decoder_step_buffered and decoder_step_fused (what `tfm-run translate` runs on the CPU) where the directory
+    has them."""
     backends: dict[str, GraphBackend] = {"": OrtBackend.open(directory)}
-    if has_buffered_decoder(backends[""].manifest):
-        backends[f", {GraphVariant.DECODER_STEP_BUFFERED.value}"] = OrtBufferedBackend.open(directory)
+    for kind in (OrtBufferedBackend, OrtFusedBackend):
+        if has_buffered_decoder(backends[""].manifest, kind.variant):
+            backends[f", {kind.variant.value}"] = kind.open(directory)
     return backends
 
 

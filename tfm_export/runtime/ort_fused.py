@@ -1,0 +1,61 @@
+"""ONNX Runtime on the CPU through decoder_step_fused: decoder_step_buffered's buffers, growth, beam reorders
+and search, with the step in ONNX Runtime's fused operators. Each layer's cache buffers are bound as both the
+graph's past inputs and its present outputs, so GroupQueryAttention writes the new token's keys/values into
+them itself: a step copies nothing back."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import onnxruntime as ort
+
+from ..core.graph_spec import GraphVariant
+from ..core.sources import check_target_length
+from .ort_buffered import BufferedState, Buffers, OrtBufferedBackend
+
+
+class OrtFusedBackend(OrtBufferedBackend):
+    """decoding.StepBackend on an encoder and a decoder_step_fused session."""
+
+    variant = GraphVariant.DECODER_STEP_FUSED
+
+    def step(self, state: BufferedState, tokens: np.ndarray) -> tuple[BufferedState, np.ndarray]:
+        """The returned logits are a view of the bound output buffer, valid until the next step."""
+        check_target_length(state.length + 1, self.config.n_position)
+        buffers = state.buffers
+        if buffers is None or state.length == buffers.cache[0].shape[2]:
+            buffers = self._bind(state, self._grown(state), buffers)
+        buffers.ids[:, 0] = tokens
+        buffers.length[...] = state.length
+        buffers.filled[...] = state.length
+        buffers.total[...] = state.length + 1
+        self.decoder.run_with_iobinding(buffers.binding)
+        self.step_calls += 1
+        return replace(state, length=state.length + 1, buffers=buffers), buffers.logits[:, 0]
+
+    def _bind(self, state: BufferedState, cache: list[np.ndarray], same_rows: Buffers | None = None) -> Buffers:
+        """As decoder_step_buffered's, with each cache buffer's OrtValue bound as its present output too."""
+        rows, cfg = state.rows, self.config
+        binding = self.decoder.io_binding()
+        if same_rows is None:
+            buffers = Buffers(binding, np.zeros((rows, 1), np.int64), np.zeros((), np.int64), cache, [],
+                              np.zeros((rows, 1, cfg.trg_vocab_size), np.float32), [],
+                              np.zeros(rows, np.int32), np.zeros((), np.int32))
+        else:
+            buffers = replace(same_rows, binding=binding, cache=cache, values=[])
+        inputs = {"input_ids": buffers.ids, "encoder_attention_mask": state.mask, "cache_length": buffers.length,
+                  "seqlens_k": buffers.filled, "total_sequence_length": buffers.total,
+                  **dict(zip(self.names.self_inputs, cache, strict=True)),
+                  **dict(zip(self.names.cross_inputs, state.cross, strict=True))}
+        bound = {}
+        for name, array in inputs.items():
+            bound[name] = ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(array))
+            binding.bind_ortvalue_input(name, bound[name])
+        outputs = {"logits": ort.OrtValue.ortvalue_from_numpy(buffers.logits),
+                   **{present: bound[past] for past, present in
+                      zip(self.names.self_inputs, self.names.self_outputs, strict=True)}}
+        for name, value in outputs.items():
+            binding.bind_ortvalue_output(name, value)
+        buffers.values.extend([*bound.values(), outputs["logits"]])
+        return buffers
