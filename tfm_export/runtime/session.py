@@ -30,9 +30,9 @@ class SessionOptions:
     # intra-op threads spin between a run's ops and stop when the run returns (session.force_spinning_stop):
     # quick hand-offs within a decoder step, a free core for the search between steps. False: they sleep.
     spinning: bool = True
-    # on the CPU, decoder_step_fused (ONNX Runtime's fused operators) where the directory has it; False (or
-    # TFM_ORT_FUSED=0): decoder_step_buffered, standard ONNX operators only
-    fused: bool = os.environ.get("TFM_ORT_FUSED", "1") != "0"
+    # on the CPU, decoder_step_fused (ONNX Runtime's fused operators) where the directory has it; False:
+    # decoder_step_buffered, standard ONNX operators only
+    fused: bool = True
     device: str = "cpu"  # "cuda": CUDA execution provider, CPU for what it does not cover
     tensorrt_ep: bool = False  # with device "cuda": ONNX Runtime's TensorRT execution provider first
     fold_qdq: bool = False  # run Q/DQ as plain float ops, weight DequantizeLinear constant-folded (see OrtBackend)
