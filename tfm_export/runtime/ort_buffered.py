@@ -192,10 +192,14 @@ class OrtBufferedBackend:
             buffers = self._bind(state, self._grown(state), buffers)
         buffers.ids[:, 0] = tokens
         buffers.length[...] = state.length
+        if buffers.filled is not None:  # decoder_step_fused: GroupQueryAttention's own counts
+            buffers.filled[...] = state.length
+            buffers.total[...] = state.length + 1
         self.decoder.run_with_iobinding(buffers.binding)
         self.step_calls += 1
-        for cache, new in zip(buffers.cache, buffers.new, strict=True):
-            cache[:, :, state.length] = new[:, :, 0]
+        if buffers.new:  # decoder_step_buffered returns the new keys/values; decoder_step_fused wrote them itself
+            for cache, new in zip(buffers.cache, buffers.new, strict=True):
+                cache[:, :, state.length] = new[:, :, 0]
         return replace(state, length=state.length + 1, buffers=buffers), buffers.logits[:, 0]
 
     def run_step(self, state: BufferedState, input_ids: np.ndarray) -> tuple[BufferedState, np.ndarray]:

@@ -11,7 +11,6 @@ import numpy as np
 import onnxruntime as ort
 
 from ..core.graph_spec import GraphVariant
-from ..core.sources import check_target_length
 from .ort_buffered import BufferedState, Buffers, OrtBufferedBackend
 
 
@@ -19,20 +18,6 @@ class OrtFusedBackend(OrtBufferedBackend):
     """decoding.StepBackend on an encoder and a decoder_step_fused session."""
 
     variant = GraphVariant.DECODER_STEP_FUSED
-
-    def step(self, state: BufferedState, tokens: np.ndarray) -> tuple[BufferedState, np.ndarray]:
-        """The returned logits are a view of the bound output buffer, valid until the next step."""
-        check_target_length(state.length + 1, self.config.n_position)
-        buffers = state.buffers
-        if buffers is None or state.length == buffers.cache[0].shape[2]:
-            buffers = self._bind(state, self._grown(state), buffers)
-        buffers.ids[:, 0] = tokens
-        buffers.length[...] = state.length
-        buffers.filled[...] = state.length
-        buffers.total[...] = state.length + 1
-        self.decoder.run_with_iobinding(buffers.binding)
-        self.step_calls += 1
-        return replace(state, length=state.length + 1, buffers=buffers), buffers.logits[:, 0]
 
     def _bind(self, state: BufferedState, cache: list[np.ndarray], same_rows: Buffers | None = None) -> Buffers:
         """As decoder_step_buffered's, with each cache buffer's OrtValue bound as its present output too."""
