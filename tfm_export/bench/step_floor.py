@@ -8,13 +8,14 @@ no loop around them, meets the target."""
 from __future__ import annotations
 
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 from torch import nn
 
 from ..core.errors import TfmExportError
-from ..core.graph_spec import GraphVariant, variant_specs
+from ..core.graph_spec import DEFAULT_OPSET, GraphVariant, variant_specs
 from ..core.variants import describe
 from ..graphs.fused import fused_step_graph
 from ..runtime.session import SessionOptions
@@ -43,7 +44,7 @@ def step_inputs(model: nn.Module, batch: int, beam: int, cache_length: int,
     return feeds
 
 
-def present_of(model: nn.Module):
+def present_of(model: nn.Module) -> Callable[[str], str | None]:
     """input name -> the output bound to its memory (each cache buffer, which the step extends in place)."""
     spec = variant_specs(model.config)[GraphVariant.DECODER_STEP_FUSED]
     pasts = [t.name for t in spec.inputs if ".decoder." in t.name]
@@ -63,10 +64,11 @@ def step_floor_ms(model: nn.Module, batch: int, beam: int, cache_length: int, so
     best = {}
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / spec.graph.filename
-        path.write_bytes(fused_step_graph(model, spec, "table", 17).SerializeToString())
+        # the table's name matters only for sharing it with an encoder, which this graph runs without
+        path.write_bytes(fused_step_graph(model, spec, "table", DEFAULT_OPSET).SerializeToString())
         for count in dict.fromkeys((threads, 1)):
             for spinning in (True, False):
                 label = f"{count or 'all'} thread{'s' if count != 1 else ''}, {'spinning' if spinning else 'sleeping'}"
-                options = SessionOptions(intra_op_threads=count, spinning=spinning)
+                options = SessionOptions(intra_op_threads=count, spinning=spinning, memory_arena=False)  # as tfm-run
                 best[label] = best_run_ms(path, feeds, options, present_of(model))
     return best
