@@ -81,11 +81,11 @@ def main() -> None:
                                    min_decoding_length=args.length, max_batch_size=0)
     else:
         from tfm_export.runtime import decoding
-        from tfm_export.runtime.ort_buffered import OrtBufferedBackend
         from tfm_export.runtime.session import SessionOptions
+        from tfm_export.runtime.translator import Translator
         print(f"imported: {memory()}")
-        backend = OrtBufferedBackend.open(args.model, SessionOptions(intra_op_threads=args.threads,
-                                                                     memory_arena=args.arena))
+        backend = Translator.load(args.model, backend="onnxruntime", session_options=SessionOptions(
+            intra_op_threads=args.threads, memory_arena=args.arena)).backend  # what tfm-run translate runs
         print(f"loaded: {memory()}")
         if args.trace:
             trace_peaks(backend, decoding)

@@ -1,5 +1,5 @@
-"""Where decoding time goes, for docs/benchmarks.md: ONNX Runtime's per-operator profile of
-decoder_step_buffered (what tfm-run translate runs on the CPU), and a cProfile of the Python search loop
+"""Where decoding time goes, for docs/benchmarks.md: ONNX Runtime's per-operator profile of the CPU decoder
+step (decoder_step_fused where the directory has it, as tfm-run translate runs), and a cProfile of the Python search loop
 around the sessions, at batch 1 greedy and at --batch x --beam.
 
     python scripts/profile_decode.py --model build/bench/base/onnx-fp32 --batch 32 --beam 4
@@ -23,7 +23,8 @@ from tfm_export.artifacts.model_dir import read_manifest
 from tfm_export.core.batching import pad_batch
 from tfm_export.core.config import ModelConfig
 from tfm_export.runtime import decoding
-from tfm_export.runtime.ort_buffered import OrtBufferedBackend, shared_values, sharing
+from tfm_export.runtime.ort_buffered import OrtBufferedBackend, has_buffered_decoder, shared_values, sharing
+from tfm_export.runtime.ort_fused import OrtFusedBackend
 
 
 def sources(count: int, vocab: int, seed: int = 0) -> np.ndarray:
@@ -32,21 +33,21 @@ def sources(count: int, vocab: int, seed: int = 0) -> np.ndarray:
 
 
 def _backend(model: Path, profile_prefix: str | None = None) -> OrtBufferedBackend:
-    """What tfm-run translate runs on the CPU: the encoder and decoder_step_buffered, sharing the tied table,
-    the decoder's kernels profiled if a prefix is given."""
+    """What tfm-run translate runs on the CPU: the encoder and decoder_step_fused (decoder_step_buffered where the
+    directory has no fused graph), sharing the tied table, the decoder's kernels profiled if a prefix is given."""
     manifest = read_manifest(model)
-    shared = shared_values(model, manifest)
+    kind = OrtFusedBackend if has_buffered_decoder(manifest, OrtFusedBackend.variant) else OrtBufferedBackend
+    shared = shared_values(model, manifest, kind.variant)
     options = sharing(shared)
     if profile_prefix:
         options.enable_profiling, options.profile_file_prefix = True, profile_prefix
     encoder = ort.InferenceSession(str(model / "encoder.onnx"), sharing(shared), providers=["CPUExecutionProvider"])
-    decoder = ort.InferenceSession(str(model / "decoder_step_buffered.onnx"), options,
-                                   providers=["CPUExecutionProvider"])
-    return OrtBufferedBackend(encoder, decoder, ModelConfig.from_dict(manifest["model"]), manifest, shared=shared)
+    decoder = ort.InferenceSession(str(model / kind.variant.filename), options, providers=["CPUExecutionProvider"])
+    return kind(encoder, decoder, ModelConfig.from_dict(manifest["model"]), manifest, shared=shared)
 
 
 def operator_profile(model: Path, batch: int, beam: int, steps: int) -> None:
-    """Kernel time per operator type of decoder_step_buffered, averaged over `steps` steps of `batch` sources
+    """Kernel time per operator type of the CPU decoder step (_backend), averaged over `steps` steps of `batch` sources
     with `beam` rows each (grouped as beam search groups them)."""
     with tempfile.TemporaryDirectory() as tmp:
         backend = _backend(model, f"{tmp}/step")
@@ -61,7 +62,7 @@ def operator_profile(model: Path, batch: int, beam: int, steps: int) -> None:
             by_op[e["args"]["op_name"]] += e["dur"] / steps / 1000
             by_node[e["name"][:-len("_kernel_time")]] += e["dur"] / steps / 1000
     total = sum(by_op.values())
-    print(f"decoder_step_buffered, {batch} x {beam} rows, steps 1-{steps}: {total:.2f} ms of kernel time per step")
+    print(f"{backend.variant.value}, {batch} x {beam} rows, steps 1-{steps}: {total:.2f} ms of kernel time per step")
     for op, ms in by_op.most_common(6):
         print(f"  {op:28} {ms:7.2f} ms  {100 * ms / total:5.1f}%")
     print("  slowest nodes: " + ", ".join(f"{n} {ms:.2f} ms" for n, ms in by_node.most_common(3)))

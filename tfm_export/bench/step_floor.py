@@ -18,12 +18,12 @@ from ..core.errors import TfmExportError
 from ..core.graph_spec import DEFAULT_OPSET, GraphVariant, variant_specs
 from ..core.variants import describe
 from ..graphs.fused import fused_step_graph
-from ..runtime.session import SessionOptions
+from ..runtime.session import SessionOptions, runs_fused_graphs
 from .kernel_floor import best_run_ms
 
 
 def supports(cfg) -> bool:
-    return GraphVariant.DECODER_STEP_FUSED in variant_specs(cfg)
+    return GraphVariant.DECODER_STEP_FUSED in variant_specs(cfg) and runs_fused_graphs()
 
 
 def step_inputs(model: nn.Module, batch: int, beam: int, cache_length: int,

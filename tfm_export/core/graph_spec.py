@@ -22,6 +22,9 @@ PAST_LEN = "past_decoder_sequence_length"
 TOTAL_LEN = "past_decoder_sequence_length + decoder_sequence_length"
 CAPACITY = "cache_capacity"  # positions a caller-owned cache buffer holds (decoder_step_buffered)
 SOURCES = "source_batch_size"  # decoder_step_buffered: sources; batch_size rows are an equal group per source
+FUSED_HEAD_MULTIPLE = 8  # ONNX Runtime's CPU GroupQueryAttention runs only head sizes that are multiples of this
+FUSED_MIN_ONNXRUNTIME = (1, 21)  # 1.20 ignores MultiHeadAttention's key padding mask on decoder_step_fused's cross-
+# attention (a padded source's logits off by 0.04 on a tiny model; 1.21 and 1.22 match PyTorch to 1e-7)
 
 
 class _GraphFile:
@@ -51,7 +54,7 @@ class GraphVariant(_GraphFile, str, Enum):
     # decoder_step_buffered's step in ONNX Runtime's fused CPU operators (com.microsoft GroupQueryAttention,
     # MultiHeadAttention, SkipLayerNormalization): the graph writes the new token's keys/values into the cache
     # buffers itself, which the caller binds as both past inputs and present outputs. ONNX Runtime only: fp32
-    # directories, never in TensorRT checks, Triton repositories or converted precisions.
+    # directories (and Triton repositories that run tfm-run), never in TensorRT checks or converted precisions.
     DECODER_STEP_FUSED = "decoder_step_fused"
 
 
@@ -173,11 +176,11 @@ def graph_specs(cfg: ModelConfig) -> dict[Graph, GraphSpec]:
 def variant_specs(cfg: ModelConfig) -> dict[GraphVariant, GraphSpec]:
     """The optional graphs a model gets: decoder_step_buffered is built for the classic architecture only (its
     attention is written out for post-norm LayerNorm, ReLU and the sinusoid table), decoder_step_fused also
-    needs equal key and value sizes (GroupQueryAttention's packed Q/K/V); other architectures decode through
-    the contract's decoder_step."""
+    needs equal key and value sizes (GroupQueryAttention's packed Q/K/V) that are a multiple of FUSED_HEAD_MULTIPLE;
+    other architectures decode through the contract's decoder_step."""
     if not cfg.is_classic:
         return {}
     specs = {GraphVariant.DECODER_STEP_BUFFERED: buffered_step_spec(cfg)}
-    if cfg.d_k == cfg.d_v:
+    if cfg.d_k == cfg.d_v and cfg.d_k % FUSED_HEAD_MULTIPLE == 0:
         specs[GraphVariant.DECODER_STEP_FUSED] = fused_step_spec(cfg)
     return specs

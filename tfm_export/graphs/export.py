@@ -15,11 +15,13 @@ import warnings
 
 import numpy as np
 import onnx
+import onnxruntime
 import torch
 from torch.export import Dim
 
 from ..core.graph_spec import SUPPORTED_OPSETS, Graph, GraphSpec, GraphVariant, graph_specs, variant_specs
 from ..model.transformer import Transformer
+from ..runtime.session import runs_fused_graphs
 from .buffered import BufferedDecoderStepGraph, buffered_example_inputs
 from .fused import fused_step_graph
 from .modules import DecoderStepGraph, EncoderGraph, example_inputs
@@ -102,6 +104,10 @@ def export_all(model: Transformer, opset: int, optimize: bool = True,
         raise ExportError(f"opset {opset} is not supported; use one of {SUPPORTED_OPSETS}")
     graphs = {}
     specs = {**graph_specs(model.config), **(variant_specs(model.config) if variants else {})}
+    if not runs_fused_graphs():  # its parity could not be checked here, nor would this runtime run it
+        log.warning("onnxruntime %s is older than decoder_step_fused needs; exporting without it",
+                    onnxruntime.__version__)
+        specs.pop(GraphVariant.DECODER_STEP_FUSED, None)
     for graph, spec in specs.items():
         if graph is GraphVariant.DECODER_STEP_FUSED:  # written from the weights, not exported
             proto = fused_step_graph(model, spec, _table_name(graphs[Graph.ENCODER], model), opset)

@@ -22,6 +22,7 @@ from torch import Tensor, nn
 
 from ..core.graph_spec import GraphSpec, TensorSpec
 from ..model.transformer import Transformer
+from .buffered import MASKED
 
 MS_DOMAIN = "com.microsoft"
 ONNX_TYPES = {"int64": TensorProto.INT64, "int32": TensorProto.INT32, "float32": TensorProto.FLOAT}
@@ -69,7 +70,7 @@ def _layer(g: _Builder, layer: nn.Module, x: str, i: int, names: dict[str, str])
     q = g.op("MatMul", [x, g.const(f"l{i}.cross_q", _matrix(enc.w_qs.weight))], [f"l{i}.cross_q_out"])[0]
     q = g.op("Reshape", [q, "by_source"], [f"l{i}.cross_q_grouped"])[0]  # (sources, beams, C)
     ctx = g.op("MultiHeadAttention", [q, names["cross_key"], names["cross_value"], "", "source_mask"],
-               [f"l{i}.cross_ctx"], MS_DOMAIN, num_heads=heads)[0]
+               [f"l{i}.cross_ctx"], MS_DOMAIN, num_heads=heads, mask_filter_value=MASKED)[0]
     ctx = g.op("Reshape", [ctx, "by_row"], [f"l{i}.cross_ctx_rows"])[0]
     out = g.op("MatMul", [ctx, g.const(f"l{i}.cross_fc", _matrix(enc.fc.weight))], [f"l{i}.cross_out"])[0]
     x = g.norm(enc.layer_norm, out, f"l{i}.x2", x, f"l{i}.cross_norm")
@@ -129,4 +130,7 @@ def fused_step_graph(model: Transformer, spec: GraphSpec, table: str, opset: int
     def values(specs: tuple[TensorSpec, ...]) -> list[onnx.ValueInfoProto]:
         return [helper.make_tensor_value_info(t.name, ONNX_TYPES[t.dtype], list(t.shape)) for t in specs]
     graph = helper.make_graph(g.nodes, spec.graph.value, values(spec.inputs), values(spec.outputs), g.inits)
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset), helper.make_opsetid(MS_DOMAIN, 1)])
+    opsets = [helper.make_opsetid("", opset), helper.make_opsetid(MS_DOMAIN, 1)]
+    # the oldest file format the opset allows (as the exporter writes), not the onnx package's newest, which
+    # older ONNX Runtime releases refuse to load
+    return helper.make_model(graph, opset_imports=opsets, ir_version=helper.find_min_ir_version_for(opsets[:1]))

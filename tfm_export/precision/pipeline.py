@@ -49,7 +49,7 @@ from .int8 import float_ops, quantize_dynamic_graph, quantize_static_graph
 
 PRECISIONS = tuple(p for p in MODEL_PRECISIONS if p != "fp32")  # what quantize makes from fp32
 NO_FUSED = ("fp32 only: its ONNX Runtime operators are not converted; this directory decodes on the CPU through "
-            "decoder_step_buffered")
+            "the other decoders it has")
 NO_STATIC_BUFFERED = ("int8 static graphs are calibrated on traces of the contract's decoder_step and are meant for "
                       "TensorRT; decoder_step_buffered is made for fp32, fp16 and int8 dynamic")
 log = logging.getLogger(__name__)
@@ -216,7 +216,9 @@ def _manifest(parent: dict[str, Any], source: Path, precision: str, mode: str, k
             "unknown_token_rate": round(traces.unknown_rate, 4), "max_length": calibration.max_length,
             "calls": {g.value: traces.calls[g] for g in Graph},
             "calls_sampled": {g.value: len(traces.feeds[g]) for g in Graph}}
-    new["optimizations"] = [*parent["optimizations"], f"{precision}" + (f" {mode}" if precision == "int8" else "")]
+    gone = tuple(f"{g} " for g in parent["graphs"] if g not in entries)  # what the parent says of graphs not here
+    new["optimizations"] = [*(o for o in parent["optimizations"] if not o.startswith(gone)),
+                            f"{precision}" + (f" {mode}" if precision == "int8" else "")]
     return new
 
 

@@ -6,18 +6,30 @@ them itself: a step copies nothing back."""
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
 
-from ..core.graph_spec import GraphVariant
-from .ort_buffered import BufferedState, Buffers, OrtBufferedBackend
+from ..core.errors import TfmExportError
+from ..core.graph_spec import FUSED_MIN_ONNXRUNTIME, GraphVariant
+from .ort_buffered import CAPACITY_STEP, BufferedState, Buffers, OrtBufferedBackend
+from .session import DEFAULT_OPTIONS, SessionOptions, runs_fused_graphs
 
 
 class OrtFusedBackend(OrtBufferedBackend):
     """decoding.StepBackend on an encoder and a decoder_step_fused session."""
 
     variant = GraphVariant.DECODER_STEP_FUSED
+
+    @classmethod
+    def open(cls, directory: Path, options: SessionOptions = DEFAULT_OPTIONS,
+             capacity_step: int = CAPACITY_STEP) -> OrtFusedBackend:
+        if not runs_fused_graphs():
+            raise TfmExportError(f"{directory}: {cls.variant.filename} needs onnxruntime >= "
+                                 f"{'.'.join(map(str, FUSED_MIN_ONNXRUNTIME))} (this is {ort.__version__}); upgrade "
+                                 "it, or decode with decoder_step_buffered (tfm-run translate --no-fused)")
+        return super().open(directory, options, capacity_step)
 
     def _bind(self, state: BufferedState, cache: list[np.ndarray], same_rows: Buffers | None = None) -> Buffers:
         """As decoder_step_buffered's, with each cache buffer's OrtValue bound as its present output too."""

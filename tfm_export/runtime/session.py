@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -10,6 +11,7 @@ import numpy as np
 import onnxruntime as ort
 
 from ..core.errors import TfmExportError, first_line
+from ..core.graph_spec import FUSED_MIN_ONNXRUNTIME
 from ..core.machine import MAX_THREADS
 
 OPT_LEVELS = {"disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
@@ -50,6 +52,12 @@ def check_threads(threads: int | str, what: str = "thread count") -> int:
                              "cores); give at most that, or 0 for the default")
     return int(threads)
 CUDA_PROVIDER, TENSORRT_PROVIDER = "CUDAExecutionProvider", "TensorrtExecutionProvider"
+
+
+def runs_fused_graphs() -> bool:
+    """Whether this ONNX Runtime computes decoder_step_fused correctly (core.graph_spec.FUSED_MIN_ONNXRUNTIME)."""
+    found = re.match(r"(\d+)\.(\d+)", ort.__version__)
+    return bool(found) and tuple(int(v) for v in found.groups()) >= FUSED_MIN_ONNXRUNTIME
 
 
 def has_cuda_provider() -> bool:

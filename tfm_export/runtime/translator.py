@@ -140,7 +140,7 @@ class Translator:
         from .ort_backend import OrtBackend
         from .ort_buffered import OrtBufferedBackend, has_buffered_decoder
         from .ort_fused import OrtFusedBackend
-        from .session import require_device
+        from .session import require_device, runs_fused_graphs
         options = dataclasses.replace(session_options, device=device)
         require_device(options)
         if generate:
@@ -149,7 +149,7 @@ class Translator:
             return cls(search, _directory_vocab(model, search.manifest, vocab), search.config)
         manifest = read_manifest(model)
         if device == "cpu" and has_buffered_decoder(manifest):  # the cache stays in place
-            fused = options.fused and has_buffered_decoder(manifest, OrtFusedBackend.variant)
+            fused = options.fused and has_buffered_decoder(manifest, OrtFusedBackend.variant) and runs_fused_graphs()
             buffered = (OrtFusedBackend if fused else OrtBufferedBackend).open(model, options)
             return cls(buffered, _directory_vocab(model, buffered.manifest, vocab), buffered.config,
                        rules=_rules(model, buffered.manifest))

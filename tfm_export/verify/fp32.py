@@ -33,6 +33,7 @@ from ..runtime.decoding import GraphBackend
 from ..runtime.ort_backend import OrtBackend
 from ..runtime.ort_buffered import OrtBufferedBackend, has_buffered_decoder
 from ..runtime.ort_fused import OrtFusedBackend
+from ..runtime.session import runs_fused_graphs
 from .hf_generate import HfGenerate
 
 
@@ -114,7 +115,7 @@ def graph_backends(directory: Path) -> dict[str, GraphBackend]:
     decoder_step_buffered and decoder_step_fused (what `tfm-run translate` runs on the CPU) where the directory
     has them."""
     backends: dict[str, GraphBackend] = {"": OrtBackend.open(directory)}
-    for kind in (OrtBufferedBackend, OrtFusedBackend):
+    for kind in (OrtBufferedBackend, *([OrtFusedBackend] if runs_fused_graphs() else [])):
         if has_buffered_decoder(backends[""].manifest, kind.variant):
             backends[f", {kind.variant.value}"] = kind.open(directory)
     return backends
