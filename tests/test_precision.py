@@ -175,6 +175,14 @@ def test_manifest_records_precision_calibration_and_parent(variants):
             assert strip == [(t["name"], t["shape"]) for t in parent["graphs"][graph.value][side]]
     tokenizer = "tokenizer.json"
     assert (variants["int8-static"] / tokenizer).read_bytes() == (variants["fp32"] / tokenizer).read_bytes()
+    for name in ("int8-static", "int8-dynamic", "fp16"):  # each says once what it does, of graphs it has
+        made = json.loads((variants[name] / "manifest.json").read_text())
+        notes = made["optimizations"]
+        assert len(notes) == len(set(notes)) and "decoder_step_fused" in made["optimizations_not_applied"]
+        assert "decoder_step_fused" not in made["graphs"]
+        assert not [n for n in notes if n.startswith("decoder_step_fused")]
+        shares = "decoder_step_buffered" in made["graphs"]
+        assert any(n.startswith("decoder_step_buffered keeps") for n in notes) == shares
 
 
 def test_calibration_texts_never_contain_a_test_number():

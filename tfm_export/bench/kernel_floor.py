@@ -14,6 +14,7 @@ import numpy as np
 import onnxruntime as ort
 from torch import nn
 
+from ..core.graph_spec import DEFAULT_OPSET
 from ..runtime.session import SessionOptions, open_session
 
 ONCE_PER_SOURCE = ("enc_attn.w_ks", "enc_attn.w_vs")  # applied to the encoder output once, not per step
@@ -45,7 +46,7 @@ def _graph(shapes: list[tuple[int, int]]) -> bytes:
                for n, shape in enumerate(shapes)]
     outputs = [helper.make_tensor_value_info(f"y{n}", TensorProto.FLOAT, [1, o]) for n, (_, o) in enumerate(shapes)]
     graph = helper.make_graph(nodes, "step_matmuls", inputs, outputs, weights)
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", DEFAULT_OPSET)]).SerializeToString()
 
 
 def best_run_ms(path: Path, feeds: dict[str, np.ndarray], options: SessionOptions,

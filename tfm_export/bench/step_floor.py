@@ -8,14 +8,13 @@ no loop around them, meets the target."""
 from __future__ import annotations
 
 import tempfile
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 from torch import nn
 
 from ..core.errors import TfmExportError
-from ..core.graph_spec import DEFAULT_OPSET, GraphVariant, variant_specs
+from ..core.graph_spec import DEFAULT_OPSET, GraphVariant, cache_head_sizes, cache_names, variant_specs
 from ..core.variants import describe
 from ..graphs.fused import fused_step_graph
 from ..runtime.session import SessionOptions, runs_fused_graphs
@@ -30,25 +29,17 @@ def step_inputs(model: nn.Module, batch: int, beam: int, cache_length: int,
                 source_length: int) -> dict[str, np.ndarray]:
     """decoder_step_fused's inputs for `batch` sources of `beam` rows each after `cache_length` tokens: random
     keys/values (their values do not change the time) in buffers with room for the new token."""
-    cfg, rng, rows = model.config, np.random.default_rng(0), batch * beam
-    spec = variant_specs(cfg)[GraphVariant.DECODER_STEP_FUSED]
+    cfg, rng, rows, names = model.config, np.random.default_rng(0), batch * beam, cache_names(model.config)
     feeds = {"input_ids": np.full((rows, 1), 4, np.int64),
              "encoder_attention_mask": np.ones((batch, source_length), np.int64),
              "cache_length": np.array(min(cache_length, cfg.n_position - 1), np.int64),
              "seqlens_k": np.full(rows, cache_length, np.int32),
              "total_sequence_length": np.array(cache_length + 1, np.int32)}
-    for t in spec.inputs[len(feeds):]:
-        length = cache_length + 1 if ".decoder." in t.name else source_length
-        feeds[t.name] = rng.standard_normal((rows if ".decoder." in t.name else batch, cfg.n_head, length,
-                                             t.shape[-1]), dtype=np.float32)
+    for cached, count, length in ((names.self_inputs, rows, cache_length + 1), (names.cross_inputs, batch,
+                                                                                 source_length)):
+        for name, size in zip(cached, cache_head_sizes(cfg), strict=True):
+            feeds[name] = rng.standard_normal((count, cfg.n_head, length, size), dtype=np.float32)
     return feeds
-
-
-def present_of(model: nn.Module) -> Callable[[str], str | None]:
-    """input name -> the output bound to its memory (each cache buffer, which the step extends in place)."""
-    spec = variant_specs(model.config)[GraphVariant.DECODER_STEP_FUSED]
-    pasts = [t.name for t in spec.inputs if ".decoder." in t.name]
-    return dict(zip(pasts, [t.name for t in spec.outputs[1:]], strict=True)).get
 
 
 def step_floor_ms(model: nn.Module, batch: int, beam: int, cache_length: int, source_length: int,
@@ -61,6 +52,8 @@ def step_floor_ms(model: nn.Module, batch: int, beam: int, cache_length: int, so
                              f"{model.config.d_v}); measure a classic config with equal key and value sizes")
     spec = variant_specs(model.config)[GraphVariant.DECODER_STEP_FUSED]
     feeds = step_inputs(model, batch, beam, cache_length, source_length)
+    names = cache_names(model.config)
+    present = dict(zip(names.self_inputs, names.self_outputs, strict=True)).get  # each buffer, extended in place
     best = {}
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / spec.graph.filename
@@ -70,5 +63,5 @@ def step_floor_ms(model: nn.Module, batch: int, beam: int, cache_length: int, so
             for spinning in (True, False):
                 label = f"{count or 'all'} thread{'s' if count != 1 else ''}, {'spinning' if spinning else 'sleeping'}"
                 options = SessionOptions(intra_op_threads=count, spinning=spinning, memory_arena=False)  # as tfm-run
-                best[label] = best_run_ms(path, feeds, options, present_of(model))
+                best[label] = best_run_ms(path, feeds, options, present)
     return best

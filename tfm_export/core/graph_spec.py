@@ -35,7 +35,7 @@ class _GraphFile:
     @property
     def standard_ops(self) -> bool:
         """Whether the graph holds standard ONNX operators only (any ONNX runtime, TensorRT, the converters)."""
-        return self.value != "decoder_step_fused"
+        return self is not GraphVariant.DECODER_STEP_FUSED
 
 
 class Graph(_GraphFile, str, Enum):

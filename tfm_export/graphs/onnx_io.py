@@ -190,13 +190,18 @@ def save_graph_of(graph: Graph | GraphVariant, proto: onnx.ModelProto, directory
     return save_graph(proto, directory / graph.filename), []
 
 
+def sharing_note(graph: str) -> str:
+    """What `optimizations` says of a graph that shares the tied table (add_shared)."""
+    return (f"{graph} keeps the tied embedding table it shares with the encoder in its .data file; tfm-run reads "
+            "it once for both sessions")
+
+
 def add_shared(manifest: dict[str, Any], shared: dict[Graph | GraphVariant, list[dict]]) -> None:
     """Records save_graph_of's entries in the graphs' manifest entries, and says so in `optimizations`."""
     for graph, entries in shared.items():
         if entries:
             manifest["graphs"][graph.value][SHARED] = entries
-            manifest["optimizations"].append(f"{graph.value} keeps the tied embedding table it shares with the "
-                                             "encoder in its .data file; tfm-run reads it once for both sessions")
+            manifest["optimizations"].append(sharing_note(graph.value))
 
 
 def _same_tensor(a: onnx.TensorProto, b: onnx.TensorProto) -> bool:

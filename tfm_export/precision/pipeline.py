@@ -39,7 +39,7 @@ from ..core.graph_spec import Graph, GraphVariant, graph_specs, variant_specs
 from ..core.sources import decode_text
 from ..core.tokenizer import Vocabulary
 from ..graphs.inputs import random_sources
-from ..graphs.onnx_io import add_shared, check_contract, load_graph, save_graph_of, tensors_of
+from ..graphs.onnx_io import add_shared, check_contract, load_graph, save_graph_of, sharing_note, tensors_of
 from ..runtime import decoding
 from ..runtime.ort_backend import OrtBackend
 from ..runtime.ort_buffered import OrtBufferedBackend, has_buffered_decoder
@@ -216,8 +216,8 @@ def _manifest(parent: dict[str, Any], source: Path, precision: str, mode: str, k
             "unknown_token_rate": round(traces.unknown_rate, 4), "max_length": calibration.max_length,
             "calls": {g.value: traces.calls[g] for g in Graph},
             "calls_sampled": {g.value: len(traces.feeds[g]) for g in Graph}}
-    gone = tuple(f"{g} " for g in parent["graphs"] if g not in entries)  # what the parent says of graphs not here
-    new["optimizations"] = [*(o for o in parent["optimizations"] if not o.startswith(gone)),
+    notes = {sharing_note(g) for g in parent["graphs"]}  # add_shared says it again for the graphs that share here
+    new["optimizations"] = [*(o for o in parent["optimizations"] if o not in notes),
                             f"{precision}" + (f" {mode}" if precision == "int8" else "")]
     return new
 

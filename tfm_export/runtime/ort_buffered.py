@@ -245,24 +245,39 @@ class OrtBufferedBackend:
         state.buffers.values.clear()
         return [widen(cache, capacity) for cache in state.buffers.cache]
 
+    def _new_buffers(self, binding: ort.IOBinding, rows: int, cache: list[np.ndarray]) -> Buffers:
+        """The arrays a row set binds besides its cache: decoder_step_buffered's return the new keys/values."""
+        cfg = self.config
+        return Buffers(binding, np.zeros((rows, 1), np.int64), np.zeros((), np.int64), cache,
+                       [np.zeros((rows, cfg.n_head, 1, d), self.cache_dtype) for d in cache_head_sizes(cfg)],
+                       np.zeros((rows, 1, cfg.trg_vocab_size), np.float32), [])
+
     def _bind(self, state: BufferedState, cache: list[np.ndarray], same_rows: Buffers | None = None) -> Buffers:
         """Bind a row set's inputs, cache and outputs once; steps only write into the bound arrays.
         same_rows: the buffers of these very rows (a grown cache), whose other arrays are bound again rather than
-        made anew (a second logits array alive at once would be the memory peak)."""
-        rows, cfg = state.rows, self.config
+        made anew (a second logits array alive at once would be the memory peak). Where the buffers carry
+        GroupQueryAttention's counts (decoder_step_fused), each cache buffer's OrtValue is bound as its present
+        output too: the graph extends the buffers in place."""
         binding = self.decoder.io_binding()
         if same_rows is None:
-            buffers = Buffers(binding, np.zeros((rows, 1), np.int64), np.zeros((), np.int64), cache,
-                              [np.zeros((rows, cfg.n_head, 1, d), self.cache_dtype) for d in cache_head_sizes(cfg)],
-                              np.zeros((rows, 1, cfg.trg_vocab_size), np.float32), [])
+            buffers = self._new_buffers(binding, state.rows, cache)
         else:
             buffers = replace(same_rows, binding=binding, cache=cache, values=[])
+        counts = {} if buffers.filled is None else {"seqlens_k": buffers.filled,
+                                                     "total_sequence_length": buffers.total}
         inputs = {"input_ids": buffers.ids, "encoder_attention_mask": state.mask, "cache_length": buffers.length,
-                  **dict(zip(self.names.self_inputs, cache, strict=True)),
+                  **counts, **dict(zip(self.names.self_inputs, cache, strict=True)),
                   **dict(zip(self.names.cross_inputs, state.cross, strict=True))}
-        outputs = {"logits": buffers.logits, **dict(zip(self.names.new_outputs, buffers.new, strict=True))}
+        outputs = {"logits": buffers.logits}
+        if buffers.new:  # decoder_step_buffered returns the new token's keys/values
+            outputs |= dict(zip(self.names.new_outputs, buffers.new, strict=True))
+        bound = {}
         for names, bind in ((inputs, binding.bind_ortvalue_input), (outputs, binding.bind_ortvalue_output)):
             for name, array in names.items():
-                buffers.values.append(ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(array)))
-                bind(name, buffers.values[-1])
+                bound[name] = ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(array))
+                bind(name, bound[name])
+        if counts:
+            for past, present in zip(self.names.self_inputs, self.names.self_outputs, strict=True):
+                binding.bind_ortvalue_output(present, bound[past])
+        buffers.values.extend(bound.values())
         return buffers
