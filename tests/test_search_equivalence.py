@@ -25,6 +25,8 @@ from tfm_export.runtime.ort_backend import OrtBackend
 from tfm_export.runtime.ort_buffered import (
     CAPACITY_STEP,
     OrtBufferedBackend,
+    gathered,
+    layer_views,
     move_order,
     source_groups,
     widen,
@@ -284,7 +286,7 @@ def test_growing_cache_buffers_grow_in_place(flat, monkeypatch, kind):
     state, _ = backend.step(state, tokens)
     monkeypatch.undo()
     assert state.buffers.cache[0].shape[2] == 6, "the step must have grown the buffers"
-    assert all(a is b for a, b in zip(state.buffers.cache, before.cache, strict=True)) and not made
+    assert all(a is b for a, b in zip(state.buffers.blocks, before.blocks, strict=True)) and not made
     kept = ("logits", "new") if kind is OrtBufferedBackend else ("logits", "filled", "total")
     assert all(getattr(state.buffers, name) is getattr(before, name) for name in kept)
 
@@ -327,3 +329,21 @@ def test_buffered_rows_in_any_grouping_give_the_reference_logits(flat, kind):
             tokens = rng.integers(FIRST_TOKEN_ID, ckpt.config.trg_vocab_size, states[0].rows)
             (states[0], got), (states[1], want) = ours.step(states[0], tokens), reference.step(states[1], tokens)
             np.testing.assert_allclose(got, want, atol=1e-4)
+
+
+def test_cache_blocks_take_every_layers_rows_and_own_their_memory():
+    """The buffered decoders keep all layers' keys in one block and all values in another: each layer's tensor
+    is a view of its rows (what is bound to the session), and a gather of rows takes them in every layer into
+    an array of its own, which widen can then resize in place."""
+    layers, rows, taken = 3, 4, np.array([2, 2, 0])
+    blocks = [np.random.default_rng(seed).standard_normal((layers * rows, 2, 5, 3)).astype(np.float32)
+              for seed in (0, 1)]
+    views = layer_views(blocks, rows)
+    assert len(views) == 2 * layers and all(np.shares_memory(v, blocks[i % 2]) for i, v in enumerate(views))
+    for i, view in enumerate(views):
+        assert np.array_equal(view, blocks[i % 2][i // 2 * rows:(i // 2 + 1) * rows])
+    for block in blocks:
+        got = gathered(block, rows, taken)
+        want = np.concatenate([block[layer * rows:(layer + 1) * rows][taken] for layer in range(layers)])
+        assert np.array_equal(got, want) and got.flags.owndata
+        assert widen(got, 7).shape == (layers * len(taken), 2, 7, 3)

@@ -6,7 +6,9 @@ the session. Here the self-attention cache lives in NumPy buffers of fixed capac
 session once (OrtValues share their memory), as are the logits and the new token's keys/values; a step
 writes the token and the cache length into bound arrays, runs, and copies each layer's new key/value into
 its buffer. Buffers grow in place by `capacity_step` positions when full (so growing never holds two
-copies of any of it); beams that reshuffle within their input move only the rows that change.
+copies of any of it); beams that reshuffle within their input move only the rows that change. All layers' keys
+live in one array and all values in another (each layer's tensor a contiguous block of it), so a beam reorder
+is two copies, not one per layer and kind.
 """
 
 from __future__ import annotations
@@ -49,7 +51,8 @@ class Buffers:
     binding: ort.IOBinding
     ids: np.ndarray  # (N, 1) int64, the step's token
     length: np.ndarray  # () int64, filled cache positions
-    cache: list[np.ndarray]  # per layer key, value: (N, nh, capacity, d)
+    blocks: list[np.ndarray]  # per kind (keys, values) the owning (layers * N, nh, capacity, d) array
+    cache: list[np.ndarray]  # per layer key, value: (N, nh, capacity, d), views into blocks
     new: list[np.ndarray]  # per layer key, value: (N, nh, 1, d), the step's own
     logits: np.ndarray  # (N, 1, V)
     values: list[ort.OrtValue]  # what is bound: the session reads and writes their memory
@@ -84,11 +87,31 @@ def source_groups(sources: np.ndarray) -> tuple[np.ndarray, int]:
     return sources, 1
 
 
+def layer_views(blocks: list[np.ndarray], rows: int) -> list[np.ndarray]:
+    """Each flat cache tensor (CacheNames order: per layer key then value) as its layer's rows of its kind's block."""
+    layers = len(blocks[0]) // rows
+    return [block[layer * rows:(layer + 1) * rows] for layer in range(layers) for block in blocks]
+
+
+def by_layer(block: np.ndarray, rows: int) -> np.ndarray:
+    """A kind's (layers * N, ...) block as (layers, N, ...), so rows move in every layer with one index."""
+    return block.reshape(len(block) // rows, rows, *block.shape[1:])
+
+
+def gathered(block: np.ndarray, rows: int, taken: np.ndarray) -> np.ndarray:
+    """A kind's block (`rows` rows a layer) with each layer's rows `taken`, in an array of its own: widen resizes it."""
+    out = np.empty((len(block) // rows * len(taken), *block.shape[1:]), block.dtype)
+    np.take(by_layer(block, rows), taken, axis=1, out=by_layer(out, len(taken)))
+    return out
+
+
 def move_order(rows: np.ndarray, moved: np.ndarray, per_piece: int) -> list[np.ndarray]:
     """The moved rows (row i takes row rows[i]) cut into pieces of about per_piece rows that can be copied one
     after another: a cut falls only where no row before it reads a row after it and none after reads one before.
     Copying all moved rows at once would gather them into one temporary of many megabytes, which glibc maps and
     unmaps at every step (page faults: ~10% of a beam 4 x 32 decode on the base config); small pieces reuse the heap."""
+    if len(moved) <= per_piece:
+        return [moved]
     at = np.arange(1, len(rows))
     reads_before = np.maximum.accumulate(rows)[:-1] < at
     reads_after = np.minimum.accumulate(rows[::-1])[::-1][1:] >= at
@@ -188,7 +211,7 @@ class OrtBufferedBackend:
         """The returned logits are a view of the bound output buffer, valid until the next step."""
         check_target_length(state.length + 1, self.config.n_position)
         buffers = state.buffers
-        if buffers is None or state.length == buffers.cache[0].shape[2]:
+        if buffers is None or state.length == buffers.blocks[0].shape[2]:
             buffers = self._bind(state, self._grown(state), buffers)
         buffers.ids[:, 0] = tokens
         buffers.length[...] = state.length
@@ -218,11 +241,12 @@ class OrtBufferedBackend:
         if same_sources and len(rows) == state.rows:
             moved = np.flatnonzero(rows != np.arange(len(rows)))
             if buffers is not None and len(moved):
-                row_bytes = max(c[0, :, :state.length].nbytes for c in buffers.cache)
+                layers = [by_layer(block, len(rows)) for block in buffers.blocks]
+                row_bytes = max(layer[:, 0, :, :state.length].nbytes for layer in layers)
                 pieces = move_order(rows, moved, max(1, REORDER_BYTES // row_bytes))
-                for cache in buffers.cache:
+                for layer in layers:
                     for piece in pieces:  # within a piece the right side is gathered first, so overlaps are safe
-                        cache[piece, :, :state.length] = cache[rows[piece], :, :state.length]
+                        layer[:, piece, :, :state.length] = layer[:, rows[piece], :, :state.length]
             return state
         sources, group = source_groups(rows // state.group) if self.per_source else (rows // state.group, 1)
         moved_state = BufferedState(state.mask, state.cross, state.length, group=group)
@@ -230,29 +254,33 @@ class OrtBufferedBackend:
             moved_state = replace(moved_state, mask=state.mask[sources], cross=tuple(a[sources] for a in state.cross))
         if buffers is None:
             return moved_state
-        return replace(moved_state, buffers=self._bind(moved_state, [c[rows] for c in buffers.cache]))
+        blocks = [gathered(block, state.rows, rows) for block in buffers.blocks]
+        return replace(moved_state, buffers=self._bind(moved_state, blocks))
 
     def _grown(self, state: BufferedState) -> list[np.ndarray]:
-        """The cache with room for capacity_step more positions (zeros: the graph reads unused positions, so
-        they must be finite). Existing buffers grow in place (widen), so growing never holds a second copy."""
+        """The cache blocks with room for capacity_step more positions (zeros: the graph reads unused positions,
+        so they must be finite). Existing blocks grow in place (widen), so growing never holds a second copy."""
         rows, cfg = state.rows, self.config
         capacity = min(state.length + self.capacity_step, cfg.n_position)
         if state.buffers is None:
-            return [np.zeros((rows, cfg.n_head, capacity, size), self.cache_dtype) for size in cache_head_sizes(cfg)]
-        # the bound OrtValues point into the buffers: let go of them before the memory moves
+            return [np.zeros((cfg.n_layers * rows, cfg.n_head, capacity, size), self.cache_dtype)
+                    for size in (cfg.d_k, cfg.d_v)]
+        # the bound OrtValues and the layer views point into the blocks: let go of them before the memory moves
         state.buffers.binding.clear_binding_inputs()
         state.buffers.binding.clear_binding_outputs()
         state.buffers.values.clear()
-        return [widen(cache, capacity) for cache in state.buffers.cache]
+        state.buffers.cache.clear()
+        return [widen(block, capacity) for block in state.buffers.blocks]
 
-    def _new_buffers(self, binding: ort.IOBinding, rows: int, cache: list[np.ndarray]) -> Buffers:
+    def _new_buffers(self, binding: ort.IOBinding, rows: int, blocks: list[np.ndarray]) -> Buffers:
         """The arrays a row set binds besides its cache: decoder_step_buffered's return the new keys/values."""
         cfg = self.config
-        return Buffers(binding, np.zeros((rows, 1), np.int64), np.zeros((), np.int64), cache,
+        return Buffers(binding, np.zeros((rows, 1), np.int64), np.zeros((), np.int64), blocks,
+                       layer_views(blocks, rows),
                        [np.zeros((rows, cfg.n_head, 1, d), self.cache_dtype) for d in cache_head_sizes(cfg)],
                        np.zeros((rows, 1, cfg.trg_vocab_size), np.float32), [])
 
-    def _bind(self, state: BufferedState, cache: list[np.ndarray], same_rows: Buffers | None = None) -> Buffers:
+    def _bind(self, state: BufferedState, blocks: list[np.ndarray], same_rows: Buffers | None = None) -> Buffers:
         """Bind a row set's inputs, cache and outputs once; steps only write into the bound arrays.
         same_rows: the buffers of these very rows (a grown cache), whose other arrays are bound again rather than
         made anew (a second logits array alive at once would be the memory peak). Where the buffers carry
@@ -260,9 +288,11 @@ class OrtBufferedBackend:
         output too: the graph extends the buffers in place."""
         binding = self.decoder.io_binding()
         if same_rows is None:
-            buffers = self._new_buffers(binding, state.rows, cache)
+            buffers = self._new_buffers(binding, state.rows, blocks)
         else:
-            buffers = replace(same_rows, binding=binding, cache=cache, values=[])
+            buffers = replace(same_rows, binding=binding, blocks=blocks, cache=layer_views(blocks, state.rows),
+                              values=[])
+        cache = buffers.cache
         counts = {} if buffers.filled is None else {"seqlens_k": buffers.filled,
                                                      "total_sequence_length": buffers.total}
         inputs = {"input_ids": buffers.ids, "encoder_attention_mask": state.mask, "cache_length": buffers.length,

@@ -12,7 +12,7 @@ import onnxruntime as ort
 
 from ..core.errors import TfmExportError
 from ..core.graph_spec import FUSED_MIN_ONNXRUNTIME, GraphVariant
-from .ort_buffered import CAPACITY_STEP, Buffers, OrtBufferedBackend
+from .ort_buffered import CAPACITY_STEP, Buffers, OrtBufferedBackend, layer_views
 from .session import DEFAULT_OPTIONS, SessionOptions, runs_fused_graphs
 
 
@@ -30,8 +30,9 @@ class OrtFusedBackend(OrtBufferedBackend):
                                  "it, or decode with decoder_step_buffered (tfm-run translate --no-fused)")
         return super().open(directory, options, capacity_step)
 
-    def _new_buffers(self, binding: ort.IOBinding, rows: int, cache: list[np.ndarray]) -> Buffers:
+    def _new_buffers(self, binding: ort.IOBinding, rows: int, blocks: list[np.ndarray]) -> Buffers:
         """No new-key arrays (the graph writes the cache itself); GroupQueryAttention's counts instead."""
-        return Buffers(binding, np.zeros((rows, 1), np.int64), np.zeros((), np.int64), cache, [],
+        return Buffers(binding, np.zeros((rows, 1), np.int64), np.zeros((), np.int64), blocks,
+                       layer_views(blocks, rows), [],
                        np.zeros((rows, 1, self.config.trg_vocab_size), np.float32), [],
                        np.zeros(rows, np.int32), np.zeros((), np.int32))
