@@ -8,6 +8,7 @@ import os
 import sys
 
 MAX_THREADS = 4 * (os.cpu_count() or 1)  # beyond this a thread pool only thrashes (or, for torch, crashes)
+HASH_THREADS = min(4, os.cpu_count() or 1)  # files hashed at once when a directory opens (sha256 is CPU-bound)
 
 LARGE_BLOCK_BYTES = 1 << 20  # blocks at least this large come from mmap and go back to the system when freed
 _M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter number

@@ -9,7 +9,7 @@ import numpy as np
 import onnxruntime as ort
 
 from ..artifacts.manifest import ModelDirError
-from ..artifacts.model_dir import graph_path, read_manifest
+from ..artifacts.model_dir import read_manifest, verified_graphs
 from ..core.config import ModelConfig
 from ..core.graph_spec import Graph, GraphSpec, cache_head_sizes, cache_names, graph_specs
 from ..core.sources import check_source_length, check_target_length
@@ -58,10 +58,9 @@ def run_encoder(encoder: ort.InferenceSession, src: np.ndarray, pad: int) -> dic
     return run(encoder, {"input_ids": src.astype(np.int64), "attention_mask": (src != pad).astype(np.int64)})
 
 
-def open_graph(directory: Path, manifest: dict, spec: GraphSpec, options: SessionOptions,
+def open_graph(path: Path, spec: GraphSpec, options: SessionOptions,
                session_options: ort.SessionOptions | None = None) -> ort.InferenceSession:
-    """A session for one of the directory's graphs, checked against the manifest's sha256 and the contract."""
-    path = graph_path(directory, manifest, spec.graph.value)
+    """A session for a graph file already checked against its manifest (verified_graphs), held to the contract."""
     return check_contract_tensors(open_session(path, options, session_options), spec, path)
 
 
@@ -91,8 +90,8 @@ class OrtBackend:
         manifest = read_manifest(Path(directory))
         options = directory_options(manifest, options)
         config = ModelConfig.from_dict(manifest["model"])
-        specs = graph_specs(config)
-        return cls(*(open_graph(Path(directory), manifest, specs[g], options) for g in Graph), config, manifest)
+        specs, paths = graph_specs(config), verified_graphs(Path(directory), manifest)
+        return cls(*(open_graph(paths[g.value], specs[g], options) for g in Graph), config, manifest)
 
     def run_encoder(self, src: np.ndarray) -> dict[str, np.ndarray]:
         return run_encoder(self.encoder, src, self.config.src_pad_idx)

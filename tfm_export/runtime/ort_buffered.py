@@ -20,7 +20,7 @@ import numpy as np
 import onnxruntime as ort
 
 from ..artifacts.manifest import ModelDirError
-from ..artifacts.model_dir import graph_path, read_manifest, shared_initializers
+from ..artifacts.model_dir import read_manifest, shared_initializers, verified_graphs
 from ..core.config import ModelConfig
 from ..core.graph_spec import (
     SOURCES,
@@ -188,14 +188,11 @@ class OrtBufferedBackend:
         if options.memory_arena is None:
             options = replace(options, memory_arena=False)
         config = ModelConfig.from_dict(manifest["model"])
-        # not run here, but checked too: a directory with any damaged graph is refused, whichever decoder runs
-        for other in set(manifest["graphs"]) - {Graph.ENCODER.value, cls.variant.value}:
-            graph_path(Path(directory), manifest, other)
+        paths = verified_graphs(Path(directory), manifest)
         shared = shared_values(Path(directory), manifest, cls.variant)
-        encoder = open_graph(Path(directory), manifest, graph_specs(config)[Graph.ENCODER], options,
+        encoder = open_graph(paths[Graph.ENCODER.value], graph_specs(config)[Graph.ENCODER], options,
                              sharing(shared, prepacked=False))
-        decoder = open_graph(Path(directory), manifest, variant_specs(config)[cls.variant], options,
-                             sharing(shared))
+        decoder = open_graph(paths[cls.variant.value], variant_specs(config)[cls.variant], options, sharing(shared))
         return cls(encoder, decoder, config, manifest, capacity_step, shared)
 
     def run_encoder(self, src: np.ndarray) -> dict[str, np.ndarray]:
