@@ -292,12 +292,14 @@ def test_growing_cache_buffers_grow_in_place(flat, monkeypatch, kind):
 
 
 @pytest.mark.parametrize("shape, capacity", [((5, 3, 4, 2), 7), ((1, 1, 1, 1), 2), ((6, 2, 5, 3), 6),
-                                             ((3, 2, 16, 4), 100), ((2, 4, 3, 8), 3)])
-def test_widen_moves_every_position_to_its_place(shape, capacity):
-    """Row blocks move within one allocation, so later rows overlap earlier ones' old places: against np.pad."""
+                                             ((3, 2, 16, 4), 100), ((2, 4, 3, 8), 3), ((7, 2, 3, 4), 4)])
+@pytest.mark.parametrize("piece_rows", [1, 2, 3, 100])
+def test_widen_moves_every_position_to_its_place(shape, capacity, piece_rows):
+    """Rows move within one allocation in pieces, so later pieces overlap earlier ones' old places and a piece
+    overlaps itself: against np.pad, for pieces of one row, of several (a short last one) and of all rows."""
     cache = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
     want = np.pad(cache, ((0, 0), (0, 0), (0, max(0, capacity - shape[2])), (0, 0)))
-    got = widen(cache, capacity)
+    got = widen(cache, capacity, piece_rows * cache[0].nbytes)
     assert got is cache and np.array_equal(got, want)
 
 

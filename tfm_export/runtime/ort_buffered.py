@@ -37,7 +37,7 @@ from .ort_backend import directory_options, open_graph, run_encoder
 from .session import DEFAULT_OPTIONS, SessionOptions
 
 CAPACITY_STEP = 16  # positions added when a cache buffer is full: attention reads at most this many unused
-REORDER_BYTES = LARGE_BLOCK_BYTES // 4  # beam reorders copy rows in pieces of about this size (twice it at most)
+REORDER_BYTES = LARGE_BLOCK_BYTES // 4  # reorders and growth copy rows in pieces of about this size (twice at most)
 
 
 def has_buffered_decoder(manifest: dict, variant: GraphVariant = GraphVariant.DECODER_STEP_BUFFERED) -> bool:
@@ -140,21 +140,25 @@ def sharing(shared: dict[str, ort.OrtValue], prepacked: bool = True) -> ort.Sess
     return so
 
 
-def widen(cache: np.ndarray, capacity: int) -> np.ndarray:
+def widen(cache: np.ndarray, capacity: int, piece_bytes: int = REORDER_BYTES) -> np.ndarray:
     """A (N, H, C, D) buffer regrown to (N, H, capacity, D) in its own memory: the allocation is extended (glibc
-    moves large blocks by remapping pages, not copying them), then each row's H x C x D block is moved to its
-    new place, last row first, so nothing is overwritten before it has moved. Copying into a new buffer
-    instead would hold one old layer tensor besides the grown cache: the decode's memory peak (29 MB on the
-    base config at beam 4 x 32). The caller must hold no other reference to the buffer's memory."""
+    moves large blocks by remapping pages, not copying them), then rows are moved to their new places in pieces of
+    about piece_bytes, last piece first: a piece's new place starts past the old places of the rows before it, so
+    nothing is overwritten before it has moved (within a piece NumPy copies the overlapping source first, a
+    temporary of piece size). Copying into a new buffer instead would hold one old layer tensor besides the grown
+    cache: the decode's memory peak (29 MB on the base config at beam 4 x 32). The caller must hold no other
+    reference to the buffer's memory."""
     n, h, c, d = cache.shape
     if capacity <= c:
         return cache
     cache.resize((n, h, capacity, d), refcheck=False)  # the old elements now lie flat at the start
     flat, old = cache.reshape(-1), h * c * d
-    for row in range(n - 1, -1, -1):
-        grown = cache[row]
-        grown[:, :c] = flat[row * old:(row + 1) * old].reshape(h, c, d)  # NumPy copies overlapping sources first
-        grown[:, c:] = 0
+    rows = max(1, piece_bytes // max(1, old * cache.itemsize))
+    for end in range(n, 0, -rows):
+        start = max(0, end - rows)
+        grown = cache[start:end]
+        grown[:, :, :c] = flat[start * old:end * old].reshape(end - start, h, c, d)
+        grown[:, :, c:] = 0
     return cache
 
 
