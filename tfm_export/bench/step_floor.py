@@ -14,7 +14,15 @@ import numpy as np
 from torch import nn
 
 from ..core.errors import TfmExportError
-from ..core.graph_spec import DEFAULT_OPSET, GraphVariant, cache_head_sizes, cache_names, variant_specs
+from ..core.graph_spec import (
+    DEFAULT_OPSET,
+    SEQLENS_K,
+    TOTAL_SEQUENCE_LENGTH,
+    GraphVariant,
+    cache_head_sizes,
+    cache_names,
+    variant_specs,
+)
 from ..core.variants import describe
 from ..graphs.fused import fused_step_graph
 from ..runtime.session import SessionOptions, runs_fused_graphs
@@ -33,8 +41,8 @@ def step_inputs(model: nn.Module, batch: int, beam: int, cache_length: int,
     feeds = {"input_ids": np.full((rows, 1), 4, np.int64),
              "encoder_attention_mask": np.ones((batch, source_length), np.int64),
              "cache_length": np.array(min(cache_length, cfg.n_position - 1), np.int64),
-             "seqlens_k": np.full(rows, cache_length, np.int32),
-             "total_sequence_length": np.array(cache_length + 1, np.int32)}
+             SEQLENS_K: np.full(rows, cache_length, np.int32),
+             TOTAL_SEQUENCE_LENGTH: np.array(cache_length + 1, np.int32)}
     for cached, count, length in ((names.self_inputs, rows, cache_length + 1), (names.cross_inputs, batch,
                                                                                  source_length)):
         for name, size in zip(cached, cache_head_sizes(cfg), strict=True):

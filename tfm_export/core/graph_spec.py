@@ -22,6 +22,7 @@ PAST_LEN = "past_decoder_sequence_length"
 TOTAL_LEN = "past_decoder_sequence_length + decoder_sequence_length"
 CAPACITY = "cache_capacity"  # positions a caller-owned cache buffer holds (decoder_step_buffered)
 SOURCES = "source_batch_size"  # decoder_step_buffered: sources; batch_size rows are an equal group per source
+SEQLENS_K, TOTAL_SEQUENCE_LENGTH = "seqlens_k", "total_sequence_length"  # decoder_step_fused's attention counts
 FUSED_HEAD_MULTIPLE = 8  # ONNX Runtime's CPU GroupQueryAttention runs only head sizes that are multiples of this
 FUSED_MIN_ONNXRUNTIME = (1, 21)  # 1.20 ignores MultiHeadAttention's key padding mask on decoder_step_fused's cross-
 # attention (a padded source's logits off by 0.04 on a tiny model; 1.21 and 1.22 match PyTorch to 1e-7)
@@ -163,8 +164,8 @@ def fused_step_spec(cfg: ModelConfig) -> GraphSpec:
     buffered = buffered_step_spec(cfg)
     return GraphSpec(
         GraphVariant.DECODER_STEP_FUSED,
-        inputs=(*buffered.inputs[:3], TensorSpec("seqlens_k", "int32", (BATCH,)),
-                TensorSpec("total_sequence_length", "int32", ()), *buffered.inputs[3:]),
+        inputs=(*buffered.inputs[:3], TensorSpec(SEQLENS_K, "int32", (BATCH,)),
+                TensorSpec(TOTAL_SEQUENCE_LENGTH, "int32", ()), *buffered.inputs[3:]),
         outputs=(buffered.outputs[0], *_cache(cache_names(cfg).self_outputs, cfg, CAPACITY)),
     )
 

@@ -20,7 +20,7 @@ import torch
 from onnx import TensorProto, helper, numpy_helper
 from torch import Tensor, nn
 
-from ..core.graph_spec import GraphSpec, TensorSpec
+from ..core.graph_spec import SEQLENS_K, TOTAL_SEQUENCE_LENGTH, GraphSpec, TensorSpec
 from ..model.transformer import Transformer
 from .buffered import MASKED
 
@@ -61,8 +61,8 @@ def _layer(g: _Builder, layer: nn.Module, x: str, i: int, names: dict[str, str])
     slf, enc, ffn, heads = layer.slf_attn, layer.enc_attn, layer.pos_ffn, layer.slf_attn.n_head
     qkv = torch.cat([slf.w_qs.weight, slf.w_ks.weight, slf.w_vs.weight])
     qkv = g.op("MatMul", [x, g.const(f"l{i}.qkv", _matrix(qkv))], [f"l{i}.qkv_out"])[0]
-    ctx = g.op("GroupQueryAttention", [qkv, "", "", names["key"], names["value"], "seqlens_k",
-                                       "total_sequence_length"],
+    ctx = g.op("GroupQueryAttention", [qkv, "", "", names["key"], names["value"], SEQLENS_K,
+                                       TOTAL_SEQUENCE_LENGTH],
                [f"l{i}.self_ctx", names["present_key"], names["present_value"]], MS_DOMAIN,
                num_heads=heads, kv_num_heads=heads)[0]
     out = g.op("MatMul", [ctx, g.const(f"l{i}.self_fc", _matrix(slf.fc.weight))], [f"l{i}.self_out"])[0]

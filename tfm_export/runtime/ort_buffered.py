@@ -23,7 +23,9 @@ from ..artifacts.manifest import ModelDirError
 from ..artifacts.model_dir import read_manifest, shared_initializers, verified_graphs
 from ..core.config import ModelConfig
 from ..core.graph_spec import (
+    SEQLENS_K,
     SOURCES,
+    TOTAL_SEQUENCE_LENGTH,
     Graph,
     GraphVariant,
     cache_head_sizes,
@@ -242,12 +244,12 @@ class OrtBufferedBackend:
         if same_sources and len(rows) == state.rows:
             moved = np.flatnonzero(rows != np.arange(len(rows)))
             if buffers is not None and len(moved):
-                layers = [by_layer(block, len(rows)) for block in buffers.blocks]
-                row_bytes = max(layer[:, 0, :, :state.length].nbytes for layer in layers)
+                kinds = [by_layer(block, len(rows)) for block in buffers.blocks]  # (layers, N, ...) each
+                row_bytes = max(kind[:, 0, :, :state.length].nbytes for kind in kinds)
                 pieces = move_order(rows, moved, max(1, REORDER_BYTES // row_bytes))
-                for layer in layers:
+                for kind in kinds:
                     for piece in pieces:  # within a piece the right side is gathered first, so overlaps are safe
-                        layer[:, piece, :, :state.length] = layer[:, rows[piece], :, :state.length]
+                        kind[:, piece, :, :state.length] = kind[:, rows[piece], :, :state.length]
             return state
         sources, group = source_groups(rows // state.group) if self.per_source else (rows // state.group, 1)
         moved_state = BufferedState(state.mask, state.cross, state.length, group=group)
@@ -294,8 +296,8 @@ class OrtBufferedBackend:
             buffers = replace(same_rows, binding=binding, blocks=blocks, cache=layer_views(blocks, state.rows),
                               values=[])
         cache = buffers.cache
-        counts = {} if buffers.filled is None else {"seqlens_k": buffers.filled,
-                                                     "total_sequence_length": buffers.total}
+        counts = {} if buffers.filled is None else {SEQLENS_K: buffers.filled,
+                                                     TOTAL_SEQUENCE_LENGTH: buffers.total}
         inputs = {"input_ids": buffers.ids, "encoder_attention_mask": state.mask, "cache_length": buffers.length,
                   **counts, **dict(zip(self.names.self_inputs, cache, strict=True)),
                   **dict(zip(self.names.cross_inputs, state.cross, strict=True))}
