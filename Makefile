@@ -82,7 +82,7 @@ bench: setup
 	$(PY) scripts/bench_interleaved.py --targets demo=$(BENCH)/demo.json base=$(BENCH)/base.json > $(BENCH)/targets.md
 	cat $(BENCH)/demo.md $(BENCH)/base.md $(BENCH)/targets.md
 
-# The contract's decoder_step (whole-cache Concat) beside decoder_step_buffered and CTranslate2, base config, 64 tokens.
+# The contract's decoder_step (whole-cache Concat) beside decoder_step_search and CTranslate2, base config, 64 tokens.
 bench-anchor: setup
 	mkdir -p $(BENCH)
 	$(VENV)/bin/tfm-export random-checkpoint --output $(BENCH)/base-model --force

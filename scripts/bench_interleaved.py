@@ -7,13 +7,11 @@ rotates from round to round, so every backend sees the same drift of the machine
 per round (ours / anchor from the same round) and their median is reported beside the spread.
 
 Backends besides `tfm-run bench`'s names:
-  ort-fp32+arena, ort-fp32+nospin, ort-fp32+buffered (combined: ort-fp32+arena+nospin, ...)
-                      ort-fp32 with ONNX Runtime's CPU memory arena on / its threads sleeping while they wait /
-                      decoder_step_buffered instead of decoder_step_fused (tfm-run's defaults: no arena for the
-                      buffered decoders, threads spinning within a run, decoder_step_fused where the directory
-                      has it)
-  ort-fp32-contract   the contract's decoder_step (whole-cache Concat, arrays in and out) instead of
-                      decoder_step_fused, which tfm-run translate uses when the directory has it
+  ort-fp32+arena, ort-fp32+nospin (combined: ort-fp32+arena+nospin)
+                      ort-fp32 with ONNX Runtime's CPU memory arena on / its threads sleeping while they wait
+                      (tfm-run's defaults: no arena for decoder_step_search, threads spinning within a run)
+  ort-fp32-contract   the contract's decoder_step (whole-cache Concat, arrays in and out, logits reduced in
+                      NumPy) instead of decoder_step_search, which tfm-run translate uses when the directory has it
   ct2-<compute_type>[+packed][+mkl][+isa=NAME]
                       CTranslate2 with that compute type and CT2_USE_EXPERIMENTAL_PACKED_GEMM=1,
                       CT2_USE_MKL=1, CT2_FORCE_CPU_ISA=NAME set before it is imported
@@ -68,14 +66,14 @@ def _decoder(name: str, artifacts, threads: int):
         compute, env = _ct2_setting(name)
         os.environ.update(env)  # before ctranslate2 is imported in this fresh process
         return runners._ctranslate2(artifacts, compute, threads)
-    if name.startswith("ort-fp32+"):  # settings levers: +arena, +nospin, +buffered
+    if name.startswith("ort-fp32+"):  # settings levers: +arena, +nospin
         from tfm_export.runtime.session import SessionOptions
         from tfm_export.runtime.translator import Translator
         flags = set(name.split("+")[1:])
-        if flags - {"arena", "nospin", "buffered"}:
-            raise SystemExit(f"unknown ONNX Runtime setting in {name}: use +arena, +nospin, +buffered")
+        if flags - {"arena", "nospin"}:
+            raise SystemExit(f"unknown ONNX Runtime setting in {name}: use +arena, +nospin")
         options = SessionOptions(intra_op_threads=threads, memory_arena="arena" in flags,
-                                 spinning="nospin" not in flags, fused="buffered" not in flags)
+                                 spinning="nospin" not in flags)
         return runners._loop(Translator.load(artifacts.onnx["fp32"], backend="onnxruntime",
                                              session_options=options).backend, artifacts.rules)
     if name == "ort-fp32-contract":
@@ -258,9 +256,7 @@ def finish(args, model, partial: dict) -> None:
 def step_floors(model, partial: dict, sources: list[list[int]], threads: int, say) -> dict:
     """Per cell, ONNX Runtime's fastest whole step (bench.step_floor) at the cell's rows, at the mean cache
     length of its steps and the shortest source (a floor: no real step of the cell has less to do)."""
-    from tfm_export.bench.step_floor import step_floor_ms, supports
-    if not supports(model.config):
-        return {}
+    from tfm_export.bench.step_floor import step_floor_ms
     say("ONNX Runtime's fastest whole step, per cell")
     source = min(len(s) for s in sources)
     floors = {}
@@ -309,7 +305,7 @@ def summarise(report: dict) -> None:
         print(f"ONNX Runtime's weight MatMuls alone, one batch-1 step, best of {RUNS}: "
               + ", ".join(f"{k} {v:.3f} ms" for k, v in report["matmul_floor_ms"].items()))
     if "step_floor_ms" in report:
-        print(f"\nONNX Runtime's fastest whole step (bench.step_floor: fused operators, no search; source of "
+        print(f"\nONNX Runtime's fastest whole step (bench.step_floor: decoder_step_search alone, no loop; source of "
               f"{report['step_floor_source_length']} tokens, the mean cache length), against each fp32 backend's "
               "step (a step: one token for each sentence of the batch):\n")
         fp32 = [n for n in names if n.endswith("fp32")]

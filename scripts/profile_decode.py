@@ -1,6 +1,6 @@
-"""Where decoding time goes, for docs/benchmarks.md: ONNX Runtime's per-operator profile of the CPU decoder
-step (decoder_step_fused where the directory has it, as tfm-run translate runs), and a cProfile of the Python search loop
-around the sessions, at batch 1 greedy and at --batch x --beam.
+"""Where decoding time goes, for docs/benchmarks.md: ONNX Runtime's per-operator profile of the CPU decoder step
+(decoder_step_search, as tfm-run translate runs it), and a cProfile of the Python search loop around the sessions,
+at batch 1 greedy and at --batch x --beam.
 
     python scripts/profile_decode.py --model build/bench/base/onnx-fp32 --batch 32 --beam 4
 """
@@ -22,9 +22,9 @@ import onnxruntime as ort
 from tfm_export.artifacts.model_dir import read_manifest
 from tfm_export.core.batching import pad_batch
 from tfm_export.core.config import ModelConfig
+from tfm_export.core.token_rules import SEED_RULES
 from tfm_export.runtime import decoding
-from tfm_export.runtime.ort_buffered import OrtBufferedBackend, has_buffered_decoder, shared_values, sharing
-from tfm_export.runtime.ort_fused import OrtFusedBackend
+from tfm_export.runtime.ort_search import SEARCH, OrtSearchBackend, shared_values, sharing
 
 
 def sources(count: int, vocab: int, seed: int = 0) -> np.ndarray:
@@ -32,18 +32,17 @@ def sources(count: int, vocab: int, seed: int = 0) -> np.ndarray:
     return pad_batch([[2, *(rng.randrange(4, vocab) for _ in range(rng.randint(12, 24))), 3] for _ in range(count)])
 
 
-def _backend(model: Path, profile_prefix: str | None = None) -> OrtBufferedBackend:
-    """What tfm-run translate runs on the CPU: the encoder and decoder_step_fused (decoder_step_buffered where the
-    directory has no fused graph), sharing the tied table, the decoder's kernels profiled if a prefix is given."""
+def _backend(model: Path, profile_prefix: str | None = None) -> OrtSearchBackend:
+    """What tfm-run translate runs on the CPU: the encoder and decoder_step_search, sharing the tied table, the
+    decoder's kernels profiled if a prefix is given."""
     manifest = read_manifest(model)
-    kind = OrtFusedBackend if has_buffered_decoder(manifest, OrtFusedBackend.variant) else OrtBufferedBackend
-    shared = shared_values(model, manifest, kind.variant)
+    shared = shared_values(model, manifest)
     options = sharing(shared)
     if profile_prefix:
         options.enable_profiling, options.profile_file_prefix = True, profile_prefix
     encoder = ort.InferenceSession(str(model / "encoder.onnx"), sharing(shared), providers=["CPUExecutionProvider"])
-    decoder = ort.InferenceSession(str(model / kind.variant.filename), options, providers=["CPUExecutionProvider"])
-    return kind(encoder, decoder, ModelConfig.from_dict(manifest["model"]), manifest, shared=shared)
+    decoder = ort.InferenceSession(str(model / SEARCH.filename), options, providers=["CPUExecutionProvider"])
+    return OrtSearchBackend(encoder, decoder, ModelConfig.from_dict(manifest["model"]), manifest, shared=shared)
 
 
 def operator_profile(model: Path, batch: int, beam: int, steps: int) -> None:
@@ -52,9 +51,9 @@ def operator_profile(model: Path, batch: int, beam: int, steps: int) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         backend = _backend(model, f"{tmp}/step")
         state = backend.encode(sources(batch, backend.config.src_vocab_size))
-        state = backend.reorder(state, np.repeat(np.arange(batch), beam))
+        state = backend.expand(state, beam)
         for _ in range(steps):
-            state, _ = backend.step(state, np.full(batch * beam, 5))
+            state, _ = backend.step(state, np.full(batch * beam, 5), decoding.StepRule(SEED_RULES, 2 * beam))
         events = json.loads(Path(backend.decoder.end_profiling()).read_text())
     by_op, by_node = collections.Counter(), collections.Counter()
     for e in events:
@@ -62,7 +61,7 @@ def operator_profile(model: Path, batch: int, beam: int, steps: int) -> None:
             by_op[e["args"]["op_name"]] += e["dur"] / steps / 1000
             by_node[e["name"][:-len("_kernel_time")]] += e["dur"] / steps / 1000
     total = sum(by_op.values())
-    print(f"{backend.variant.value}, {batch} x {beam} rows, steps 1-{steps}: {total:.2f} ms of kernel time per step")
+    print(f"{SEARCH.value}, {batch} x {beam} rows, steps 1-{steps}: {total:.2f} ms of kernel time per step")
     for op, ms in by_op.most_common(6):
         print(f"  {op:28} {ms:7.2f} ms  {100 * ms / total:5.1f}%")
     print("  slowest nodes: " + ", ".join(f"{n} {ms:.2f} ms" for n, ms in by_node.most_common(3)))

@@ -15,12 +15,14 @@ from tfm_export.bench.protocol import _batches
 from tfm_export.bench.torch_full import TorchFullBackend
 from tfm_export.cli.run_cli import main as run_main
 from tfm_export.core.batching import pad_batch
+from tfm_export.core.token_rules import TokenRules
 from tfm_export.core.tokenizer import EOS_ID
 from tfm_export.demo import numbers as demo_numbers
 from tfm_export.graphs.inputs import random_sources
 from tfm_export.model.checkpoint import load_checkpoint
 from tfm_export.model.synthetic import random_checkpoint
 from tfm_export.runtime import decoding
+from tfm_export.runtime.decoding import StepRule
 from tfm_export.runtime.torch_backend import TorchBackend
 from tfm_export.runtime.translator import Translator
 
@@ -88,8 +90,8 @@ def _scores_without_eos(ckpt, src, hyps) -> list[float]:
     chosen = np.array([h.tokens for h in hyps])
     total = np.zeros(len(src))
     for step in range(chosen.shape[1]):
-        state, logits = backend.step(state, tokens)
-        logits = logits.astype(np.float64)
+        state, found = backend.step(state, tokens, StepRule(TokenRules(banned=()), 1))
+        logits = found.logits.astype(np.float64)  # nothing masked
         logits[:, EOS_ID] = -np.inf
         norm = np.log(np.exp(logits - logits.max(1, keepdims=True)).sum(1)) + logits.max(1)
         total += logits[np.arange(len(src)), chosen[:, step]] - norm
@@ -229,13 +231,11 @@ def test_the_step_floor_puts_a_short_cell_out_of_reach_only_when_its_fastest_ste
     assert row not in targets({"base": met})  # the cell meets the target: nothing to judge
 
 
-def test_the_step_floor_runs_decoder_step_fused_extending_its_buffers_in_place():
-    """The floor times decoder_step_fused (held to the reference by export's parity check and the search
+def test_the_step_floor_runs_decoder_step_search_writing_its_buffers_in_place():
+    """The floor times decoder_step_search (held to the reference by export's parity check and the search
     equivalence tests) with its cache buffers bound as its presents: after the runs the new token's keys and
-    values sit at the cache length in the very arrays fed, every setting is timed, and a model without the
-    graph is refused."""
+    values sit at the cache length in the very arrays fed, and every setting is timed."""
     from tfm_export.bench import step_floor
-    from tfm_export.core.errors import TfmExportError
     from tfm_export.model.transformer import Transformer
     torch.manual_seed(0)
     model = Transformer(tiny_config()).eval()
@@ -256,8 +256,6 @@ def test_the_step_floor_runs_decoder_step_fused_extending_its_buffers_in_place()
         x = model.decoder._embed(torch.from_numpy(fed["input_ids"]), model.decoder.trg_word_emb, start=7)
         want = model.decoder.layer_stack[0].slf_attn.keys_values(x, x)[0][:, :, 0]
     np.testing.assert_allclose(key[:, :, 7], want.numpy(), atol=1e-5)
-    with pytest.raises(TfmExportError, match="has none of"):
-        step_floor.step_floor_ms(Transformer(tiny_config(activation="swiglu")), 1, 1, 3, 4)
 
 
 @pytest.mark.parametrize("config", [tiny_config(), tiny_config(n_head=3, d_k=5, d_v=7, activation="swiglu")])

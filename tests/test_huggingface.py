@@ -22,6 +22,7 @@ from hf_oracle import retarget_stop
 from tfm_export.core.batching import pad_batch
 from tfm_export.core.errors import CheckpointError
 from tfm_export.graphs.export import export_all
+from tfm_export.model.cache import ConcatCache
 from tfm_export.model.huggingface import FAMILIES, load_hf_directory
 from tfm_export.model.transformer import Transformer
 
@@ -139,7 +140,7 @@ def test_cached_steps_match_transformers(hf_case) -> None:
         empty = torch.zeros(len(src), model.config.n_head, 0, model.config.d_k)
         past = [(empty, empty.clone()) for _ in range(model.config.n_layers)]
         for t in range(STEPS):
-            out, past = model.decoder.step(trg[:, t:t + 1], past, cross, src_mask)
+            out, past = model.decoder.step(trg[:, t:t + 1], ConcatCache(past), cross, src_mask)
             torch.testing.assert_close(model.project(out)[:, 0], reference[:, t], atol=TOLERANCE, rtol=0)
 
 

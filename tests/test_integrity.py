@@ -129,8 +129,8 @@ def test_checkpoint_tokenizer_names_stay_beside_the_checkpoint(tiny, tmp_path, n
     one_line_error(result, "is not a plain file name")
 
 
-@pytest.mark.parametrize("graph, reader", [("decoder_step_fused", ["translate", "w5"]),  # what translate runs
-                                           ("decoder_step_buffered", ["translate", "--no-fused", "w5"]),
+@pytest.mark.parametrize("graph, reader", [("decoder_step_search", ["translate", "w5"]),  # what translate runs
+                                           ("decoder_step", ["translate", "--no-search-graph", "w5"]),
                                            ("decoder_step", ["verify"])])  # verify runs every decoder
 def test_a_graph_of_another_model_rehashed_into_the_manifest_is_refused(tiny, tmp_path, graph, reader):
     other = load_checkpoint(random_checkpoint(tiny_config(n_layers=3, n_position=16), tmp_path / "other"))
@@ -147,14 +147,13 @@ def test_the_same_graph_listed_twice_is_refused(tiny, tmp_path):
     one_line_error(CliRunner().invoke(run_main, ["translate", "--model", str(model), "w5"]), "for two graphs")
 
 
-VARIANTS = ("decoder_step_buffered", "decoder_step_fused")
+VARIANTS = ("decoder_step_search",)
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("reader", READERS, ids=lambda a: a[0])
-def test_a_damaged_buffered_decoder_is_refused_by_every_reader(tiny, tmp_path, reader, variant):
-    """The optional decoders are hashed like the contract's graphs; tfm-run translate runs decoder_step_fused
-    on the CPU, and refuses a damaged decoder_step_buffered too (whichever decoder runs)."""
+def test_a_damaged_search_decoder_is_refused_by_every_reader(tiny, tmp_path, reader, variant):
+    """The optional decoder is hashed like the contract's graphs, whichever decoder a reader runs."""
     model = copy_of(tiny[1], tmp_path)
     assert variant in read_manifest(model)["graphs"]
     graph = model / f"{variant}.onnx"
@@ -179,41 +178,54 @@ def test_damaged_shared_weights_are_refused_by_every_reader(tiny, tmp_path, read
 
 
 @pytest.mark.parametrize("entries, fragment", [
-    ("model.trg_word_prj.weight", "invalid graphs.decoder_step_buffered.shared_initializers"),
-    ([{"name": "model.trg_word_prj.weight"}], "invalid graphs.decoder_step_buffered.shared_initializers"),
+    ("model.trg_word_prj.weight", "invalid graphs.decoder_step_search.shared_initializers"),
+    ([{"name": "model.trg_word_prj.weight"}], "invalid graphs.decoder_step_search.shared_initializers"),
     ([{"name": "model.trg_word_prj.weight", "dtype": "float16", "shape": [13, 16], "offset": 0}],
      "dtype float32, shape [13, 16]"),
     # the same bytes read as another shape: ONNX Runtime would take it and fail mid-decode
     ([{"name": "model.trg_word_prj.weight", "dtype": "float32", "shape": [16, 13], "offset": 0}],
      "dtype float32, shape [13, 16]"),
     ([{"name": "model.trg_word_prj.weight", "dtype": "float32", "shape": [13, 16], "offset": -4}],
-     "invalid graphs.decoder_step_buffered.shared_initializers"),
+     "invalid graphs.decoder_step_search.shared_initializers"),
     ([{"name": "model.trg_word_prj.weight", "dtype": "float32", "shape": [13, 16], "offset": 10 ** 9}],
      "ends before 'model.trg_word_prj.weight'")])
-@pytest.mark.parametrize("variant, reader", [("decoder_step_buffered", ["translate", "--no-fused", "w5"]),
-                                             ("decoder_step_fused", ["translate", "w5"])])
-def test_malformed_shared_initializer_entries_are_one_line(tiny, tmp_path, entries, fragment, variant, reader):
+def test_malformed_shared_initializer_entries_are_one_line(tiny, tmp_path, entries, fragment):
     model = copy_of(tiny[1], tmp_path)
-    edit_manifest(model, lambda m: m["graphs"][variant].update({SHARED: entries}))
-    one_line_error(run_reader(reader, model, tmp_path / "out"), fragment.replace("decoder_step_buffered", variant))
+    edit_manifest(model, lambda m: m["graphs"]["decoder_step_search"].update({SHARED: entries}))
+    one_line_error(run_reader(["translate", "w5"], model, tmp_path / "out"), fragment)
 
 
 def test_an_int8_table_declared_float_is_one_line(variants, tmp_path):
     """ONNX Runtime takes a supplied initializer of another type without complaint and computes with garbage,
     so an int8 directory's shared table must be declared as what int8 stores: int8."""
     model = copy_of(variants["int8-dynamic"], tmp_path)
-    [entry] = read_manifest(model)["graphs"]["decoder_step_buffered"][SHARED]
-    edit_manifest(model, lambda m: m["graphs"]["decoder_step_buffered"][SHARED][0].update(dtype="float32"))
+    [entry] = read_manifest(model)["graphs"]["decoder_step_search"][SHARED]
+    edit_manifest(model, lambda m: m["graphs"]["decoder_step_search"][SHARED][0].update(dtype="float32"))
     one_line_error(run_reader(["translate", "w5"], model, tmp_path / "out"), f"dtype int8, shape {entry['shape']}")
 
 
-@pytest.mark.parametrize("entry", ["decoder_step_buffered.onnx", {"file": "decoder_step_buffered.onnx"},
+@pytest.mark.parametrize("entry", ["decoder_step_search.onnx", {"file": "decoder_step_search.onnx"},
                                    {"file": 7, "sha256": "0" * 64}])
 def test_a_malformed_optional_graph_entry_is_one_line(tiny, tmp_path, entry):
     model = copy_of(tiny[1], tmp_path)
-    edit_manifest(model, lambda m: m["graphs"].update(decoder_step_buffered=entry))
+    edit_manifest(model, lambda m: m["graphs"].update(decoder_step_search=entry))
     for reader in (["translate", "w5"], ["check"], ["inspect"]):
-        one_line_error(run_reader(reader, model, tmp_path / "out"), "invalid graphs.decoder_step_buffered")
+        one_line_error(run_reader(reader, model, tmp_path / "out"), "invalid graphs.decoder_step_search")
+
+
+def test_a_retired_optional_graph_is_hashed_but_never_run(tiny, tmp_path):
+    """Directories exported before decoder_step_search list decoder_step_buffered: it still reads (translate falls
+    back to the contract's decoder_step), and a damaged one is refused like any other graph."""
+    model = copy_of(tiny[1], tmp_path)
+    retired = model / "decoder_step_buffered.onnx"
+    (model / "decoder_step_search.onnx").rename(retired)
+    edit_manifest(model, lambda m: m["graphs"].update(decoder_step_buffered=m["graphs"].pop("decoder_step_search")
+                                                      | {"file": retired.name}))
+    result = run_reader(["translate", "w5"], model, tmp_path / "out")
+    assert result.exit_code == 0, result.output
+    retired.write_bytes(retired.read_bytes()[:-8] + bytes(8))
+    one_line_error(run_reader(["translate", "w5"], model, tmp_path / "out2"),
+                   "decoder_step_buffered.onnx: sha256 differs from manifest.json")
 
 
 def test_a_damaged_contract_decoder_is_refused_even_where_the_buffered_one_runs(tiny, tmp_path):
@@ -310,16 +322,6 @@ def test_a_calibration_pipe_is_read_once(demo_onnx, tmp_path):
                                               "--precision", "int8", "--mode", "static", "--calibration", str(pipe)])
     assert result.exit_code == 0, result.output
     assert read_manifest(tmp_path / "q")["int8"]["calibration"]["sha256"] == hashlib.sha256(data).hexdigest()
-
-
-def test_a_buffered_graph_listed_for_another_architecture_is_refused(demo_onnx, tmp_path):
-    """decoder_step_buffered is written for the classic architecture; a manifest claiming it for another one is
-    damaged or hostile (the graph would compute the classic model while the manifest says otherwise)."""
-    model = copy_of(demo_onnx, tmp_path)
-    assert "decoder_step_buffered" in read_manifest(model)["graphs"]
-    edit_manifest(model, lambda m: m["model"].update(activation="gelu"))
-    one_line_error(CliRunner().invoke(run_main, ["translate", "--model", str(model), "forty-two"]),
-                   "invalid graphs.decoder_step_buffered")
 
 
 def test_deeply_nested_vocabularies_are_one_line(tmp_path):

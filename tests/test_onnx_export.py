@@ -18,7 +18,6 @@ from seed_oracle import save_seed_checkpoint, seed_settings, seed_state_dict, se
 from tfm_export.artifacts.model_dir import SHARED, ModelDirError, read_manifest
 from tfm_export.artifacts.staging import staged_directory
 from tfm_export.cli.export_cli import main as export_main
-from tfm_export.cli.run_cli import main as run_main
 from tfm_export.core.batching import pad_batch
 from tfm_export.core.config import ModelConfig
 from tfm_export.core.errors import InputTextError, TfmExportError
@@ -34,10 +33,7 @@ from tfm_export.model.checkpoint import file_sha256, load_checkpoint
 from tfm_export.model.synthetic import random_checkpoint
 from tfm_export.runtime import decoding
 from tfm_export.runtime.ort_backend import OrtBackend
-from tfm_export.runtime.ort_buffered import OrtBufferedBackend
-from tfm_export.runtime.ort_fused import OrtFusedBackend
-from tfm_export.runtime.torch_backend import TorchBackend
-from tfm_export.runtime.translator import Translator
+from tfm_export.runtime.ort_search import SEARCH, OrtSearchBackend
 
 
 def make_ckpt(directory, cfg: ModelConfig, seed: int = 0):
@@ -141,71 +137,31 @@ def test_manifest_records_what_consumers_need(tiny):
     assert m["source_checkpoint"]["sha256"] == ckpt.sha256
     for graph in Graph:
         assert m["graphs"][graph.value]["sha256"] == file_sha256(directory / graph.filename)
-    assert sorted(p.name for p in directory.iterdir()) == ["decoder_step.onnx", "decoder_step_buffered.onnx",
-                                                            "decoder_step_buffered.onnx.data",
-                                                            "decoder_step_fused.onnx", "decoder_step_fused.onnx.data",
-                                                            "encoder.onnx", "manifest.json", "tokenizer.json"]
-    for variant in ("decoder_step_buffered", "decoder_step_fused"):
-        assert m["graphs"][variant]["sha256"] == file_sha256(directory / f"{variant}.onnx")
+    assert sorted(p.name for p in directory.iterdir()) == ["decoder_step.onnx", "decoder_step_search.onnx",
+                                                            "decoder_step_search.onnx.data", "encoder.onnx",
+                                                            "manifest.json", "tokenizer.json"]
+    assert m["graphs"]["decoder_step_search"]["sha256"] == file_sha256(directory / "decoder_step_search.onnx")
     assert m["optimizations"]
 
 
-def test_the_fused_decoder_is_made_only_where_onnx_runtime_can_run_it(tiny, tmp_path):
-    """GroupQueryAttention runs head sizes that are multiples of 8 with equal key and value sizes: a classic
-    model with heads of 4 exports (parity checked) without decoder_step_fused and translates through
-    decoder_step_buffered. The fused graph's file format is no newer than the exporter's (older ONNX Runtime
-    releases refuse newer ones), and a source of padding only gets the reference model's logits (its masking
-    value, not MultiHeadAttention's default)."""
-    ckpt = make_ckpt(tmp_path / "ckpt", tiny_config(n_head=4, d_k=4, d_v=4, n_position=16))
-    export_model_dir(ckpt, tmp_path / "model", progress=False)
-    assert set(read_manifest(tmp_path / "model")["graphs"]) == {"encoder", "decoder_step", "decoder_step_buffered"}
-    result = CliRunner().invoke(run_main, ["translate", "--model", str(tmp_path / "model"), "w5 w6"])
-    assert result.exit_code == 0 and result.output.strip(), result.output
-    directory = tiny[1]
-    versions = {g: onnx.load(directory / f"{g}.onnx", load_external_data=False).ir_version
-                for g in read_manifest(directory)["graphs"]}
-    assert versions["decoder_step_fused"] <= min(v for g, v in versions.items() if g != "decoder_step_fused")
-    padded = np.full((1, 4), tiny[0].config.src_pad_idx)
-    logits = [np.asarray(b.step(b.encode(padded), np.array([BOS_ID]))[1]).copy()
-              for b in (OrtFusedBackend.open(directory), TorchBackend(tiny[0].model))]
-    np.testing.assert_allclose(logits[0], logits[1], atol=1e-5)
-
-
-def test_an_onnx_runtime_too_old_for_the_fused_decoder_never_runs_or_makes_it(tiny, tmp_path, monkeypatch):
-    """onnxruntime 1.20 computes decoder_step_fused's padded cross-attention wrongly: under it, translate decodes
-    through decoder_step_buffered, opening the fused graph is a one-line error, and export leaves it out."""
-    monkeypatch.setattr(ort, "__version__", "1.20.1")
-    directory = tiny[1]
-    backend = Translator.load(directory, backend="onnxruntime").backend
-    assert type(backend) is OrtBufferedBackend
-    with pytest.raises(TfmExportError, match=r"needs onnxruntime >= 1\.21 \(this is 1\.20\.1\).*--no-fused"):
-        OrtFusedBackend.open(directory)
-    export_model_dir(tiny[0], tmp_path / "model", progress=False)
-    assert "decoder_step_fused" not in read_manifest(tmp_path / "model")["graphs"]
-    monkeypatch.setattr(ort, "__version__", "1.21.0")
-    assert type(Translator.load(directory, backend="onnxruntime").backend) is OrtFusedBackend
-
-
-@pytest.mark.parametrize("kind", [OrtBufferedBackend, OrtFusedBackend])
-def test_the_tied_table_is_one_memory_for_both_sessions(tiny, kind):
-    """decoder_step_buffered and decoder_step_fused keep the tied embedding table in their .data files
-    (standard external data), and the runtime gives that one array to the encoder's and the decoder's sessions:
-    zeroing it changes both graphs' outputs, so neither reads a copy of its own."""
+def test_the_tied_table_is_one_memory_for_both_sessions(tiny):
+    """decoder_step_search keeps the tied embedding table in its .data file (standard external data), and the
+    runtime gives that one array to the encoder's and the decoder's sessions: zeroing it changes both graphs'
+    outputs, so neither reads a copy of its own."""
     ckpt, directory = tiny
-    entries = read_manifest(directory)["graphs"][kind.variant.value][SHARED]
+    entries = read_manifest(directory)["graphs"][SEARCH.value][SHARED]
     assert [(e["name"], e["shape"]) for e in entries] == [("model.trg_word_prj.weight", [13, 16])]
-    plain = ort.InferenceSession(str(directory / kind.variant.filename))  # reads the .data itself
+    plain = ort.InferenceSession(str(directory / SEARCH.filename))  # reads the .data itself
     assert plain.get_inputs()[0].name == "input_ids"
-    backend = kind.open(directory)
+    backend = OrtSearchBackend.open(directory)
     src = np.array([[2, 5, 6, 7, 3]])
     before = backend.run_encoder(src)["last_hidden_state"]
-    state, logits = backend.step(backend.encode(src), np.array([2]))
-    logits = logits.copy()
+    logits = backend.run_step(backend.encode(src), np.array([[2]]))[1]
     backend.shared["model.trg_word_prj.weight"].numpy()[:] = 0
     assert not np.allclose(backend.run_encoder(src)["last_hidden_state"], before)
-    assert not np.allclose(backend.step(backend.encode(src), np.array([2]))[1], logits)
-    fresh = kind.open(directory)
-    assert np.allclose(fresh.step(fresh.encode(src), np.array([2]))[1], logits)
+    assert not np.allclose(backend.run_step(backend.encode(src), np.array([[2]]))[1], logits)
+    fresh = OrtSearchBackend.open(directory)
+    assert np.allclose(fresh.run_step(fresh.encode(src), np.array([[2]]))[1], logits)
 
 
 def test_export_is_deterministic_and_opset_18_works(tmp_path):

@@ -26,7 +26,7 @@ from tfm_export.model.synthetic import random_checkpoint
 from tfm_export.precision.int8 import logits_nodes, quantize_dynamic_graph
 from tfm_export.precision.pipeline import Calibration, quantize_model_dir
 from tfm_export.runtime import decoding
-from tfm_export.runtime.ort_buffered import OrtBufferedBackend
+from tfm_export.runtime.ort_search import SEARCH, OrtSearchBackend
 from tfm_export.runtime.translator import DecodeOptions, Translator
 from tfm_export.verify.precision import compare_decodes
 
@@ -81,24 +81,24 @@ def test_int8_graphs_store_no_float_matrices(variants):
             assert floats == [], (name, graph, floats)
 
 
-def test_int8_dynamic_buffered_decoder_shares_the_encoders_int8_table(variants):
-    """decoder_step_buffered's embedding reads the encoder's own int8 table (per-row scales), kept once in its
+def test_int8_dynamic_search_step_shares_the_encoders_int8_table(variants):
+    """decoder_step_search's embedding reads the encoder's own int8 table (per-row scales), kept once in its
     .data file and given to both sessions: zeroing that one array changes both graphs' outputs. Its projection
     keeps its own int8 W^T, which only the MatMul reads (so ONNX Runtime can free it once prepacked)."""
     directory = variants["int8-dynamic"]
     manifest = read_manifest(directory)
-    [entry] = manifest["graphs"]["decoder_step_buffered"][SHARED]
+    [entry] = manifest["graphs"][SEARCH.value][SHARED]
     assert entry["dtype"] == "int8" and entry["shape"] == list(ModelConfig.from_dict(manifest["model"]).tied_table)
-    proto = onnx.load(str(directory / "decoder_step_buffered.onnx"), load_external_data=False)
+    proto = onnx.load(str(directory / SEARCH.filename), load_external_data=False)
     readers = [n.op_type for n in proto.graph.node if entry["name"] in n.input]
     assert readers and set(readers) == {"Gather"}
-    backend = OrtBufferedBackend.open(directory)
-    src = np.array([[2, 5, 6, 7, 3]])
+    backend = OrtSearchBackend.open(directory)
+    src, first = np.array([[2, 5, 6, 7, 3]]), np.array([[2]])
     encoded = backend.run_encoder(src)["last_hidden_state"]
-    logits = backend.step(backend.encode(src), np.array([2]))[1].copy()
+    logits = backend.run_step(backend.encode(src), first)[1]
     backend.shared[entry["name"]].numpy()[:] = 0
     assert not np.allclose(backend.run_encoder(src)["last_hidden_state"], encoded)
-    assert not np.allclose(backend.step(backend.encode(src), np.array([2]))[1], logits)
+    assert not np.allclose(backend.run_step(backend.encode(src), first)[1], logits)
 
 
 def test_int8_dynamic_folds_the_logits_scale_into_the_weight_scales(tmp_path):
@@ -178,11 +178,10 @@ def test_manifest_records_precision_calibration_and_parent(variants):
     for name in ("int8-static", "int8-dynamic", "fp16"):  # each says once what it does, of graphs it has
         made = json.loads((variants[name] / "manifest.json").read_text())
         notes = made["optimizations"]
-        assert len(notes) == len(set(notes)) and "decoder_step_fused" in made["optimizations_not_applied"]
-        assert "decoder_step_fused" not in made["graphs"]
-        assert not [n for n in notes if n.startswith("decoder_step_fused")]
-        shares = "decoder_step_buffered" in made["graphs"]
-        assert any(n.startswith("decoder_step_buffered keeps") for n in notes) == shares
+        assert len(notes) == len(set(notes))
+        shares = SEARCH.value in made["graphs"]
+        assert shares == (name != "int8-static") == (SEARCH.value not in made.get("optimizations_not_applied", {}))
+        assert any(n.startswith(f"{SEARCH.value} keeps") for n in notes) == shares
 
 
 def test_calibration_texts_never_contain_a_test_number():

@@ -7,35 +7,41 @@ there); these models are random and flat, and each test first checks that what i
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
 from conftest import tiny_config
 
 from tfm_export.core.batching import pad_batch
+from tfm_export.core.graph_spec import SEARCH_BEAMS
 from tfm_export.core.hypothesis import Hypothesis
+from tfm_export.core.token_rules import TokenRules
 from tfm_export.core.tokenizer import BOS_ID, EOS_ID, FIRST_TOKEN_ID
 from tfm_export.graphs.pipeline import export_model_dir
 from tfm_export.model import reference_decoding
 from tfm_export.model.checkpoint import load_checkpoint, save_checkpoint
 from tfm_export.model.synthetic import random_checkpoint
-from tfm_export.runtime import decoding, ort_buffered
+from tfm_export.runtime import decoding, ort_search
 from tfm_export.runtime.iobinding_backend import OrtBoundBackend
 from tfm_export.runtime.ort_backend import OrtBackend
-from tfm_export.runtime.ort_buffered import (
+from tfm_export.runtime.ort_search import (
     CAPACITY_STEP,
-    OrtBufferedBackend,
+    OrtSearchBackend,
     gathered,
     layer_views,
     move_order,
     source_groups,
     widen,
 )
-from tfm_export.runtime.ort_fused import OrtFusedBackend
 from tfm_export.runtime.torch_backend import TorchBackend
 
 MAX_LENGTH = 12
-BACKENDS = ("torch", "onnxruntime", "iobinding", "buffered", "buffered-growing", "fused", "fused-growing",
+ONE = decoding.StepRule(TokenRules(banned=()), 1)  # a step whose logits are compared: nothing masked
+# search: decoder_step_search's own candidates; -growing: its cache buffers fill up and grow every 3 steps;
+# -logits: its logits reduced in NumPy, as for beams wider than the graph's K
+BACKENDS = ("torch", "onnxruntime", "iobinding", "search", "search-growing", "search-logits",
             "tensorrt-cache-handling")
 
 
@@ -77,8 +83,8 @@ def tied(tmp_path_factory):
 
 
 class CountingReorders:
-    """A backend wrapper that counts beam reshuffles within inputs (rows that move), to prove the tests
-    exercise the cache reorder instead of passing because beams never moved."""
+    """A backend wrapper that counts beam reshuffles within inputs (rows that move) and the steps whose
+    candidates came from the graph, to prove the tests exercise what they test."""
 
     def __init__(self, backend) -> None:
         self.backend, self.moved = backend, 0
@@ -86,13 +92,27 @@ class CountingReorders:
     def encode(self, src):
         return self.backend.encode(src)
 
-    def step(self, state, tokens):
-        return self.backend.step(state, tokens)
+    def step(self, state, tokens, rule):
+        return self.backend.step(state, tokens, rule)
 
-    def reorder(self, state, rows, same_sources=False):
-        if same_sources:
-            self.moved += int((np.asarray(rows) != np.arange(len(rows))).sum())
-        return self.backend.reorder(state, rows, same_sources)
+    def expand(self, state, beams):
+        return self.backend.expand(state, beams)
+
+    def select(self, state, rows):
+        return self.backend.select(state, rows)
+
+    def permute(self, state, rows):
+        self.moved += int((np.asarray(rows) != np.arange(len(rows))).sum())
+        return self.backend.permute(state, rows)
+
+
+class LogitsOnly(CountingReorders):
+    """Every step asks for more candidates than the graph's K, so they come from its logits, reduced in NumPy
+    (the path of beams wider than the graph serves); the loop reads the first ones it needs."""
+
+    def step(self, state, tokens, rule):
+        wide = dataclasses.replace(rule, count=self.backend.top_k + 1)
+        return self.backend.step(state, tokens, wide)
 
 
 def open_backend(name: str, ckpt, directory):
@@ -102,9 +122,9 @@ def open_backend(name: str, ckpt, directory):
         return OrtBackend.open(directory)
     if name == "iobinding":
         return OrtBoundBackend(OrtBackend.open(directory), "cpu")
-    if name.startswith(("buffered", "fused")):  # growing: the cache buffers fill up and grow every 3 steps
-        kind = OrtFusedBackend if name.startswith("fused") else OrtBufferedBackend
-        return kind.open(directory, capacity_step=3 if name.endswith("-growing") else CAPACITY_STEP)
+    if name.startswith("search"):
+        backend = OrtSearchBackend.open(directory, capacity_step=3 if name.endswith("-growing") else CAPACITY_STEP)
+        return LogitsOnly(backend) if name.endswith("-logits") else backend
     from test_tensorrt import _cache_handling_backend
     return _cache_handling_backend(directory)[0]
 
@@ -121,7 +141,7 @@ def test_beam_search_equals_the_reference_where_beams_reshuffle(flat, backend_na
     ckpt, directory = flat
     backend = CountingReorders(open_backend(backend_name, ckpt, directory))
     finished = []
-    for k, count, seed in ((4, 7, 0), (3, 1, 1), (2, 5, 2)):
+    for k, count, seed in ((4, 7, 0), (3, 1, 1), (2, 5, 2), (SEARCH_BEAMS, 3, 3), (SEARCH_BEAMS + 1, 2, 4)):
         src = _sources(ckpt.config.src_vocab_size, count, seed)
         got = decoding.beam_search(backend, src, k, MAX_LENGTH, length_penalty, n_best=k)
         want = reference_decoding.beam_search(ckpt.model, torch.from_numpy(src), k, MAX_LENGTH, length_penalty,
@@ -133,10 +153,10 @@ def test_beam_search_equals_the_reference_where_beams_reshuffle(flat, backend_na
 
 
 def test_beam_reorders_in_one_row_pieces_equal_the_reference(flat, monkeypatch):
-    """The buffered backend copies moved rows in pieces (move_order): here one row per piece wherever a cut is safe."""
-    monkeypatch.setattr(ort_buffered, "REORDER_BYTES", 1)
+    """The search backend copies moved rows in pieces (move_order): here one row per piece wherever a cut is safe."""
+    monkeypatch.setattr(ort_search, "REORDER_BYTES", 1)
     ckpt, directory = flat
-    backend = CountingReorders(OrtBufferedBackend.open(directory, capacity_step=3))
+    backend = CountingReorders(OrtSearchBackend.open(directory, capacity_step=3))
     for k, count, seed in ((4, 7, 0), (3, 5, 2)):
         src = _sources(ckpt.config.src_vocab_size, count, seed)
         got = decoding.beam_search(backend, src, k, MAX_LENGTH, 0.6, n_best=k)
@@ -181,7 +201,7 @@ def test_exact_ties_go_to_the_lower_beam_and_token_everywhere(tied, backend_name
     ckpt, directory = tied
     backend = open_backend(backend_name, ckpt, directory)
     src = np.array([[2, 5, 6, 3], [2, 7, 3, 1]])
-    for k in (3, 5):
+    for k in (3, 5, SEARCH_BEAMS):
         got = decoding.beam_search(backend, src, k, 6, 0.6, n_best=k)
         want = reference_decoding.beam_search(ckpt.model, torch.from_numpy(src), k, 6, 0.6, n_best=k)
         assert_same_nbest(got, want)
@@ -270,25 +290,22 @@ def test_log_sum_exp_by_row_blocks_equals_the_whole_array(monkeypatch):
     np.testing.assert_allclose(got_top + got, torch.logsumexp(torch.from_numpy(x), -1, keepdim=True), rtol=1e-6)
 
 
-@pytest.mark.parametrize("kind", [OrtBufferedBackend, OrtFusedBackend])
-def test_growing_cache_buffers_grow_in_place(flat, monkeypatch, kind):
+def test_growing_cache_buffers_grow_in_place(flat, monkeypatch):
     """When the buffers fill up they grow in their own memory: the same arrays, no new cache-sized array
-    allocated and the other bound arrays (logits, new keys/values or GroupQueryAttention's counts) kept, so
-    growing never holds a second copy of any tensor; the logits after growing still equal the reference
-    (test_beam_search_equals_the_reference...)."""
-    backend = kind.open(flat[1], capacity_step=3)
+    allocated and the other bound arrays (logits, the top candidates) kept, so growing never holds a second copy
+    of any tensor; the logits after growing still equal the reference (test_beam_search_equals_the_reference...)."""
+    backend = OrtSearchBackend.open(flat[1], capacity_step=3)
     state, tokens = backend.encode(_sources(19, 4, 0)), np.full(4, BOS_ID, np.int64)
     for _ in range(3):
-        state, _ = backend.step(state, tokens)
+        state, _ = backend.step(state, tokens, ONE)
     before = state.buffers
     made, zeros = [], np.zeros
     monkeypatch.setattr(np, "zeros", lambda *args, **kwargs: made.append(args) or zeros(*args, **kwargs))
-    state, _ = backend.step(state, tokens)
+    state, _ = backend.step(state, tokens, ONE)
     monkeypatch.undo()
     assert state.buffers.cache[0].shape[2] == 6, "the step must have grown the buffers"
     assert all(a is b for a, b in zip(state.buffers.blocks, before.blocks, strict=True)) and not made
-    kept = ("logits", "new") if kind is OrtBufferedBackend else ("logits", "filled", "total")
-    assert all(getattr(state.buffers, name) is getattr(before, name) for name in kept)
+    assert state.buffers.logits is before.logits and state.buffers.top is before.top
 
 
 @pytest.mark.parametrize("shape, capacity", [((5, 3, 4, 2), 7), ((1, 1, 1, 1), 2), ((6, 2, 5, 3), 6),
@@ -311,26 +328,26 @@ def test_rows_are_grouped_per_source_only_in_equal_consecutive_groups(sources, e
     assert (got.tolist(), group) == expected
 
 
-@pytest.mark.parametrize("kind", [OrtBufferedBackend, OrtFusedBackend])
-def test_buffered_rows_in_any_grouping_give_the_reference_logits(flat, kind):
-    """decoder_step_buffered takes the encoder's keys/values once per source and its rows in equal groups per
-    source (a source's beams); other row selections fall back to a group per row. After each reorder the
+def test_rows_in_any_grouping_give_the_reference_logits(flat):
+    """decoder_step_search takes the encoder's keys/values once per source and its rows in equal groups per
+    source (a source's beams); other row selections fall back to a group per row. After each selection the
     logits equal the reference model's on the same rows: expansions, dropped sources, unequal groups."""
     ckpt, directory = flat
-    ours, reference = kind.open(directory), TorchBackend(ckpt.model)
+    ours, reference = OrtSearchBackend.open(directory), TorchBackend(ckpt.model)
     src = _sources(ckpt.config.src_vocab_size, 3, 4)
     rng = np.random.default_rng(0)
     for rows, later, groups in (([0, 0, 1, 1, 2, 2], [2, 3, 4, 5], (2, 2)), ([0, 0, 0, 1, 2, 2], [5, 0, 1], (1, 1)),
                                 ([2, 0, 1], [0, 0, 1, 1, 2, 2], (1, 2)), ([1, 1, 1], [2, 1, 0], (3, 3))):
-        states = [b.reorder(b.encode(src), np.array(rows)) for b in (ours, reference)]
+        states = [b.select(b.encode(src), np.array(rows)) for b in (ours, reference)]
         assert states[0].group == groups[0]
         for step in range(4):
             if step == 2:
-                states = [b.reorder(s, np.array(later)) for b, s in zip((ours, reference), states, strict=True)]
+                states = [b.select(s, np.array(later)) for b, s in zip((ours, reference), states, strict=True)]
                 assert states[0].group == groups[1]
             tokens = rng.integers(FIRST_TOKEN_ID, ckpt.config.trg_vocab_size, states[0].rows)
-            (states[0], got), (states[1], want) = ours.step(states[0], tokens), reference.step(states[1], tokens)
-            np.testing.assert_allclose(got, want, atol=1e-4)
+            (states[0], got), (states[1], want) = ours.step(states[0], tokens, ONE), reference.step(states[1], tokens,
+                                                                                                     ONE)
+            np.testing.assert_allclose(got.logits, want.logits, atol=1e-4)
 
 
 def test_cache_blocks_take_every_layers_rows_and_own_their_memory():

@@ -309,11 +309,9 @@ def test_bad_environment_values_are_one_line(demo_onnx, monkeypatch):
 def test_top_candidates_equal_a_stable_descending_sort(vocab, ties, allow_eos):
     """The block-floor selection is exact: the same (beam, token) indices and values as a full stable sort of
     every candidate score + log p (the same float operations), ties by lower index, barred tokens never."""
-    from functools import partial
-
     from tfm_export.core.token_rules import SEED_RULES
-    from tfm_export.runtime.decoding import _masked, _normalizers, _score, _top_candidates
-    mask = partial(_masked, rules=SEED_RULES, allow_eos=allow_eos, first=False, last=False)
+    from tfm_export.runtime.decoding import StepRule, _normalizers, _score, _top_candidates
+    mask = StepRule(SEED_RULES, 1, allow_eos).mask
     rng = np.random.default_rng(vocab)
     inputs, k, count = 6, 4, 8
     logits = rng.standard_normal((inputs * k, vocab)).astype(np.float32)

@@ -18,6 +18,7 @@ from tfm_export.cli.export_cli import main as export_main
 from tfm_export.core.config import ModelConfig
 from tfm_export.core.errors import CheckpointError, TfmExportError
 from tfm_export.core.variants import ACTIVATIONS, CLASSIC, PRESETS
+from tfm_export.model.cache import ConcatCache
 from tfm_export.model.checkpoint import load_checkpoint
 from tfm_export.model.positions import relative_buckets
 from tfm_export.model.synthetic import random_checkpoint
@@ -57,7 +58,7 @@ def test_cached_steps_equal_the_full_forward(case):
         past = [(enc.new_zeros(2, cfg.n_head, 0, cfg.d_k), enc.new_zeros(2, cfg.n_head, 0, cfg.d_v))] * cfg.n_layers
         steps = []
         for t in range(trg.size(1)):
-            x, past = model.decoder.step(trg[:, t:t + 1], past, cross, src_mask)
+            x, past = model.decoder.step(trg[:, t:t + 1], ConcatCache(past), cross, src_mask)
             steps.append(model.project(x))
     real = torch.from_numpy(TRG != 1)[..., None]  # padded target positions differ by design (the pad mask)
     assert torch.allclose(torch.cat(steps, 1) * real, full * real, atol=1e-4)

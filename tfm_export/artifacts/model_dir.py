@@ -19,7 +19,7 @@ import numpy as np
 from ..core.config import ModelConfig
 from ..core.errors import TfmExportError
 from ..core.files import contained_file, file_sha256
-from ..core.graph_spec import Graph, variant_specs
+from ..core.graph_spec import RETIRED_GRAPHS, Graph, variant_specs
 from ..core.machine import HASH_THREADS
 from ..core.token_rules import SEED_RULES, TokenRules, is_token_id
 from ..core.tokenizer import SPECIAL_IDS, Vocabulary, load_tokenizer
@@ -75,8 +75,8 @@ def read_manifest(directory: Path) -> dict[str, Any]:
     config = check_model_fields(manifest, directory / MANIFEST, REMAKE)
     token_rules(manifest, directory / MANIFEST, REMAKE)
     graphs = manifest["graphs"]
-    known = {g.value for g in (*Graph, *variant_specs(config))}  # the optional graphs this architecture has
-    for name, entry in graphs.items():  # the optional graphs (decoder_step_buffered) are held to the same form
+    known = {g.value for g in (*Graph, *variant_specs(config))} | set(RETIRED_GRAPHS)  # the optional graphs too
+    for name, entry in graphs.items():  # the optional graphs (decoder_step_search) are held to the same form
         if name not in known or not isinstance(entry, dict) or not _text(entry.get("file")) \
                 or not _sha(entry.get("sha256")):
             raise ModelDirError(f"{directory / MANIFEST}: has an invalid graphs.{name}; {REMAKE}")

@@ -18,12 +18,12 @@ from ..core.graph_spec import DEFAULT_OPSET
 from ..runtime.session import SessionOptions, open_session
 
 ONCE_PER_SOURCE = ("enc_attn.w_ks", "enc_attn.w_vs")  # applied to the encoder output once, not per step
-FUSED_QKV = ("slf_attn.w_qs", "slf_attn.w_ks", "slf_attn.w_vs")  # one MatMul in decoder_step_buffered
+FUSED_QKV = ("slf_attn.w_qs", "slf_attn.w_ks", "slf_attn.w_vs")  # read by one step as one matrix
 RUNS = 40
 
 
 def step_matmuls(model: nn.Module) -> list[tuple[int, int]]:
-    """(in, out) of each MatMul by a weight in one decoder step, grouped as decoder_step_buffered groups them
+    """(in, out) of each MatMul by a weight in one decoder step, grouped as one matrix
     (a layer's self-attention Q, K and V in one), the output projection last."""
     shapes: dict[str, list[int]] = {}
     for name, module in model.decoder.named_modules():

@@ -119,7 +119,7 @@ def _step_floor_rows(model: str, report: dict) -> list[tuple[str, str, bool | No
         verdicts[floor > allowed].append(f"{cell} ({floor:.3f} vs {allowed:.3f} ms)")
     measured = "; ".join(f"{label} in {len(v)}: {', '.join(v)}" for label, v in
                          (("out of reach", verdicts[True]), ("within reach", verdicts[False])) if v)
-    return [(f"ONNX Runtime's fastest whole step (fused operators, no search) against the step {TARGET_RATIO}x "
+    return [(f"ONNX Runtime's whole step (decoder_step_search, no loop) against the step {TARGET_RATIO}x "
              f"ct2-fp32 allows, in the fp32 cells short of the target ({model})", measured, None)]
 
 

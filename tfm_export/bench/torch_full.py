@@ -9,6 +9,7 @@ import torch
 from torch import Tensor
 
 from ..model.transformer import Transformer, get_pad_mask, get_subsequent_mask
+from ..runtime.decoding import Candidates, StepRule
 
 
 @dataclass(frozen=True)
@@ -31,15 +32,23 @@ class TorchFullBackend:
         return FullState(enc_output, src_mask, torch.empty(len(src), 0, dtype=torch.long, device=self.device))
 
     @torch.no_grad()
-    def step(self, state: FullState, tokens: np.ndarray) -> tuple[FullState, np.ndarray]:
+    def step(self, state: FullState, tokens: np.ndarray, rule: StepRule) -> tuple[FullState, Candidates]:
         prefix = torch.cat([state.prefix, torch.from_numpy(tokens).to(self.device)[:, None]], dim=1)
         trg_mask = get_pad_mask(prefix, self.model.trg_pad_idx) & get_subsequent_mask(prefix)
         x = self.model.decoder(prefix, trg_mask, state.enc_output, state.src_mask)
-        return FullState(state.enc_output, state.src_mask, prefix), self.model.project(x)[:, -1].float().cpu().numpy()
+        logits = self.model.project(x)[:, -1].float().cpu().numpy()
+        return FullState(state.enc_output, state.src_mask, prefix), rule.candidates(logits)
 
-    def reorder(self, state: FullState, rows: np.ndarray, same_sources: bool = False) -> FullState:
-        index = torch.from_numpy(np.asarray(rows, dtype=np.int64)).to(self.device)
-        prefix = state.prefix.index_select(0, index)
-        if same_sources:
-            return FullState(state.enc_output, state.src_mask, prefix)
-        return FullState(state.enc_output.index_select(0, index), state.src_mask.index_select(0, index), prefix)
+    def expand(self, state: FullState, beams: int) -> FullState:
+        return self.select(state, np.repeat(np.arange(len(state.prefix)), beams))
+
+    def select(self, state: FullState, rows: np.ndarray) -> FullState:
+        index = self._index(rows)
+        return FullState(state.enc_output.index_select(0, index), state.src_mask.index_select(0, index),
+                         state.prefix.index_select(0, index))
+
+    def permute(self, state: FullState, rows: np.ndarray) -> FullState:
+        return FullState(state.enc_output, state.src_mask, state.prefix.index_select(0, self._index(rows)))
+
+    def _index(self, rows: np.ndarray) -> Tensor:
+        return torch.from_numpy(np.asarray(rows, dtype=np.int64)).to(self.device)

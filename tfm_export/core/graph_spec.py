@@ -20,23 +20,21 @@ SRC_LEN = "encoder_sequence_length"
 NEW_LEN = "decoder_sequence_length"
 PAST_LEN = "past_decoder_sequence_length"
 TOTAL_LEN = "past_decoder_sequence_length + decoder_sequence_length"
-CAPACITY = "cache_capacity"  # positions a caller-owned cache buffer holds (decoder_step_buffered)
-SOURCES = "source_batch_size"  # decoder_step_buffered: sources; batch_size rows are an equal group per source
-SEQLENS_K, TOTAL_SEQUENCE_LENGTH = "seqlens_k", "total_sequence_length"  # decoder_step_fused's attention counts
-FUSED_HEAD_MULTIPLE = 8  # ONNX Runtime's CPU GroupQueryAttention runs only head sizes that are multiples of this
-FUSED_MIN_ONNXRUNTIME = (1, 21)  # 1.20 ignores MultiHeadAttention's key padding mask on decoder_step_fused's cross-
-# attention (a padded source's logits off by 0.04 on a tiny model; 1.21 and 1.22 match PyTorch to 1e-7)
+CAPACITY = "cache_capacity"  # positions a caller-owned cache buffer holds (decoder_step_search)
+SOURCES = "source_batch_size"  # decoder_step_search: sources; batch_size rows are an equal group per source
+SEARCH_BEAMS = 8  # the widest beam decoder_step_search's own candidates serve (K = 2 x beams); wider read its logits
+# decoder_step_search's decoding-rule inputs: an additive (vocab,) float32 bias (0, or -inf for a banned id and
+# for </s> before the minimum length) and the id forced at this step (-1: none; forced, it gets log-p 0)
+TOKEN_BIAS, FORCED_TOKEN = "token_bias", "forced_token"
+TOP_LOGPROBS, TOP_IDS = "top_logprobs", "top_ids"  # per row its K best (log-probability, id), best first
+RETIRED_GRAPHS = ("decoder_step_buffered", "decoder_step_fused")  # optional graphs older exports carry: hashed,
+# never run (a runtime that ignores optional graphs loses only speed)
 
 
 class _GraphFile:
     @property
     def filename(self) -> str:
         return f"{self.value}.onnx"
-
-    @property
-    def standard_ops(self) -> bool:
-        """Whether the graph holds standard ONNX operators only (any ONNX runtime, TensorRT, the converters)."""
-        return self is not GraphVariant.DECODER_STEP_FUSED
 
 
 class Graph(_GraphFile, str, Enum):
@@ -48,15 +46,10 @@ class GraphVariant(_GraphFile, str, Enum):
     """Optional graphs a model directory may carry besides the contract's two; a runtime that ignores them
     loses only speed."""
 
-    # One token per call; the self-attention cache stays in caller-owned buffers of fixed capacity: the graph
-    # reads them up to `cache_length` and returns only the new token's keys/values, which the caller writes
-    # at position `cache_length`. No whole-cache copy per step (decoder_step's Concat), no cache allocations.
-    DECODER_STEP_BUFFERED = "decoder_step_buffered"
-    # decoder_step_buffered's step in ONNX Runtime's fused CPU operators (com.microsoft GroupQueryAttention,
-    # MultiHeadAttention, SkipLayerNormalization): the graph writes the new token's keys/values into the cache
-    # buffers itself, which the caller binds as both past inputs and present outputs. ONNX Runtime only: fp32
-    # directories (and Triton repositories that run tfm-run), never in TensorRT checks or converted precisions.
-    DECODER_STEP_FUSED = "decoder_step_fused"
+    # One token per row and call, with the search's reduction at its end and the cache in caller-owned buffers
+    # of fixed capacity written in place (model.cache.BufferCache): ONNX Runtime and TensorRT runtimes decode
+    # with it, embedders keep the contract's decoder_step.
+    DECODER_STEP_SEARCH = "decoder_step_search"
 
 
 @dataclass(frozen=True)
@@ -91,15 +84,13 @@ class CacheNames:
     self_outputs: tuple[str, ...]  # present.{i}.decoder.*
     cross_inputs: tuple[str, ...]  # past_key_values.{i}.encoder.*
     cross_outputs: tuple[str, ...]  # present.{i}.encoder.* (encoder outputs)
-    new_outputs: tuple[str, ...] = ()  # new_key_values.{i}.decoder.* (decoder_step_buffered: the new token's)
 
 
 def cache_names(cfg: ModelConfig) -> CacheNames:
     def names(prefix: str, side: str) -> tuple[str, ...]:
         return tuple(cache_name(prefix, i, side, role) for i in range(cfg.n_layers) for role in ("key", "value"))
     return CacheNames(names("past_key_values", "decoder"), names("present", "decoder"),
-                      names("past_key_values", "encoder"), names("present", "encoder"),
-                      names("new_key_values", "decoder"))
+                      names("past_key_values", "encoder"), names("present", "encoder"))
 
 
 def cache_head_sizes(cfg: ModelConfig) -> list[int]:
@@ -140,33 +131,32 @@ def decoder_step_spec(cfg: ModelConfig) -> GraphSpec:
     )
 
 
-def buffered_step_spec(cfg: ModelConfig) -> GraphSpec:
-    """decoder_step_buffered: `cache_length` (int64 scalar) positions of each past buffer are filled; the
-    new token sits at that position. Buffer positions beyond it are ignored but must be finite. The encoder's
-    mask and keys/values come once per source (source_batch_size), not once per row: the batch_size rows are
-    source_batch_size equal groups (a source's beams, consecutive), each attending to its own source."""
+def search_top_k(cfg: ModelConfig) -> int:
+    """K of decoder_step_search's TopK: a constant of the graph (TensorRT takes no run-time K)."""
+    return min(2 * SEARCH_BEAMS, cfg.trg_vocab_size)
+
+
+def search_step_spec(cfg: ModelConfig) -> GraphSpec:
+    """decoder_step_search: `cache_length` (int64 scalar) positions of each buffer are filled; the new token's
+    keys/values are written at that position and `present.*` are the buffers so written (bound to the past
+    inputs' memory, the write lands in place; buffer positions beyond it are hidden but must be finite). The
+    encoder's mask and keys/values come once per source (source_batch_size): the batch_size rows are
+    source_batch_size equal consecutive groups (a source's beams), each attending to its own source. Outputs:
+    the logits, and per row the K best log-probabilities after the decoding rules (TOKEN_BIAS, FORCED_TOKEN)
+    with their ids, ties to the lower id."""
+    k, names = search_top_k(cfg), cache_names(cfg)
     return GraphSpec(
-        GraphVariant.DECODER_STEP_BUFFERED,
+        GraphVariant.DECODER_STEP_SEARCH,
         inputs=(TensorSpec("input_ids", "int64", (BATCH, 1)),
                 TensorSpec("encoder_attention_mask", "int64", (SOURCES, SRC_LEN)),
                 TensorSpec("cache_length", "int64", ()),
+                TensorSpec(TOKEN_BIAS, "float32", (cfg.trg_vocab_size,)),
+                TensorSpec(FORCED_TOKEN, "int64", ()),
                 *past_inputs(cfg, CAPACITY, SOURCES)),
         outputs=(TensorSpec("logits", "float32", (BATCH, 1, cfg.trg_vocab_size)),
-                 *_cache(cache_names(cfg).new_outputs, cfg, 1)),
-    )
-
-
-def fused_step_spec(cfg: ModelConfig) -> GraphSpec:
-    """decoder_step_fused: decoder_step_buffered's inputs, plus GroupQueryAttention's own: `seqlens_k` (batch_size,
-    int32, each row's filled positions, = cache_length) and `total_sequence_length` (int32, cache_length + 1).
-    Its outputs are the cache buffers with the new token's keys/values written at cache_length: bound to the
-    past inputs' memory, the graph extends the caller's buffers in place."""
-    buffered = buffered_step_spec(cfg)
-    return GraphSpec(
-        GraphVariant.DECODER_STEP_FUSED,
-        inputs=(*buffered.inputs[:3], TensorSpec(SEQLENS_K, "int32", (BATCH,)),
-                TensorSpec(TOTAL_SEQUENCE_LENGTH, "int32", ()), *buffered.inputs[3:]),
-        outputs=(buffered.outputs[0], *_cache(cache_names(cfg).self_outputs, cfg, CAPACITY)),
+                 TensorSpec(TOP_LOGPROBS, "float32", (BATCH, k)),
+                 TensorSpec(TOP_IDS, "int64", (BATCH, k)),
+                 *_cache(names.self_outputs, cfg, CAPACITY)),
     )
 
 
@@ -175,13 +165,5 @@ def graph_specs(cfg: ModelConfig) -> dict[Graph, GraphSpec]:
 
 
 def variant_specs(cfg: ModelConfig) -> dict[GraphVariant, GraphSpec]:
-    """The optional graphs a model gets: decoder_step_buffered is built for the classic architecture only (its
-    attention is written out for post-norm LayerNorm, ReLU and the sinusoid table), decoder_step_fused also
-    needs equal key and value sizes (GroupQueryAttention's packed Q/K/V) that are a multiple of FUSED_HEAD_MULTIPLE;
-    other architectures decode through the contract's decoder_step."""
-    if not cfg.is_classic:
-        return {}
-    specs = {GraphVariant.DECODER_STEP_BUFFERED: buffered_step_spec(cfg)}
-    if cfg.d_k == cfg.d_v and cfg.d_k % FUSED_HEAD_MULTIPLE == 0:
-        specs[GraphVariant.DECODER_STEP_FUSED] = fused_step_spec(cfg)
-    return specs
+    """The optional graphs a model gets: every architecture gets decoder_step_search."""
+    return {GraphVariant.DECODER_STEP_SEARCH: search_step_spec(cfg)}

@@ -13,19 +13,16 @@ import io
 import logging
 import warnings
 
-import numpy as np
 import onnx
-import onnxruntime
 import torch
 from torch.export import Dim
 
 from ..core.graph_spec import SUPPORTED_OPSETS, Graph, GraphSpec, GraphVariant, graph_specs, variant_specs
+from ..model.cache import write_at
 from ..model.transformer import Transformer
-from ..runtime.session import runs_fused_graphs
-from .buffered import BufferedDecoderStepGraph, buffered_example_inputs
-from .fused import fused_step_graph
 from .modules import DecoderStepGraph, EncoderGraph, example_inputs
 from .onnx_io import ExportError, check_contract, share_tied_weights, strip_exporter_metadata
+from .search import SearchStepGraph, search_example_inputs
 
 log = logging.getLogger(__name__)
 
@@ -41,8 +38,8 @@ def _dynamic_shapes(spec: GraphSpec) -> tuple:
 
 def _module(model: Transformer, spec: GraphSpec) -> tuple[torch.nn.Module, tuple]:
     """The module a graph is exported from, and its tracing inputs."""
-    if spec.graph is GraphVariant.DECODER_STEP_BUFFERED:
-        return BufferedDecoderStepGraph(model), buffered_example_inputs(model)
+    if spec.graph is GraphVariant.DECODER_STEP_SEARCH:
+        return SearchStepGraph(model), search_example_inputs(model)
     module = EncoderGraph(model) if spec.graph is Graph.ENCODER else DecoderStepGraph(model)
     return module, example_inputs(model)[spec.graph.value]
 
@@ -59,8 +56,17 @@ def export_graph(model: Transformer, spec: GraphSpec, opset: int, optimize: bool
         program = torch.onnx.export(
             module.eval(), args, dynamo=True, opset_version=opset, optimize=optimize, verbose=False,
             input_names=[t.name for t in spec.inputs], output_names=[t.name for t in spec.outputs],
-            dynamic_shapes=_dynamic_shapes(spec))
+            dynamic_shapes=_dynamic_shapes(spec), custom_translation_table=_translations())
     return _at_opset(program.model_proto, opset)
+
+
+def _translations() -> dict:
+    """model.cache's write as the one ONNX node it stands for."""
+    from onnxscript import opset18 as op
+
+    def scatter_nd(buffer, index, update):
+        return op.ScatterND(buffer, index, update)
+    return {torch.ops.tfm.write_at.default: scatter_nd, write_at: scatter_nd}
 
 
 def _at_opset(proto: onnx.ModelProto, opset: int) -> onnx.ModelProto:
@@ -104,28 +110,10 @@ def export_all(model: Transformer, opset: int, optimize: bool = True,
         raise ExportError(f"opset {opset} is not supported; use one of {SUPPORTED_OPSETS}")
     graphs = {}
     specs = {**graph_specs(model.config), **(variant_specs(model.config) if variants else {})}
-    if not runs_fused_graphs():  # its parity could not be checked here, nor would this runtime run it
-        log.warning("onnxruntime %s is older than decoder_step_fused needs; exporting without it",
-                    onnxruntime.__version__)
-        specs.pop(GraphVariant.DECODER_STEP_FUSED, None)
     for graph, spec in specs.items():
-        if graph is GraphVariant.DECODER_STEP_FUSED:  # written from the weights, not exported
-            proto = fused_step_graph(model, spec, _table_name(graphs[Graph.ENCODER], model), opset)
-        else:
-            proto = export_graph(model.eval(), spec, opset, optimize)
-            strip_exporter_metadata(proto)
-            removed = share_tied_weights(proto, keep_embedding=graph is GraphVariant.DECODER_STEP_BUFFERED)
-            log.info("%s: exported, %d duplicate weight copies removed", graph.filename, removed)
+        proto = export_graph(model.eval(), spec, opset, optimize)
+        strip_exporter_metadata(proto)
+        removed = share_tied_weights(proto, keep_embedding=isinstance(graph, GraphVariant))
+        log.info("%s: exported, %d duplicate weight copies removed", graph.filename, removed)
         graphs[graph] = check_contract(proto, spec)
     return graphs
-
-
-def _table_name(encoder: onnx.ModelProto, model: Transformer) -> str:
-    """The name of the encoder's copy of the target embedding table (tied models), for a graph to share it."""
-    table = model.decoder.trg_word_emb.weight.detach().numpy()
-    for init in encoder.graph.initializer:
-        if tuple(init.dims) == table.shape and np.array_equal(onnx.numpy_helper.to_array(init), table):
-            return init.name
-    return "decoder.trg_word_emb.weight"
-
-

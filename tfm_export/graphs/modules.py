@@ -10,6 +10,7 @@ import torch
 from torch import Tensor, nn
 
 from ..core.tokenizer import FIRST_TOKEN_ID
+from ..model.cache import ConcatCache
 from ..model.transformer import Transformer
 
 
@@ -34,7 +35,7 @@ class DecoderStepGraph(nn.Module):
         # past, per layer: decoder key, decoder value, encoder key, encoder value
         layers = [past[4 * i:4 * i + 4] for i in range(len(past) // 4)]
         src_mask = (encoder_attention_mask != 0).unsqueeze(1)  # (B, 1, S)
-        x, present = self.model.decoder.step(input_ids, [(k, v) for k, v, _, _ in layers],
+        x, present = self.model.decoder.step(input_ids, ConcatCache([(k, v) for k, v, _, _ in layers]),
                                              [(k, v) for _, _, k, v in layers], src_mask)
         return (self.model.project(x), *[t for kv in present for t in kv])
 

@@ -48,7 +48,7 @@ def share_tied_weights(proto: onnx.ModelProto, keep_embedding: bool = False) -> 
     """Store a tied embedding/output weight once: the exporter keeps W for Gather and a folded W^T
     for the logits MatMul; the Gather is rewritten to read W^T along axis 1 and W is dropped. keep_embedding:
     W^T is dropped instead and computed by a Transpose of W (folded when a session opens), so that the graph
-    holds the encoder's very table (decoder_step_buffered, which shares it: artifacts.model_dir.SHARED).
+    holds the encoder's very table (decoder_step_search, which shares it: artifacts.model_dir.SHARED).
     Exact duplicates are merged too. Returns how many initializers were removed."""
     graph = proto.graph
     arrays = {init.name: numpy_helper.to_array(init) for init in graph.initializer if len(init.dims) == 2}
@@ -182,9 +182,9 @@ def save_sharing_graph(proto: onnx.ModelProto, path: Path, encoder: onnx.ModelPr
 
 def save_graph_of(graph: Graph | GraphVariant, proto: onnx.ModelProto, directory: Path, encoder: onnx.ModelProto,
                   table: tuple[int, int]) -> tuple[list[Path], list[dict]]:
-    """Saves a directory's graph: the variants (decoder_step_buffered, decoder_step_fused), which only this tool's
-    runtime opens, share the encoder's copy of the tied table, (vocabulary, d_model) (artifacts.model_dir.SHARED);
-    the contract's graphs keep theirs inline."""
+    """Saves a directory's graph: the variants (decoder_step_search), which only this tool's runtime opens, share
+    the encoder's copy of the tied table, (vocabulary, d_model) (artifacts.model_dir.SHARED); the contract's graphs
+    keep theirs inline."""
     if isinstance(graph, GraphVariant):
         return save_sharing_graph(proto, directory / graph.filename, encoder, table)
     return save_graph(proto, directory / graph.filename), []

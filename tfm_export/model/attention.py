@@ -7,6 +7,8 @@ through the very same code (no second copy of the maths). RoPE (when given) turn
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -15,6 +17,7 @@ from .norms import SEED_STYLE, NormStyle, Residual
 from .positions import rotate_pairs
 
 Rotary = tuple[Tensor, Tensor]  # (T, d_k) cos and sin of the positions being projected
+Extend = Callable[[Tensor, Tensor], tuple[Tensor, Tensor]]  # new keys/values -> all the attention reads
 
 
 def get_pad_mask(seq: Tensor, pad_idx: int) -> Tensor:
@@ -29,10 +32,11 @@ def get_subsequent_mask(seq: Tensor) -> Tensor:
     return (1 - torch.triu(ones, diagonal=1)).bool()
 
 
-def step_mask(past_len: int | Tensor, new_len: int | Tensor) -> Tensor:
-    """(1, T, P+T) bool: new token i (at position P+i) sees cached and new keys up to itself."""
-    keys = torch.arange(past_len + new_len)[None, :]
-    queries = past_len + torch.arange(new_len)[:, None]
+def step_mask(start: int | Tensor, new_len: int | Tensor, key_len: int | Tensor) -> Tensor:
+    """(1, T, K) bool: new token i (at position start+i) sees the keys at positions 0..start+i of the K the
+    cache holds (a buffer of fixed capacity holds more keys than are filled: those stay hidden)."""
+    keys = torch.arange(key_len)[None, :]
+    queries = start + torch.arange(new_len)[:, None]
     return (keys <= queries).unsqueeze(0)
 
 
@@ -83,13 +87,14 @@ class MultiHeadAttention(Residual):
         return self._attend(q, self.sublayer_input(q), k, v, mask)
 
     def self_attend(self, x: Tensor, mask: Tensor | None, bias: Tensor | None = None, rotary: Rotary | None = None,
-                    past: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, Tensor, Tensor]:
-        """Self-attention over x (B, T, C) after `past` cached keys/values; returns the output and the keys
-        and values (B, nh, P+T, d) including the new ones. Keys see the normalised input, as queries do."""
+                    extend: Extend | None = None) -> tuple[Tensor, Tensor, Tensor]:
+        """Self-attention over x (B, T, C); `extend` puts the new keys/values (B, nh, T, d) into a decoder's
+        cache and returns everything the attention reads (model.cache). Returns the output and those keys and
+        values. Keys see the normalised input, as queries do."""
         h = self.sublayer_input(x)
         k, v = self.keys_values(h, h, rotary)
-        if past is not None:
-            k, v = torch.cat([past[0], k], dim=2), torch.cat([past[1], v], dim=2)
+        if extend is not None:
+            k, v = extend(k, v)
         out, _ = self._attend(x, h, k, v, mask, bias, rotary)
         return out, k, v
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from torch import Tensor, nn
 
 from ..core.config import ModelConfig
-from .attention import MultiHeadAttention, Rotary
+from .attention import Extend, MultiHeadAttention, Rotary
 from .ffn import PositionwiseFeedForward
 from .norms import NormStyle
 
@@ -46,10 +46,18 @@ class DecoderLayer(nn.Module):
         x, _ = self.enc_attn(x, enc_output, enc_output, mask=dec_enc_attn_mask)
         return self.pos_ffn(x)
 
-    def step(self, x: Tensor, past_k: Tensor, past_v: Tensor, enc_k: Tensor, enc_v: Tensor,
-             slf_attn_mask: Tensor, dec_enc_attn_mask: Tensor, bias: Tensor | None = None,
-             rotary: Rotary | None = None) -> tuple[Tensor, Tensor, Tensor]:
-        """forward() for new tokens only: self-attention keys/values extend the cache (B, nh, P+T, d)."""
-        x, k, v = self.slf_attn.self_attend(x, slf_attn_mask, bias, rotary, past=(past_k, past_v))
-        x, _ = self.enc_attn.attend(x, enc_k, enc_v, mask=dec_enc_attn_mask)
-        return self.pos_ffn(x), k, v
+    def step(self, x: Tensor, extend: Extend, enc_k: Tensor, enc_v: Tensor, slf_attn_mask: Tensor,
+             dec_enc_attn_mask: Tensor, bias: Tensor | None = None, rotary: Rotary | None = None,
+             per_source: bool = False) -> Tensor:
+        """forward() for new tokens only, `extend` putting their keys/values into the cache (model.cache).
+        per_source: enc_k/enc_v/mask come once per source and x's rows (one token each) are equal consecutive
+        groups per source; a group's rows are one query sequence over its source (cross-attention is per
+        position, so this is the same maths without a copy of the source's keys per row)."""
+        x, _, _ = self.slf_attn.self_attend(x, slf_attn_mask, bias, rotary, extend)
+        if per_source:
+            rows = x.shape
+            x, _ = self.enc_attn.attend(x.reshape(enc_k.size(0), -1, rows[-1]), enc_k, enc_v, mask=dec_enc_attn_mask)
+            x = x.reshape(rows)
+        else:
+            x, _ = self.enc_attn.attend(x, enc_k, enc_v, mask=dec_enc_attn_mask)
+        return self.pos_ffn(x)

@@ -44,6 +44,15 @@ def fairseq_sinusoid_table(n_position: int, d_hid: int, first: int) -> Tensor:
     return table.unsqueeze(0)
 
 
+def table_rows(table: Tensor, start: int | Tensor, length: int | Tensor) -> Tensor:
+    """Rows start..start+length-1 of a (positions, ...) table: a Slice where `start` is a size the graph derives
+    from its inputs' shapes (the contract's past length), a Gather where it is a data input (decoder_step_search's
+    cache_length: TensorRT takes no data values as Slice bounds)."""
+    if isinstance(start, Tensor):
+        return table.index_select(0, start + torch.arange(length))
+    return table[start:start + length]
+
+
 def _on_meta() -> bool:
     """A model built on the meta device (checkpoint validation) needs shapes only: skip the tables' maths."""
     return torch.get_default_device().type == "meta"
@@ -62,6 +71,8 @@ class PositionalEncoding(nn.Module):
 
     def forward(self, x: Tensor, start: int | Tensor = 0) -> Tensor:
         # x: (B, T, C); positions start..start+T-1 (start > 0 for cached decoding)
+        if isinstance(start, Tensor):  # rows laid out (T, 1, C), unlike a vocabulary's table: int8 keeps them float
+            return x + table_rows(self.pos_table[0].unsqueeze(1), start, x.size(1)).transpose(0, 1)
         return x + self.pos_table[:, start:start + x.size(1)]
 
 
@@ -90,7 +101,7 @@ class RotaryEmbedding(nn.Module):
 
     def forward(self, start: int | Tensor, length: int | Tensor) -> tuple[Tensor, Tensor]:
         """(T, d_k) cos and sin for positions start..start+T-1."""
-        return self.cos[start:start + length], self.sin[start:start + length]
+        return table_rows(self.cos, start, length), table_rows(self.sin, start, length)
 
 
 def relative_buckets(relative: np.ndarray, bidirectional: bool, num_buckets: int, max_distance: int) -> np.ndarray:

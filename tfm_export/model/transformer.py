@@ -10,6 +10,8 @@ parts live in norms, positions, attention, ffn and layers; classes are ordered b
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -23,9 +25,12 @@ from .attention import (  # noqa: F401  (re-exported: the seed's module had them
     get_subsequent_mask,
     step_mask,
 )
+from .cache import BufferCache, ConcatCache
 from .layers import DecoderLayer, EncoderLayer
 from .norms import NormStyle, make_norm
 from .positions import PositionalEncoding, RelativePositionBias, RotaryEmbedding, sinusoid_table  # noqa: F401
+
+StepCache = ConcatCache | BufferCache
 
 
 class Embedder(nn.Module):
@@ -58,15 +63,16 @@ class Embedder(nn.Module):
         x = self.dropout(x)
         return x if self.layer_norm is None else self.layer_norm(x)
 
-    def _positions(self, x: Tensor, start: int | Tensor = 0) -> tuple[Tensor | None, Rotary | None]:
+    def _positions(self, x: Tensor, start: int | Tensor = 0, keys: int | Tensor | None = None
+                   ) -> tuple[Tensor | None, Rotary | None]:
         """Self-attention's relative bias and RoPE tables for x (B, T, C) at positions start..start+T-1
-        (keys 0..start+T-1); None for models without them (sizes read only when needed, so the classic
-        model's graphs stay exactly as they were)."""
+        against `keys` keys (default start+T); None for models without them (sizes read only when needed, so
+        the classic model's graphs stay exactly as they were)."""
         if self.rotary is None and self.relative_attention_bias is None:
             return None, None
         length = x.size(1)
         bias = None if self.relative_attention_bias is None else self.relative_attention_bias(
-            start, length, start + length)
+            start, length, start + length if keys is None else keys)
         return bias, None if self.rotary is None else self.rotary(start, length)
 
     def _final(self, x: Tensor) -> Tensor:
@@ -104,18 +110,17 @@ class Decoder(Embedder):
         """Every layer's cross-attention keys/values, computed once per source."""
         return [layer.enc_attn.keys_values(enc_output, enc_output) for layer in self.layer_stack]
 
-    def step(self, trg_new: Tensor, past: list[tuple[Tensor, Tensor]], cross: list[tuple[Tensor, Tensor]],
-             src_mask: Tensor) -> tuple[Tensor, list[tuple[Tensor, Tensor]]]:
-        """New target tokens (B, T) after P cached ones -> output (B, T, C) and the extended cache."""
-        past_len = past[0][0].size(2)
-        x = self._embed(trg_new, self.trg_word_emb, start=past_len)
-        mask = step_mask(past_len, trg_new.size(1))
-        bias, rotary = self._positions(x, past_len)
-        present = []
-        for layer, (pk, pv), (ek, ev) in zip(self.layer_stack, past, cross, strict=True):
-            x, k, v = layer.step(x, pk, pv, ek, ev, mask, src_mask, bias, rotary)
-            present.append((k, v))
-        return self._final(x), present
+    def step(self, trg_new: Tensor, cache: StepCache, cross: list[tuple[Tensor, Tensor]], src_mask: Tensor
+             ) -> tuple[Tensor, list[tuple[Tensor, Tensor]]]:
+        """New target tokens (B, T) after the cached ones -> output (B, T, C) and each layer's cache as the
+        step leaves it (model.cache: grown by concatenation, or buffers written in place)."""
+        start, keys = cache.start, cache.key_length(trg_new.size(1))
+        x = self._embed(trg_new, self.trg_word_emb, start=start)
+        mask = step_mask(start, trg_new.size(1), keys)
+        bias, rotary = self._positions(x, start, keys)
+        for i, (layer, (ek, ev)) in enumerate(zip(self.layer_stack, cross, strict=True)):
+            x = layer.step(x, partial(cache.extend, i), ek, ev, mask, src_mask, bias, rotary, cache.per_source)
+        return self._final(x), cache.present
 
 
 class Transformer(nn.Module):

@@ -42,16 +42,14 @@ from ..graphs.inputs import random_sources
 from ..graphs.onnx_io import add_shared, check_contract, load_graph, save_graph_of, sharing_note, tensors_of
 from ..runtime import decoding
 from ..runtime.ort_backend import OrtBackend
-from ..runtime.ort_buffered import OrtBufferedBackend, has_buffered_decoder
+from ..runtime.ort_search import OrtSearchBackend, has_search_step
 from .calibration import Traces, record_traces
 from .fp16 import to_fp16
 from .int8 import float_ops, quantize_dynamic_graph, quantize_static_graph
 
 PRECISIONS = tuple(p for p in MODEL_PRECISIONS if p != "fp32")  # what quantize makes from fp32
-NO_FUSED = ("fp32 only: its ONNX Runtime operators are not converted; this directory decodes on the CPU through "
-            "the other decoders it has")
-NO_STATIC_BUFFERED = ("int8 static graphs are calibrated on traces of the contract's decoder_step and are meant for "
-                      "TensorRT; decoder_step_buffered is made for fp32, fp16 and int8 dynamic")
+NO_STATIC_SEARCH = ("int8 static graphs are calibrated on traces of the contract's decoder_step and are meant for "
+                    "TensorRT; decoder_step_search is made for fp32, fp16 and int8 dynamic")
 log = logging.getLogger(__name__)
 
 
@@ -119,11 +117,11 @@ def quantize_model_dir(source: Path, output: Path, precision: str, mode: str | N
     manifest = read_manifest(source)
     mode = check_request(manifest, source, precision, mode, calibration, keep_io_types, float_embeddings)
     vocab = load_vocabulary(source, manifest)  # present and parseable, before any slow work
-    variants = [v for v in GraphVariant if v.value in manifest["graphs"] and v.standard_ops] \
+    variants = [v for v in GraphVariant if v.value in manifest["graphs"]] \
         if (precision, mode) != ("int8", "static") else []
     graphs = {g: load_graph(source, manifest, g.value) for g in (*Graph, *variants)}
-    for skipped in [v for v in GraphVariant if v.value in manifest["graphs"] and v not in variants]:
-        graph_path(source, manifest, skipped.value)  # not converted, but a damaged directory is refused
+    for skipped in [g for g in manifest["graphs"] if g not in {v.value for v in (*Graph, *variants)}]:
+        graph_path(source, manifest, skipped)  # not converted, but a damaged directory is refused
     keep = (source, *([calibration.path] if calibration else []))
     with staged_directory(output, force, keep=keep) as staging, \
             tqdm(total=len(graphs) + 2, desc=f"{precision}", disable=not progress) as bar:
@@ -156,11 +154,8 @@ def quantize_model_dir(source: Path, output: Path, precision: str, mode: str | N
         new["files"] = file_hashes(staging, listed)
         if precision == "int8" and float_embeddings:
             new["int8"]["embeddings"] = FLOAT_EMBEDDINGS
-        if has_buffered_decoder(manifest) and not variants:
-            new.setdefault("optimizations_not_applied", {})[GraphVariant.DECODER_STEP_BUFFERED.value] = \
-                NO_STATIC_BUFFERED
-        if has_buffered_decoder(manifest, GraphVariant.DECODER_STEP_FUSED):
-            new.setdefault("optimizations_not_applied", {})[GraphVariant.DECODER_STEP_FUSED.value] = NO_FUSED
+        if has_search_step(manifest) and not variants:
+            new.setdefault("optimizations_not_applied", {})[GraphVariant.DECODER_STEP_SEARCH.value] = NO_STATIC_SEARCH
         add_shared(new, shared)
         write_manifest(staging, new)
         bar.set_postfix_str("smoke test")
@@ -182,7 +177,7 @@ def _convert(proto: onnx.ModelProto, precision: str, mode: str, keep_io_types: b
         quantized = quantize_static_graph(proto, traces.feeds[graph], int8_embeddings)
     else:
         quantized = quantize_dynamic_graph(proto, int8_embeddings,
-                                           keep_embedding=graph is GraphVariant.DECODER_STEP_BUFFERED)
+                                           keep_embedding=isinstance(graph, GraphVariant))
     return quantized, float_ops(quantized)
 
 
@@ -227,7 +222,7 @@ def _smoke_test(staging: Path, output: Path, source: Path) -> None:
     backend = OrtBackend.open(staging)
     cfg, precision = backend.config, backend.manifest["precision"]
     src = random_sources(cfg.src_vocab_size, 2, min(8, cfg.n_position), seed=0)
-    backends = [backend, *([OrtBufferedBackend.open(staging)] if has_buffered_decoder(backend.manifest) else [])]
+    backends = [backend, *([OrtSearchBackend.open(staging)] if has_search_step(backend.manifest) else [])]
     hyps = [h for b in backends for h in decoding.greedy(b, src, min(4, cfg.n_position))]
     if any(not np.isfinite(h.score) for h in hyps):
         hint = "try --keep-io-types or int8" if precision == "fp16" else "try the other --mode or fp16"

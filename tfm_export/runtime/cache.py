@@ -7,10 +7,11 @@ from dataclasses import dataclass
 from typing import Any
 
 
-@dataclass(frozen=True)
+@dataclass
 class CacheState:
     """Per row: source mask (N, S), cross-attention K/V and self-attention K/V, flat per layer. NumPy arrays
-    for the ONNX Runtime backend; torch tensors on the run device for IO binding and TensorRT (same shapes)."""
+    for the ONNX Runtime backend; torch tensors on the run device for IO binding and TensorRT (same shapes).
+    Steps and reorders may update it in place (the decoding loops never reuse an old state)."""
 
     mask: Any
     cross: tuple[Any, ...]  # per layer: key (N, nh, S, dk), value (N, nh, S, dv)

@@ -5,15 +5,16 @@ reference_decoding (which recomputes everything and is the ground truth these ar
 <blank> never generated, scores are summed log-probs, ties go to the lower (beam, token) index,
 an input stops when its best candidate is </s>. Finished inputs drop out of the batch.
 
-The bookkeeping is whole-array work over all rows and inputs at once (no Python loop per row or per
-input), and log-probabilities are computed only for the few candidates that can be chosen: on a small
-model the Python around each step, not the model, decided the speed.
+A step hands the loop each row's few best (log-probability, id) pairs under the decoding rules, not its
+logits: decoder_step_search computes them inside the graph, and backends that only have logits reduce them
+here the same way (StepRule.candidates). The bookkeeping is whole-array work over all rows and inputs at once
+(no Python loop per row or per input): on a small model the Python around each step decides the speed.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from functools import partial
+from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
 
 import numpy as np
@@ -26,19 +27,77 @@ FULL_SORT_WIDTH = 4096  # candidates per input up to which sorting them all is c
 NORMALIZER_BYTES = LARGE_BLOCK_BYTES // 2  # the log-sum-exp's temporary, at most: heap memory, reused each step
 
 
+@dataclass(frozen=True)
+class StepRule:
+    """What the search asks of one step: `count` best candidates per row, under the model's rules (banned ids,
+    </s>) with </s> barred before the minimum length and a token forced where the rules force one."""
+
+    rules: TokenRules
+    count: int
+    allow_eos: bool = True
+    forced: int | None = None
+
+    @classmethod
+    def at(cls, rules: TokenRules, step: int, count: int, min_length: int, max_length: int) -> StepRule:
+        """forced_bos at the first step, forced_eos at the last a length limit allows (it wins there)."""
+        forced = rules.forced_bos if step == 0 else None
+        if step + 1 == max_length and rules.forced_eos is not None:
+            forced = rules.forced_eos
+        return cls(rules, count, step + 1 > min_length, forced)
+
+    def candidates(self, logits: np.ndarray) -> Candidates:
+        """The reduction decoder_step_search ends in, in NumPy, for backends that return logits: per row the
+        `count` best log-probabilities after the rules, best first, ties to the lower id. May overwrite logits."""
+        x = logits.astype(np.float32, copy=False)
+        ids, values = _top_candidates(x, np.zeros((len(x), 1), np.float32), self.count, self.mask)
+        return Candidates(values, ids, logits)
+
+    def mask(self, x: np.ndarray) -> np.ndarray:
+        """x with the tokens that may not be generated at -inf (in place): the banned ids, </s> before the
+        minimum length, and everything but the forced token, whose logit becomes the row's log-sum-exp (log p =
+        0 against the unmasked row, as generate()'s forcing processors leave it)."""
+        if self.forced is not None:
+            top, norm = _normalizers(x)
+            x[:] = -np.inf
+            x[:, self.forced] = (top + norm)[:, 0]
+            return x
+        x[:, list(self.rules.banned)] = -np.inf
+        if not self.allow_eos:
+            x[:, self.rules.eos] = -np.inf
+        return x
+
+
+@dataclass(frozen=True)
+class Candidates:
+    """A step's result per row: its best log-probabilities after the rules (N, >= count) and their ids, best
+    first; the logits (N, V) where the backend has them on the host (views valid until its next step; where the
+    backend reduced them in NumPy, with the rule's masked ids at -inf)."""
+
+    values: np.ndarray
+    ids: np.ndarray
+    logits: np.ndarray | None = None
+
+
 class StepBackend(Protocol):
-    """What the loop needs from a runtime. `state` is the backend's own (cache, masks)."""
+    """What the loops need from a runtime. The state is the backend's own (cache, masks, rows per source) and
+    holds all of a decode's state; steps and reorders may update it in place: the loops never reuse an old one."""
 
     def encode(self, src: np.ndarray) -> Any:
-        """(B, S) int64 padded ids -> state for B rows."""
+        """(B, S) int64 padded ids -> state for B rows, one per source."""
 
-    def step(self, state: Any, tokens: np.ndarray) -> tuple[Any, np.ndarray]:
-        """(N,) next input token per row -> (new state, (N, V) logits). The loop may overwrite the logits."""
+    def step(self, state: Any, tokens: np.ndarray, rule: StepRule) -> tuple[Any, Candidates]:
+        """(N,) next input token per row -> new state and each row's candidates under `rule`."""
 
-    def reorder(self, state: Any, rows: np.ndarray, same_sources: bool = False) -> Any:
-        """Keep/duplicate/permute rows of the state: row i of the result is row rows[i].
-        same_sources: rows[i] and i hold the same source (beams reshuffled within each input), so the
-        per-source part of the state (encoder output, cross K/V, mask) is already right and is not copied."""
+    def expand(self, state: Any, beams: int) -> Any:
+        """Every row repeated `beams` times, consecutively (beam search's start, before any step)."""
+
+    def select(self, state: Any, rows: np.ndarray) -> Any:
+        """Row i of the result is row rows[i]: rows of inputs that finished leave, the others' rows may be
+        reshuffled within their input (a row never moves to another source)."""
+
+    def permute(self, state: Any, rows: np.ndarray) -> Any:
+        """Row i of the result is row rows[i], a row of the same input (beams reshuffled, every input going on):
+        the per-source part of the state is already right."""
 
 
 class GraphBackend(StepBackend, Protocol):
@@ -64,23 +123,6 @@ def _normalizers(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return top, np.log(sums)
 
 
-def _masked(x: np.ndarray, rules: TokenRules, allow_eos: bool, first: bool, last: bool) -> np.ndarray:
-    """x with the tokens that may not be generated at -inf (in place): the banned ids, </s> before the minimum
-    length, and everything but the forced token at the first (forced_bos) or last step (forced_eos), whose
-    logit becomes the row's log-sum-exp (log p = 0 against the unmasked row)."""
-    forced = rules.forced_bos if first else None
-    forced = rules.forced_eos if last and rules.forced_eos is not None else forced
-    if forced is not None:  # its log-probability becomes 0, as generate()'s forcing processors leave it
-        top, norm = _normalizers(x)
-        x[:] = -np.inf
-        x[:, forced] = (top + norm)[:, 0]
-        return x
-    x[:, list(rules.banned)] = -np.inf
-    if not allow_eos:
-        x[:, rules.eos] = -np.inf
-    return x
-
-
 def greedy(backend: StepBackend, src: np.ndarray, max_length: int, min_length: int = 0,
            rules: TokenRules = SEED_RULES) -> list[Hypothesis]:
     """min_length: </s> is barred before that many tokens (benchmarks force equal work with min = max).
@@ -94,12 +136,9 @@ def greedy(backend: StepBackend, src: np.ndarray, max_length: int, min_length: i
     lengths = np.full(batch, max_length, dtype=np.int64)  # until a row ends
     scores = np.zeros(batch, dtype=np.float32)
     for step in range(max_length):
-        state, logits = backend.step(state, tokens)
-        x = logits.astype(np.float32, copy=False)
-        top, norm = _normalizers(x)
-        _masked(x, rules, step + 1 > min_length, step == 0, step + 1 == max_length)
-        tokens = x.argmax(axis=-1)  # the first of equal maxima, as torch.argmax
-        scores[active] += (x[np.arange(len(tokens)), tokens] - top[:, 0]) - norm[:, 0]
+        state, found = backend.step(state, tokens, StepRule.at(rules, step, 1, min_length, max_length))
+        tokens = found.ids[:, 0].astype(np.int64)  # the first of equal maxima, as torch.argmax
+        scores[active] += found.values[:, 0]
         generated[active, step] = tokens
         live = tokens != rules.eos
         if live.all():
@@ -107,11 +146,24 @@ def greedy(backend: StepBackend, src: np.ndarray, max_length: int, min_length: i
         lengths[active[~live]] = step
         if not live.any():
             break
-        state = backend.reorder(state, np.flatnonzero(live))
+        state = backend.select(state, np.flatnonzero(live))
         active, tokens = active[live], tokens[live]
     ended = lengths < max_length  # the others ran every step
     return [Hypothesis(tuple(row[:n].tolist()), float(s), finished=bool(e))
             for row, n, s, e in zip(generated, lengths, scores, ended, strict=True)]
+
+
+def _merge(found: Candidates, scores: np.ndarray, count: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per input (k consecutive rows, beam scores (A, k)), its `count` best candidates score + log p among its
+    rows' own best: beams, tokens and values, (A, count) each, best first, ties to the lower (beam, token). A
+    candidate among an input's count best is among its row's count best, so the rows' lists suffice."""
+    (inputs, k), each = scores.shape, min(count, found.values.shape[1])  # a vocabulary may have fewer
+    values = (scores.reshape(-1, 1) + found.values[:, :each]).reshape(inputs, k * each)
+    tokens = found.ids[:, :each].reshape(inputs, k * each).astype(np.int64)
+    beams = np.broadcast_to(np.repeat(np.arange(k), each), values.shape)
+    order = np.lexsort((tokens, beams, -values), axis=1)[:, :count]
+    return (np.take_along_axis(beams, order, axis=1), np.take_along_axis(tokens, order, axis=1),
+            np.take_along_axis(values, order, axis=1))
 
 
 def _top_candidates(logits: np.ndarray, scores: np.ndarray, count: int, mask: Callable[[np.ndarray], np.ndarray]
@@ -186,18 +238,17 @@ class _Choice(NamedTuple):
     going: np.ndarray  # (A,) still searching after this step
 
 
-def _choose(index: np.ndarray, value: np.ndarray, vocab: int, k: int, last: bool, eos: int) -> _Choice:
+def _choose(beam: np.ndarray, token: np.ndarray, value: np.ndarray, k: int, last: bool, eos: int) -> _Choice:
     """The reference's per-input rule as array operations: candidates are taken best first until k
     non-</s> ones are picked or -inf is reached; a </s> among the k best becomes a finished hypothesis, and
     if it is the very best the input is done (no live beam can score higher); the last step ends all.
     Most steps have no </s> and no -inf among the k best: then the k best simply go on."""
-    beam, token = np.divmod(index, vocab)
     if not last and value[:, k - 1].min() > -np.inf and not (token[:, :k] == eos).any():
-        everyone = np.ones(len(index), dtype=bool)
-        return _Choice(beam, token, value, None, np.broadcast_to(np.arange(k), (len(index), k)),
-                       np.full(len(index), k), everyone)
+        everyone = np.ones(len(beam), dtype=bool)
+        return _Choice(beam, token, value, None, np.broadcast_to(np.arange(k), (len(beam), k)),
+                       np.full(len(beam), k), everyone)
     valid = value > -np.inf  # ranked best first, so -inf ones come last
-    ends = valid & (token == eos) & (np.arange(index.shape[1]) < k)
+    ends = valid & (token == eos) & (np.arange(beam.shape[1]) < k)
     word = valid & (token != eos)
     word &= np.cumsum(word, axis=1) <= k
     found = word.sum(axis=1)
@@ -242,7 +293,7 @@ def beam_search(backend: StepBackend, src: np.ndarray, beam_size: int, max_lengt
                 length_penalty: float = 1.0, n_best: int = 1, min_length: int = 0,
                 rules: TokenRules = SEED_RULES) -> list[list[Hypothesis]]:
     k, batch = beam_size, len(src)
-    state = backend.reorder(backend.encode(src), np.repeat(np.arange(batch), k))
+    state = backend.expand(backend.encode(src), k)
     active = np.arange(batch)  # inputs still searching; their rows are k consecutive state rows
     history = np.zeros((batch * k, 0), dtype=np.int64)  # tokens so far, per state row
     scores = np.full((batch, k), -np.inf, dtype=np.float32)
@@ -250,17 +301,15 @@ def beam_search(backend: StepBackend, src: np.ndarray, beam_size: int, max_lengt
     tokens = np.full(batch * k, rules.start, dtype=np.int64)
     finished: list[list[Hypothesis]] = [[] for _ in range(batch)]
     for step in range(max_length):
-        state, logits = backend.step(state, tokens)
+        state, found = backend.step(state, tokens, StepRule.at(rules, step, 2 * k, min_length, max_length))
         last = step + 1 == max_length
-        mask = partial(_masked, rules=rules, allow_eos=step + 1 > min_length, first=step == 0, last=last)
-        index, value = _top_candidates(logits, scores, 2 * k, mask)
-        choice = _choose(index, value, logits.shape[1], k, last, rules.eos)
+        choice = _choose(*_merge(found, scores, 2 * k), k, last, rules.eos)
         _file(finished, active, history, choice, k, length_penalty, last)
         if not choice.going.any():
             break
         rows, tokens, scores = _continue(choice, k, rules.pad)
         everyone = choice.ends is None or bool(choice.going.all())
-        state = backend.reorder(state, rows, same_sources=everyone)
+        state = backend.permute(state, rows) if everyone else backend.select(state, rows)
         history = np.concatenate([history[rows], tokens[:, None]], axis=1)
         active = active if everyone else active[choice.going]
     return [sorted(f, key=lambda h: -h.normalized_score)[:n_best] for f in finished]
@@ -275,7 +324,7 @@ def transformers_beam_search(backend: StepBackend, src: np.ndarray, beam_size: i
     early_stopping (_may_improve); at max_length the k best candidates end as they are. min_length: </s> is
     barred before that many tokens (benchmarks)."""
     k, batch = beam_size, len(src)
-    state = backend.reorder(backend.encode(src), np.repeat(np.arange(batch), k))
+    state = backend.expand(backend.encode(src), k)
     running = np.full((batch, k), -1e9, dtype=np.float32)
     running[:, 0] = 0.0  # one live beam at first, as generate() starts
     history = np.zeros((batch * k, 0), dtype=np.int64)
@@ -283,11 +332,9 @@ def transformers_beam_search(backend: StepBackend, src: np.ndarray, beam_size: i
     finished: list[list[Hypothesis]] = [[] for _ in range(batch)]
     searching = np.ones(batch, dtype=bool)
     for step in range(max_length):
-        state, logits = backend.step(state, tokens)
+        state, found = backend.step(state, tokens, StepRule.at(rules, step, 2 * k, min_length, max_length))
         last = step + 1 == max_length
-        mask = partial(_masked, rules=rules, allow_eos=step + 1 > min_length, first=step == 0, last=last)
-        order, value = _top_candidates(logits, running, 2 * k, mask)
-        beam, token = np.divmod(order, logits.shape[1])
+        beam, token, value = _merge(found, running, 2 * k)
         ends = (token == rules.eos) | last
         _file_transformers(finished, searching, history, beam, token, value, ends, k, length_penalty, rules.eos)
         going = np.argsort(-(value - 1e9 * ends), axis=1, kind="stable")[:, :k]
@@ -298,7 +345,7 @@ def transformers_beam_search(backend: StepBackend, src: np.ndarray, beam_size: i
             break
         rows = (np.arange(batch)[:, None] * k + np.take_along_axis(beam, going, axis=1)).ravel()
         tokens = np.take_along_axis(token, going, axis=1).ravel()
-        state = backend.reorder(state, rows, same_sources=True)
+        state = backend.permute(state, rows)
         history = np.concatenate([history[rows], tokens[:, None]], axis=1)
     return [f[:n_best] for f in finished]
 

@@ -14,6 +14,7 @@ from torch import Tensor
 from ..core.graph_spec import cache_head_sizes
 from ..core.sources import check_source_length, check_target_length
 from .cache import CacheState
+from .decoding import Candidates, StepRule
 from .ort_backend import OrtBackend
 
 NUMPY_DTYPES = {torch.float32: np.float32, torch.float16: np.float16, torch.int64: np.int64}
@@ -52,7 +53,7 @@ class OrtBoundBackend:
         self._run(self.base.encoder, {"input_ids": ids, "attention_mask": mask}, outputs)
         return CacheState(mask, tuple(cross), tuple(self._empty(n, cfg.n_head, 0, d) for d in sizes))
 
-    def step(self, state: CacheState, tokens: np.ndarray) -> tuple[CacheState, np.ndarray]:
+    def step(self, state: CacheState, tokens: np.ndarray, rule: StepRule) -> tuple[CacheState, Candidates]:
         cfg, n, past = self.config, len(tokens), state.past_length
         check_target_length(past + 1, self.config.n_position)
         ids = torch.from_numpy(np.ascontiguousarray(tokens, dtype=np.int64)).to(self.device)[:, None]
@@ -64,11 +65,16 @@ class OrtBoundBackend:
         self._run(self.base.decoder, inputs, {"logits": logits,
                                               **dict(zip(self.base.names.self_outputs, present, strict=True))})
         self.step_calls += 1
-        return CacheState(state.mask, state.cross, tuple(present)), logits[:, -1].cpu().numpy()
+        return CacheState(state.mask, state.cross, tuple(present)), rule.candidates(logits[:, -1].cpu().numpy())
 
-    def reorder(self, state: CacheState, rows: np.ndarray, same_sources: bool = False) -> CacheState:
+    def expand(self, state: CacheState, beams: int) -> CacheState:
+        return self.select(state, np.repeat(np.arange(len(state.mask)), beams))
+
+    def select(self, state: CacheState, rows: np.ndarray) -> CacheState:
         index = torch.from_numpy(np.asarray(rows, dtype=np.int64)).to(self.device)
         pick = lambda ts: tuple(t.index_select(0, index) for t in ts)  # noqa: E731
-        if same_sources:
-            return CacheState(state.mask, state.cross, pick(state.past))
         return CacheState(state.mask.index_select(0, index), pick(state.cross), pick(state.past))
+
+    def permute(self, state: CacheState, rows: np.ndarray) -> CacheState:
+        index = torch.from_numpy(np.asarray(rows, dtype=np.int64)).to(self.device)
+        return CacheState(state.mask, state.cross, tuple(t.index_select(0, index) for t in state.past))

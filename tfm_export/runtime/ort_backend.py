@@ -14,6 +14,7 @@ from ..core.config import ModelConfig
 from ..core.graph_spec import Graph, GraphSpec, cache_head_sizes, cache_names, graph_specs
 from ..core.sources import check_source_length, check_target_length
 from .cache import CacheState
+from .decoding import Candidates, StepRule
 from .session import DEFAULT_OPTIONS, SessionOptions, open_session, run
 
 
@@ -114,23 +115,21 @@ class OrtBackend:
         self.step_calls += 1
         return CacheState(state.mask, state.cross, tuple(out[n] for n in self.names.self_outputs)), out["logits"]
 
-    def step(self, state: CacheState, tokens: np.ndarray) -> tuple[CacheState, np.ndarray]:
+    def step(self, state: CacheState, tokens: np.ndarray, rule: StepRule) -> tuple[CacheState, Candidates]:
         new_state, logits = self.run_step(state, tokens[:, None])
-        return new_state, logits[:, -1]
+        return new_state, rule.candidates(logits[:, -1])
 
-    def reorder(self, state: CacheState, rows: np.ndarray, same_sources: bool = False) -> CacheState:
-        """Beam reshuffles within each input (same_sources) move only the rows that change, in place: most
-        beams keep their row from step to step, and copying the whole cache was 18% of a base-size beam
-        search. The old state is not used again by the decoding loop."""
+    def expand(self, state: CacheState, beams: int) -> CacheState:
+        return self.select(state, np.repeat(np.arange(len(state.mask)), beams))
+
+    def select(self, state: CacheState, rows: np.ndarray) -> CacheState:
+        return CacheState(state.mask[rows], tuple(a[rows] for a in state.cross), tuple(a[rows] for a in state.past))
+
+    def permute(self, state: CacheState, rows: np.ndarray) -> CacheState:
+        """Only the rows that change move, in place: most beams keep their row from step to step, and copying
+        the whole cache was 18% of a base-size beam search."""
         rows = np.asarray(rows)
-        if same_sources and len(rows) == len(state.mask):
-            moved = np.flatnonzero(rows != np.arange(len(rows)))
-            for a in state.past:
-                a[moved] = a[rows[moved]]  # the right side is gathered first, so overlapping moves are safe
-            return state
-        past = tuple(a[rows] for a in state.past)
-        if same_sources:
-            return CacheState(state.mask, state.cross, past)
-        return CacheState(state.mask[rows], tuple(a[rows] for a in state.cross), past)
-
-
+        moved = np.flatnonzero(rows != np.arange(len(rows)))
+        for a in state.past:
+            a[moved] = a[rows[moved]]  # the right side is gathered first, so overlapping moves are safe
+        return state

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -11,7 +10,6 @@ import numpy as np
 import onnxruntime as ort
 
 from ..core.errors import TfmExportError, first_line
-from ..core.graph_spec import FUSED_MIN_ONNXRUNTIME
 from ..core.machine import MAX_THREADS
 
 OPT_LEVELS = {"disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
@@ -26,15 +24,15 @@ class SessionOptions:
 
     intra_op_threads: int | str = os.environ.get("TFM_THREADS", 0)  # 0 = ONNX Runtime's choice
     optimization: str = os.environ.get("TFM_ORT_OPT_LEVEL", "all")
-    # ONNX Runtime's CPU memory arena. None: off for decoder_step_buffered, whose IO-bound steps allocate little
+    # ONNX Runtime's CPU memory arena. None: off for decoder_step_search, whose IO-bound steps allocate little
     # (less peak memory, speed level), on for the graphs that allocate whole caches every step
     memory_arena: bool | None = None
     # intra-op threads spin between a run's ops and stop when the run returns (session.force_spinning_stop):
     # quick hand-offs within a decoder step, a free core for the search between steps. False: they sleep.
     spinning: bool = True
-    # on the CPU, decoder_step_fused (ONNX Runtime's fused operators) where the directory has it; False:
-    # decoder_step_buffered, standard ONNX operators only
-    fused: bool = True
+    # decoder_step_search (the cache in place, the search's reduction in the graph) where the directory has it;
+    # False: the contract's decoder_step, its logits reduced in NumPy
+    search_graph: bool = True
     device: str = "cpu"  # "cuda": CUDA execution provider, CPU for what it does not cover
     tensorrt_ep: bool = False  # with device "cuda": ONNX Runtime's TensorRT execution provider first
     fold_qdq: bool = False  # run Q/DQ as plain float ops, weight DequantizeLinear constant-folded (see OrtBackend)
@@ -52,12 +50,6 @@ def check_threads(threads: int | str, what: str = "thread count") -> int:
                              "cores); give at most that, or 0 for the default")
     return int(threads)
 CUDA_PROVIDER, TENSORRT_PROVIDER = "CUDAExecutionProvider", "TensorrtExecutionProvider"
-
-
-def runs_fused_graphs() -> bool:
-    """Whether this ONNX Runtime computes decoder_step_fused correctly (core.graph_spec.FUSED_MIN_ONNXRUNTIME)."""
-    found = re.match(r"(\d+)\.(\d+)", ort.__version__)
-    return bool(found) and tuple(int(v) for v in found.groups()) >= FUSED_MIN_ONNXRUNTIME
 
 
 def has_cuda_provider() -> bool:

@@ -23,7 +23,7 @@ from ..core.config import ModelConfig
 from ..core.errors import InputTextError, TfmExportError
 from ..core.graph_spec import Graph, cache_head_sizes, cache_names
 from ..core.sources import check_source_length, check_target_length
-from .cache import CacheState
+from .decoding import Candidates, StepRule
 from .tensorrt_platform import current_platform, engine_mismatch, import_tensorrt
 
 ENGINE_SOURCE_LIMIT = "the engines' profile (--max-source-length)"
@@ -52,6 +52,36 @@ class _PingPong:
         return flat.view(rows, heads, length, self.row_size // heads)  # (N, nh, L, d)
 
 
+@dataclass
+class TrtState:
+    """A decode's state: per-row source mask and cross keys/values, and the ping-pong cache whose side `side`
+    holds the `length` filled positions of `rows` rows. Steps and reorders update it in place."""
+
+    mask: Any
+    cross: tuple[Any, ...]
+    cache: list[_PingPong]
+    heads: int
+    length: int = 0
+    side: int = 0
+
+    @property
+    def rows(self) -> int:
+        return len(self.mask)
+
+    @property
+    def past_length(self) -> int:
+        return self.length
+
+    def past(self, side: int | None = None, rows: int | None = None, length: int | None = None) -> tuple[Any, ...]:
+        """The cache as (rows, nh, length, d) views of one side (default: the current rows, side and length)."""
+        return _views(self.cache, self.side if side is None else side, self.rows if rows is None else rows,
+                      self.heads, self.length if length is None else length)
+
+
+def _views(cache: list[_PingPong], side: int, rows: int, heads: int, length: int) -> tuple[Any, ...]:
+    return tuple(p.view(side, rows, heads, length) for p in cache)
+
+
 class TrtBackend:
     """decoding.StepBackend on an engine directory."""
 
@@ -71,15 +101,13 @@ class TrtBackend:
         self._setup(manifest, dtypes, torch.device("cuda"), torch.cuda.Stream())
 
     def _setup(self, manifest: dict[str, Any], dtypes: dict[Graph, dict[str, Any]], device: Any, stream: Any) -> None:
-        """Everything but the engines: tensor names and dtypes, limits, the (empty) ping-pong cache."""
+        """Everything but the engines: tensor names and dtypes, limits."""
         import torch
         self.torch, self.manifest, self.dtypes, self.device, self.stream = torch, manifest, dtypes, device, stream
         self.config = ModelConfig.from_dict(manifest["model"])
         self.limits = manifest["limits"]
         self.names = cache_names(self.config)
         self._check_cache_dtypes()
-        self._cache: list[_PingPong] = []
-        self._side = 0
         self.step_calls = 0
 
     @staticmethod
@@ -111,21 +139,15 @@ class TrtBackend:
         return self.torch.from_numpy(np.ascontiguousarray(ids, dtype=np.int64)).to(self.device,
                                                                                    self.dtypes[graph][name])
 
-    def _ensure_cache(self, rows: int) -> None:
-        """Ping-pong buffers big enough for `rows` rows at the engines' longest target."""
+    def _cache(self, rows: int) -> list[_PingPong]:
+        """Ping-pong buffers for `rows` rows at the engines' longest target, allocated once per decode."""
         cfg, length = self.config, self.limits["max_target_length"]
-        sizes = [cfg.n_head * d for d in cache_head_sizes(cfg)]
-        if self._cache and self._cache[0].buffers[0].numel() >= rows * sizes[0] * length:
-            return
         dtype = self.dtypes[Graph.DECODER_STEP][self.names.self_inputs[0]]
-        self._cache = [_PingPong(tuple(self.torch.empty(rows * s * length, dtype=dtype, device=self.device)
-                                       for _ in range(2)), s) for s in sizes]
-
-    def _past(self, side: int, rows: int, length: int) -> tuple[Any, ...]:
-        return tuple(p.view(side, rows, self.config.n_head, length) for p in self._cache)
+        return [_PingPong(tuple(self.torch.empty(rows * s * length, dtype=dtype, device=self.device)
+                                for _ in range(2)), s) for s in (cfg.n_head * d for d in cache_head_sizes(cfg))]
 
     @_on_stream
-    def encode(self, src: np.ndarray) -> CacheState:
+    def encode(self, src: np.ndarray) -> TrtState:
         cfg, (n, s) = self.config, src.shape
         check_source_length(s, self.limits["max_source_length"], ENGINE_SOURCE_LIMIT,
                             "shorten it, or rebuild the engines with a larger --max-source-length")
@@ -136,10 +158,9 @@ class TrtBackend:
             out[name] = self._empty(Graph.ENCODER, name, n, cfg.n_head, s, d)
         self._execute(Graph.ENCODER, {"input_ids": self._ids(Graph.ENCODER, "input_ids", src),
                                       "attention_mask": mask}, out)
-        self._ensure_cache(n)
         step_mask = mask.to(self.dtypes[Graph.DECODER_STEP]["encoder_attention_mask"])
         cross = tuple(out[name] for name in self.names.cross_outputs)
-        return CacheState(step_mask, cross, self._past(self._side, n, 0))
+        return TrtState(step_mask, cross, self._cache(n), cfg.n_head)
 
     def _empty(self, graph: Graph, name: str, *shape: int):
         return self.torch.empty(shape, dtype=self.dtypes[graph][name], device=self.device)
@@ -151,37 +172,54 @@ class TrtBackend:
                                  "larger --max-batch")
 
     @_on_stream
-    def step(self, state: CacheState, tokens: np.ndarray) -> tuple[CacheState, np.ndarray]:
-        n, past = len(tokens), state.past_length
+    def step(self, state: TrtState, tokens: np.ndarray, rule: StepRule) -> tuple[TrtState, Candidates]:
+        n, past = len(tokens), state.length
         check_target_length(past + 1, self.limits["max_target_length"], ENGINE_TARGET_LIMIT)
-        graph, other = Graph.DECODER_STEP, 1 - self._side
-        present = self._past(other, n, past + 1)
+        graph, other = Graph.DECODER_STEP, 1 - state.side
+        present = state.past(other, n, past + 1)
         logits = self._empty(graph, "logits", n, 1, self.config.trg_vocab_size)
         inputs = {"input_ids": self._ids(graph, "input_ids", tokens[:, None]), "encoder_attention_mask": state.mask,
-                  **dict(zip(self.names.self_inputs, state.past, strict=True)),
+                  **dict(zip(self.names.self_inputs, state.past(), strict=True)),
                   **dict(zip(self.names.cross_inputs, state.cross, strict=True))}
         self._execute(graph, inputs, {"logits": logits, **dict(zip(self.names.self_outputs, present, strict=True))})
-        self._side = other
+        state.side, state.length = other, past + 1
         self.step_calls += 1
-        return CacheState(state.mask, state.cross, present), logits[:, -1].float().cpu().numpy()
+        return state, rule.candidates(logits[:, -1].float().cpu().numpy())
+
+    def expand(self, state: TrtState, beams: int) -> TrtState:
+        return self.select(state, np.repeat(np.arange(state.rows), beams))
 
     @_on_stream
-    def reorder(self, state: CacheState, rows: np.ndarray, same_sources: bool = False) -> CacheState:
+    def select(self, state: TrtState, rows: np.ndarray) -> TrtState:
+        """The kept rows' mask, cross keys/values and cache (into the other side)."""
         self._check_rows(len(rows))
-        index = self.torch.from_numpy(np.asarray(rows, dtype=np.int64)).to(self.device)
-        if state.past_length == 0:  # beam search widens the batch right after encoding: nothing cached yet
-            self._ensure_cache(len(rows))
-            past = self._past(self._side, len(rows), 0)
-        else:
-            other = 1 - self._side
-            past = self._past(other, len(rows), state.past_length)
-            for source, target in zip(state.past, past, strict=True):
+        index = self._index(rows)
+        if len(rows) > state.rows:  # beam search widens the batch: buffers for the wider row set
+            wider = self._cache(len(rows))
+            for source, target in zip(state.past(), _views(wider, 0, len(rows), state.heads, state.length),
+                                      strict=True):
                 self.torch.index_select(source, 0, index, out=target)
-            self._side = other
-        if same_sources:
-            return CacheState(state.mask, state.cross, past)
-        pick = lambda ts: tuple(t.index_select(0, index) for t in ts)  # noqa: E731
-        return CacheState(state.mask.index_select(0, index), pick(state.cross), past)
+            state.cache, state.side = wider, 0
+        else:
+            self._gather(state, index)
+        state.mask = state.mask.index_select(0, index)
+        state.cross = tuple(t.index_select(0, index) for t in state.cross)
+        return state
+
+    @_on_stream
+    def permute(self, state: TrtState, rows: np.ndarray) -> TrtState:
+        self._gather(state, self._index(rows))
+        return state
+
+    def _gather(self, state: TrtState, index: Any) -> None:
+        """The cache's rows `index` into the other side, which becomes the current one."""
+        other = 1 - state.side
+        for source, target in zip(state.past(), state.past(other, len(index)), strict=True):
+            self.torch.index_select(source, 0, index, out=target)
+        state.side = other
+
+    def _index(self, rows: np.ndarray) -> Any:
+        return self.torch.from_numpy(np.asarray(rows, dtype=np.int64)).to(self.device)
 
 
 def _address(tensor) -> int:

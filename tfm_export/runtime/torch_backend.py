@@ -9,7 +9,9 @@ import torch
 from torch import Tensor
 
 from ..core.sources import check_source_length, check_target_length
+from ..model.cache import ConcatCache
 from ..model.transformer import Transformer
+from .decoding import Candidates, StepRule
 
 
 @dataclass(frozen=True)
@@ -38,17 +40,27 @@ class TorchBackend:
         return TorchState(src_mask, self.model.decoder.cross_keys_values(enc_output), empty)
 
     @torch.no_grad()
-    def step(self, state: TorchState, tokens: np.ndarray) -> tuple[TorchState, np.ndarray]:
+    def step(self, state: TorchState, tokens: np.ndarray, rule: StepRule) -> tuple[TorchState, Candidates]:
         check_target_length(state.past[0][0].size(2) + 1, self.config.n_position)
         new = torch.from_numpy(tokens).to(self.device)[:, None]  # (N, 1)
-        x, present = self.model.decoder.step(new, state.past, state.cross, state.src_mask)
+        x, present = self.model.decoder.step(new, ConcatCache(state.past), state.cross, state.src_mask)
         self.step_calls += 1
         logits = self.model.project(x)[:, -1].float().cpu().numpy()  # (N, V)
-        return TorchState(state.src_mask, state.cross, present), logits
+        return TorchState(state.src_mask, state.cross, present), rule.candidates(logits)
 
-    def reorder(self, state: TorchState, rows: np.ndarray, same_sources: bool = False) -> TorchState:
-        index = torch.from_numpy(np.asarray(rows, dtype=np.int64)).to(self.device)
-        pick = lambda pairs: [(k.index_select(0, index), v.index_select(0, index)) for k, v in pairs]  # noqa: E731
-        if same_sources:
-            return TorchState(state.src_mask, state.cross, pick(state.past))
-        return TorchState(state.src_mask.index_select(0, index), pick(state.cross), pick(state.past))
+    def expand(self, state: TorchState, beams: int) -> TorchState:
+        return self.select(state, np.repeat(np.arange(len(state.src_mask)), beams))
+
+    def select(self, state: TorchState, rows: np.ndarray) -> TorchState:
+        index = self._index(rows)
+        return TorchState(state.src_mask.index_select(0, index), _pick(state.cross, index), _pick(state.past, index))
+
+    def permute(self, state: TorchState, rows: np.ndarray) -> TorchState:
+        return TorchState(state.src_mask, state.cross, _pick(state.past, self._index(rows)))
+
+    def _index(self, rows: np.ndarray) -> Tensor:
+        return torch.from_numpy(np.asarray(rows, dtype=np.int64)).to(self.device)
+
+
+def _pick(pairs: list[tuple[Tensor, Tensor]], index: Tensor) -> list[tuple[Tensor, Tensor]]:
+    return [(k.index_select(0, index), v.index_select(0, index)) for k, v in pairs]

@@ -138,9 +138,8 @@ class Translator:
                           generate: bool = False) -> Translator:
         """generate: run generate.onnx (the whole search in ONNX Runtime's BeamSearch op) instead of the loop."""
         from .ort_backend import OrtBackend
-        from .ort_buffered import OrtBufferedBackend, has_buffered_decoder
-        from .ort_fused import OrtFusedBackend
-        from .session import require_device, runs_fused_graphs
+        from .ort_search import OrtSearchBackend, has_search_step
+        from .session import require_device
         options = dataclasses.replace(session_options, device=device)
         require_device(options)
         if generate:
@@ -148,11 +147,10 @@ class Translator:
             search = GenerateBackend.open(model, options)
             return cls(search, _directory_vocab(model, search.manifest, vocab), search.config)
         manifest = read_manifest(model)
-        if device == "cpu" and has_buffered_decoder(manifest):  # the cache stays in place
-            fused = options.fused and has_buffered_decoder(manifest, OrtFusedBackend.variant) and runs_fused_graphs()
-            buffered = (OrtFusedBackend if fused else OrtBufferedBackend).open(model, options)
-            return cls(buffered, _directory_vocab(model, buffered.manifest, vocab), buffered.config,
-                       rules=_rules(model, buffered.manifest))
+        if device == "cpu" and options.search_graph and has_search_step(manifest):
+            searching = OrtSearchBackend.open(model, options)
+            return cls(searching, _directory_vocab(model, searching.manifest, vocab), searching.config,
+                       rules=_rules(model, searching.manifest))
         backend = OrtBackend.open(model, options)
         vocabulary, rules = _directory_vocab(model, backend.manifest, vocab), _rules(model, backend.manifest)
         if device == "cuda":  # keep the cache on the GPU: IO binding over torch CUDA tensors

@@ -160,7 +160,7 @@ def _files(request: RepositoryRequest, source: _Source, deployment: Deployment) 
     name, version = Path(request.name), Path(request.name) / VERSION
     copied = [source.directory / MANIFEST, *source.tokenizer_files()]
     if request.layout == "translator":
-        # the optional graphs too (decoder_step_buffered): the copied manifest lists them, and the runtime uses them
+        # the optional graphs too (decoder_step_search): the copied manifest lists them, and the runtime uses them
         variants = [] if source.engines else [v for v in GraphVariant if v.value in source.manifest["graphs"]]
         copied += [p for g in (*Graph, *variants) for p in source.graph_files(g)]
     files: dict[Path, Path | str] = {version / MODEL_SUBDIR / p.name: p for p in copied}

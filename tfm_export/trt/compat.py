@@ -23,6 +23,7 @@ from ..graphs.onnx_io import load_graph
 from .parser_ops import RELEASES, ParserRelease
 
 CONTROL_FLOW = {"If", "Loop", "Scan"}
+TOPK_MAX_K = 3840  # the largest K TensorRT's TopK takes
 LOGIC_OPS = {"Not", "And", "Or", "Xor"}
 REDUCE_OPS = {"ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2",
               "ReduceLogSum", "ReduceLogSumExp", "ReduceSumSquare"}
@@ -86,9 +87,9 @@ def check_model_dir(model_dir: Path) -> CompatReport:
     config = ModelConfig.from_dict(manifest["model"])
     specs = {**graph_specs(config), **variant_specs(config)}
     findings = []
-    for graph in [g for g in specs if g.value in manifest["graphs"] and not g.standard_ops]:
-        graph_path(model_dir, manifest, graph.value)  # not TensorRT's to check, but a damaged directory is refused
-    for graph in [g for g in specs if g.value in manifest["graphs"] and g.standard_ops]:  # TensorRT's graphs
+    for name in set(manifest["graphs"]) - {g.value for g in specs}:  # retired graphs: a damaged one is refused
+        graph_path(model_dir, manifest, name)
+    for graph in [g for g in specs if g.value in manifest["graphs"]]:
         proto = load_graph(model_dir, manifest, graph.value)
         findings += graph_findings(proto, specs[graph])
     return CompatReport(model_dir, manifest["precision"], tuple(findings), tuple(r.name for r in RELEASES))
@@ -177,6 +178,20 @@ def _node_restrictions(g: _Graph, node: onnx.NodeProto, release: ParserRelease) 
         yield f"{op}: axes must be an initializer"
     elif op == "LayerNormalization" and any(o and o in g.readers for o in node.output[1:]):
         yield "LayerNormalization: only its first output is supported, but Mean/InvStdDev are read"
+    elif op == "TopK":
+        yield from _topk_problems(g, node)
+
+
+def _topk_problems(g: _Graph, node: onnx.NodeProto) -> Iterator[str]:
+    """TensorRT's TopK takes K as a build-time constant below TOPK_MAX_K (a run-time K makes the output shapes
+    data-dependent) and returns sorted values only (from 10.1 the parser refuses sorted=0)."""
+    k = g.initializers.get(node.input[1])
+    if k is None:
+        yield "TopK with K from a tensor; TensorRT takes a constant K"
+    elif int(numpy_helper.to_array(k).reshape(-1)[0]) > TOPK_MAX_K:
+        yield f"TopK with K {int(numpy_helper.to_array(k).reshape(-1)[0])}; TensorRT takes K <= {TOPK_MAX_K}"
+    if any(a.name == "sorted" and a.i == 0 for a in node.attribute):
+        yield "TopK with sorted=0; TensorRT returns sorted values only"
 
 
 def _type_problems(g: _Graph, release: ParserRelease) -> Iterator[tuple[str, str]]:

@@ -23,10 +23,12 @@ from ..core.errors import TfmExportError, first_line
 from ..core.graph_spec import (
     BATCH,
     CAPACITY,
+    FORCED_TOKEN,
     NEW_LEN,
     PAST_LEN,
     SOURCES,
     SRC_LEN,
+    TOKEN_BIAS,
     TOTAL_LEN,
     Graph,
     GraphSpec,
@@ -82,6 +84,10 @@ def feeds(spec: GraphSpec, case: Case, types: dict[str, np.dtype], vocab: int, s
             out[tensor.name] = rng.integers(FIRST_TOKEN_ID, vocab, shape, dtype=np.int64)
         elif tensor.name == "cache_length":
             out[tensor.name] = np.array(case.past, dtype=np.int64)
+        elif tensor.name == TOKEN_BIAS:  # decoder_step_search's rules: none banned, nothing forced
+            out[tensor.name] = np.zeros(shape, types[tensor.name])
+        elif tensor.name == FORCED_TOKEN:
+            out[tensor.name] = np.array(-1, dtype=np.int64)
         elif tensor.name.endswith("attention_mask"):
             mask = np.ones(shape, dtype=np.int64)
             if shape[0] > 1:
@@ -134,7 +140,7 @@ def check_onnxruntime(model_dir: Path, trt: bool = False) -> list[CheckResult]:
     manifest = read_manifest(model_dir)
     config = ModelConfig.from_dict(manifest["model"])
     specs, results = {**graph_specs(config), **variant_specs(config)}, []
-    for graph in [g for g in specs if g.value in manifest["graphs"] and g.standard_ops]:  # TensorRT's graphs
+    for graph in [g for g in specs if g.value in manifest["graphs"]]:
         path = graph_path(model_dir, manifest, graph.value)
         spec, types = specs[graph], _input_types(model_dir, manifest, graph)
         vocab = config.src_vocab_size if graph is Graph.ENCODER else config.trg_vocab_size

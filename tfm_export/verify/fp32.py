@@ -31,9 +31,7 @@ from ..model.checkpoint import HUGGINGFACE, Checkpoint, is_hf_directory, load_ch
 from ..runtime import decoding
 from ..runtime.decoding import GraphBackend
 from ..runtime.ort_backend import OrtBackend
-from ..runtime.ort_buffered import OrtBufferedBackend, has_buffered_decoder
-from ..runtime.ort_fused import OrtFusedBackend
-from ..runtime.session import runs_fused_graphs
+from ..runtime.ort_search import SEARCH, OrtSearchBackend, has_search_step
 from .hf_generate import HfGenerate
 
 
@@ -112,12 +110,10 @@ def _oracle(ckpt: Checkpoint) -> Callable[[np.ndarray, int, int], list[tuple[int
 
 def graph_backends(directory: Path) -> dict[str, GraphBackend]:
     """The directory's decoders, each labelled for the report: the contract's decoder_step, and
-    decoder_step_buffered and decoder_step_fused (what `tfm-run translate` runs on the CPU) where the directory
-    has them."""
+    decoder_step_search (what `tfm-run translate` runs on the CPU) where the directory has it."""
     backends: dict[str, GraphBackend] = {"": OrtBackend.open(directory)}
-    for kind in (OrtBufferedBackend, *([OrtFusedBackend] if runs_fused_graphs() else [])):
-        if has_buffered_decoder(backends[""].manifest, kind.variant):
-            backends[f", {kind.variant.value}"] = kind.open(directory)
+    if has_search_step(backends[""].manifest):
+        backends[f", {SEARCH.value}"] = OrtSearchBackend.open(directory)
     return backends
 
 

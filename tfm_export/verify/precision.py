@@ -154,7 +154,7 @@ def compare_precision(directory: Path, parent: Path, texts: Sequence[str], refer
     references = [references[i] for i in rows] if references is not None else None
     precision = model.backend.manifest["precision"]
     # tensor errors on the contract's graphs; the decodes below run what `tfm-run translate` runs (on the CPU,
-    # decoder_step_buffered where the directories have it)
+    # decoder_step_search where the directories have it)
     errors = graph_errors(OrtBackend.open(directory), OrtBackend.open(parent), texts, reference.vocab.source)
     decodes = compare_decodes(model, reference, texts, beam_size, references)
     threshold = MIN_AGREEMENT[precision] if min_agreement is None else min_agreement

@@ -1,19 +1,20 @@
-"""ONNX Runtime on the CPU with the cache kept in place: decoder_step_buffered over IO binding.
+"""ONNX Runtime with the cache kept in place and the search's reduction in the graph: decoder_step_search over IO
+binding (core.graph_spec.search_step_spec).
 
-The contract's decoder_step returns the whole grown cache, so each step ONNX Runtime copies every layer's
-cache (Concat), allocates it and its logits afresh, and Python converts 4 x layers arrays in and out of
-the session. Here the self-attention cache lives in NumPy buffers of fixed capacity that are bound to the
-session once (OrtValues share their memory), as are the logits and the new token's keys/values; a step
-writes the token and the cache length into bound arrays, runs, and copies each layer's new key/value into
-its buffer. Buffers grow in place by `capacity_step` positions when full (so growing never holds two
-copies of any of it); beams that reshuffle within their input move only the rows that change. All layers' keys
-live in one array and all values in another (each layer's tensor a contiguous block of it), so a beam reorder
-is two copies, not one per layer and kind.
+The contract's decoder_step returns the whole grown cache, so each step ONNX Runtime copies every layer's cache
+(Concat), allocates it and the logits afresh, and Python reduces V logits per row. Here the self-attention cache
+lives in NumPy buffers of fixed capacity bound to the session once (OrtValues share their memory), each bound as
+both a past input and its present output, so the graph's write of the new token's keys/values lands in place;
+the step's token, length and decoding rules are written into bound arrays and only K candidates per row come
+back. Buffers grow in place by `capacity_step` positions when full (so growing never holds two copies of any of
+it); beams that reshuffle within their input move only the rows that change. All layers' keys live in one array
+and all values in another (each layer's tensor a contiguous block of it), so a beam reorder is two copies, not
+one per layer and kind.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -23,18 +24,21 @@ from ..artifacts.manifest import ModelDirError
 from ..artifacts.model_dir import read_manifest, shared_initializers, verified_graphs
 from ..core.config import ModelConfig
 from ..core.graph_spec import (
-    SEQLENS_K,
-    SOURCES,
-    TOTAL_SEQUENCE_LENGTH,
+    FORCED_TOKEN,
+    TOKEN_BIAS,
+    TOP_IDS,
+    TOP_LOGPROBS,
     Graph,
     GraphVariant,
-    cache_head_sizes,
     cache_names,
     graph_specs,
+    search_top_k,
     variant_specs,
 )
 from ..core.machine import LARGE_BLOCK_BYTES
 from ..core.sources import check_source_length, check_target_length
+from ..core.token_rules import SEED_RULES, TokenRules
+from .decoding import Candidates, StepRule
 from .ort_backend import directory_options, open_graph, run_encoder
 from .session import DEFAULT_OPTIONS, SessionOptions
 
@@ -42,8 +46,12 @@ CAPACITY_STEP = 16  # positions added when a cache buffer is full: attention rea
 REORDER_BYTES = LARGE_BLOCK_BYTES // 4  # reorders and growth copy rows in pieces of about this size (twice at most)
 
 
-def has_buffered_decoder(manifest: dict, variant: GraphVariant = GraphVariant.DECODER_STEP_BUFFERED) -> bool:
-    return variant.value in manifest.get("graphs", {})
+SEARCH = GraphVariant.DECODER_STEP_SEARCH
+LOGITS_ONLY = StepRule(SEED_RULES, 1)  # a step whose candidates nobody reads (run_step's logits)
+
+
+def has_search_step(manifest: dict) -> bool:
+    return SEARCH.value in manifest.get("graphs", {})
 
 
 @dataclass
@@ -55,18 +63,37 @@ class Buffers:
     length: np.ndarray  # () int64, filled cache positions
     blocks: list[np.ndarray]  # per kind (keys, values) the owning (layers * N, nh, capacity, d) array
     cache: list[np.ndarray]  # per layer key, value: (N, nh, capacity, d), views into blocks
-    new: list[np.ndarray]  # per layer key, value: (N, nh, 1, d), the step's own
     logits: np.ndarray  # (N, 1, V)
+    top: tuple[np.ndarray, np.ndarray]  # (N, K) log-probabilities and ids, best first
     values: list[ort.OrtValue]  # what is bound: the session reads and writes their memory
-    filled: np.ndarray | None = None  # decoder_step_fused: (N,) int32 seqlens_k, each row's filled positions
-    total: np.ndarray | None = None  # decoder_step_fused: () int32 total_sequence_length, one more
 
 
-@dataclass(frozen=True)
-class BufferedState:
+@dataclass
+class Rules:
+    """The decoding-rule inputs, bound with every row set: the (V,) token bias and the forced token."""
+
+    bias: np.ndarray
+    forced: np.ndarray = field(default_factory=lambda: np.full((), -1, np.int64))
+    banned: tuple[int, ...] | None = None  # whose ids the bias holds at -inf
+
+    def apply(self, rule: StepRule) -> None:
+        rules: TokenRules = rule.rules
+        if self.banned != rules.banned:
+            self.bias[:] = 0
+            self.bias[list(rules.banned)] = -np.inf
+            self.banned = rules.banned
+        self.bias[rules.eos] = -np.inf if not rule.allow_eos or rules.eos in rules.banned else 0.0
+        self.forced[...] = -1 if rule.forced is None else rule.forced
+
+
+@dataclass
+class SearchState:
+    """A decode's state; steps and reorders update it in place."""
+
     mask: np.ndarray  # (B, S) int64, per source
     cross: tuple[np.ndarray, ...]  # per layer key (B, nh, S, dk), value (B, nh, S, dv), per source
-    length: int  # filled cache positions
+    rules: Rules
+    length: int = 0  # filled cache positions
     buffers: Buffers | None = None  # made at the first step (beam search expands the rows before it)
     group: int = 1  # rows per source: the N = B * group decoder rows are B consecutive groups
 
@@ -123,10 +150,9 @@ def move_order(rows: np.ndarray, moved: np.ndarray, per_piece: int) -> list[np.n
     return [piece for piece in np.split(moved, np.searchsorted(moved, cuts)) if len(piece)]
 
 
-def shared_values(directory: Path, manifest: dict,
-                  variant: GraphVariant = GraphVariant.DECODER_STEP_BUFFERED) -> dict[str, ort.OrtValue]:
+def shared_values(directory: Path, manifest: dict, graph: GraphVariant = SEARCH) -> dict[str, ort.OrtValue]:
     """The initializers a decoder variant shares with the encoder (the tied embedding table), read once."""
-    arrays = shared_initializers(directory, manifest, variant.value)
+    arrays = shared_initializers(directory, manifest, graph.value)
     return {name: ort.OrtValue.ortvalue_from_numpy(array) for name, array in arrays.items()}
 
 
@@ -164,103 +190,106 @@ def widen(cache: np.ndarray, capacity: int, piece_bytes: int = REORDER_BYTES) ->
     return cache
 
 
-class OrtBufferedBackend:
-    """decoding.StepBackend on an encoder and a decoder_step_buffered session."""
-
-    variant = GraphVariant.DECODER_STEP_BUFFERED
+class OrtSearchBackend:
+    """decoding.StepBackend on an encoder and a decoder_step_search session."""
 
     def __init__(self, encoder: ort.InferenceSession, decoder: ort.InferenceSession, config: ModelConfig,
                  manifest: dict | None = None, capacity_step: int = CAPACITY_STEP,
                  shared: dict[str, ort.OrtValue] | None = None) -> None:
         self.encoder, self.decoder, self.config, self.manifest = encoder, decoder, config, manifest or {}
-        self.capacity_step = capacity_step
+        self.capacity_step, self.top_k = capacity_step, search_top_k(config)
         self.names = cache_names(config)
         kind = next(i.type for i in decoder.get_inputs() if i.name == self.names.self_inputs[0])
         self.cache_dtype = np.dtype(np.float16 if kind == "tensor(float16)" else np.float32)
         self.step_calls = 0  # decoder runs, for tests that count work
-        # graphs exported before the encoder's keys/values came per source take them per row
-        mask = next(i for i in decoder.get_inputs() if i.name == "encoder_attention_mask")
-        self.per_source = mask.shape[0] == SOURCES
         self.shared = shared or {}  # memory both sessions read (shared_values): must live as long as they do
 
     @classmethod
     def open(cls, directory: Path, options: SessionOptions = DEFAULT_OPTIONS,
-             capacity_step: int = CAPACITY_STEP) -> OrtBufferedBackend:
+             capacity_step: int = CAPACITY_STEP) -> OrtSearchBackend:
         manifest = read_manifest(Path(directory))
-        if not has_buffered_decoder(manifest, cls.variant):
-            raise ModelDirError(f"{directory}: has no {cls.variant.filename}; export the model again with "
+        if not has_search_step(manifest):
+            raise ModelDirError(f"{directory}: has no {SEARCH.filename}; export the model again with "
                                 "`tfm-export onnx`")
         options = directory_options(manifest, options)
         if options.memory_arena is None:
             options = replace(options, memory_arena=False)
         config = ModelConfig.from_dict(manifest["model"])
         paths = verified_graphs(Path(directory), manifest)
-        shared = shared_values(Path(directory), manifest, cls.variant)
+        shared = shared_values(Path(directory), manifest)
         encoder = open_graph(paths[Graph.ENCODER.value], graph_specs(config)[Graph.ENCODER], options,
                              sharing(shared, prepacked=False))
-        decoder = open_graph(paths[cls.variant.value], variant_specs(config)[cls.variant], options, sharing(shared))
+        decoder = open_graph(paths[SEARCH.value], variant_specs(config)[SEARCH], options, sharing(shared))
         return cls(encoder, decoder, config, manifest, capacity_step, shared)
 
     def run_encoder(self, src: np.ndarray) -> dict[str, np.ndarray]:
         return run_encoder(self.encoder, src, self.config.src_pad_idx)
 
-    def encode(self, src: np.ndarray) -> BufferedState:
+    def encode(self, src: np.ndarray) -> SearchState:
         check_source_length(src.shape[1], self.config.n_position)
         out = self.run_encoder(src)
         mask = (src != self.config.src_pad_idx).astype(np.int64)
-        return BufferedState(mask, tuple(out[n] for n in self.names.cross_outputs), 0)
+        bias = Rules(np.zeros(self.config.trg_vocab_size, np.float32))
+        return SearchState(mask, tuple(out[n] for n in self.names.cross_outputs), bias)
 
-    def step(self, state: BufferedState, tokens: np.ndarray) -> tuple[BufferedState, np.ndarray]:
-        """The returned logits are a view of the bound output buffer, valid until the next step."""
+    def step(self, state: SearchState, tokens: np.ndarray, rule: StepRule) -> tuple[SearchState, Candidates]:
+        """Candidates and logits are views of the bound outputs, valid until the next step. A rule asking for more
+        candidates than the graph's K (wider beams) is served from the logits."""
         check_target_length(state.length + 1, self.config.n_position)
         buffers = state.buffers
         if buffers is None or state.length == buffers.blocks[0].shape[2]:
             buffers = self._bind(state, self._grown(state), buffers)
         buffers.ids[:, 0] = tokens
         buffers.length[...] = state.length
-        if buffers.filled is not None:  # decoder_step_fused: GroupQueryAttention's own counts
-            buffers.filled[...] = state.length
-            buffers.total[...] = state.length + 1
+        state.rules.apply(rule)
         self.decoder.run_with_iobinding(buffers.binding)
         self.step_calls += 1
-        if buffers.new:  # decoder_step_buffered returns the new keys/values; decoder_step_fused wrote them itself
-            for cache, new in zip(buffers.cache, buffers.new, strict=True):
-                cache[:, :, state.length] = new[:, :, 0]
-        return replace(state, length=state.length + 1, buffers=buffers), buffers.logits[:, 0]
+        state.length, state.buffers = state.length + 1, buffers
+        if rule.count > self.top_k:
+            return state, rule.candidates(buffers.logits[:, 0])
+        return state, Candidates(*buffers.top, buffers.logits[:, 0])
 
-    def run_step(self, state: BufferedState, input_ids: np.ndarray) -> tuple[BufferedState, np.ndarray]:
+    def run_step(self, state: SearchState, input_ids: np.ndarray) -> tuple[SearchState, np.ndarray]:
         """(N, T) tokens, one call each (the graph takes one token per call) -> (N, T, V) logits."""
         logits = []
         for t in range(input_ids.shape[1]):
-            state, step_logits = self.step(state, input_ids[:, t])
-            logits.append(step_logits.copy())
+            state, found = self.step(state, input_ids[:, t], LOGITS_ONLY)
+            logits.append(found.logits.copy())
         return state, np.stack(logits, axis=1)
 
-    def reorder(self, state: BufferedState, rows: np.ndarray, same_sources: bool = False) -> BufferedState:
-        """Beams reshuffled within their inputs move only the rows that change, in place (most keep theirs);
-        any other change of rows gathers new buffers."""
-        rows = np.asarray(rows)
-        buffers = state.buffers
-        if same_sources and len(rows) == state.rows:
-            moved = np.flatnonzero(rows != np.arange(len(rows)))
-            if buffers is not None and len(moved):
-                kinds = [by_layer(block, len(rows)) for block in buffers.blocks]  # (layers, N, ...) each
-                row_bytes = max(kind[:, 0, :, :state.length].nbytes for kind in kinds)
-                pieces = move_order(rows, moved, max(1, REORDER_BYTES // row_bytes))
-                for kind in kinds:
-                    for piece in pieces:  # within a piece the right side is gathered first, so overlaps are safe
-                        kind[:, piece, :, :state.length] = kind[:, rows[piece], :, :state.length]
+    def expand(self, state: SearchState, beams: int) -> SearchState:
+        if state.buffers is None:  # before the first step: the rows are only a count so far
+            state.group *= beams
             return state
-        sources, group = source_groups(rows // state.group) if self.per_source else (rows // state.group, 1)
-        moved_state = BufferedState(state.mask, state.cross, state.length, group=group)
-        if not np.array_equal(sources, np.arange(len(state.mask))):  # beam search's expansion keeps them as they are
-            moved_state = replace(moved_state, mask=state.mask[sources], cross=tuple(a[sources] for a in state.cross))
-        if buffers is None:
-            return moved_state
-        blocks = [gathered(block, state.rows, rows) for block in buffers.blocks]
-        return replace(moved_state, buffers=self._bind(moved_state, blocks))
+        return self.select(state, np.repeat(np.arange(state.rows), beams))
 
-    def _grown(self, state: BufferedState) -> list[np.ndarray]:
+    def permute(self, state: SearchState, rows: np.ndarray) -> SearchState:
+        """Only the rows that change move, in place (most beams keep their row from step to step)."""
+        rows, buffers = np.asarray(rows), state.buffers
+        moved = np.flatnonzero(rows != np.arange(len(rows)))
+        if buffers is None or not len(moved):
+            return state
+        kinds = [by_layer(block, len(rows)) for block in buffers.blocks]  # (layers, N, ...) each
+        row_bytes = max(kind[:, 0, :, :state.length].nbytes for kind in kinds)
+        pieces = move_order(rows, moved, max(1, REORDER_BYTES // row_bytes))
+        for kind in kinds:
+            for piece in pieces:  # within a piece the right side is gathered first, so overlaps are safe
+                kind[:, piece, :, :state.length] = kind[:, rows[piece], :, :state.length]
+        return state
+
+    def select(self, state: SearchState, rows: np.ndarray) -> SearchState:
+        """New buffers with the kept rows; the sources whose rows remain, grouped where they form equal groups."""
+        rows = np.asarray(rows)
+        sources, group = source_groups(rows // state.group)
+        old = state.buffers
+        if not np.array_equal(sources, np.arange(len(state.mask))):
+            state.mask, state.cross = state.mask[sources], tuple(a[sources] for a in state.cross)
+        state.group, state.buffers = group, None
+        if old is not None:
+            state.buffers = self._bind(state, [gathered(block, len(old.cache[0]), rows) for block in old.blocks])
+        return state
+
+    def _grown(self, state: SearchState) -> list[np.ndarray]:
         """The cache blocks with room for capacity_step more positions (zeros: the graph reads unused positions,
         so they must be finite). Existing blocks grow in place (widen), so growing never holds a second copy."""
         rows, cfg = state.rows, self.config
@@ -275,42 +304,29 @@ class OrtBufferedBackend:
         state.buffers.cache.clear()
         return [widen(block, capacity) for block in state.buffers.blocks]
 
-    def _new_buffers(self, binding: ort.IOBinding, rows: int, blocks: list[np.ndarray]) -> Buffers:
-        """The arrays a row set binds besides its cache: decoder_step_buffered's return the new keys/values."""
-        cfg = self.config
-        return Buffers(binding, np.zeros((rows, 1), np.int64), np.zeros((), np.int64), blocks,
-                       layer_views(blocks, rows),
-                       [np.zeros((rows, cfg.n_head, 1, d), self.cache_dtype) for d in cache_head_sizes(cfg)],
-                       np.zeros((rows, 1, cfg.trg_vocab_size), np.float32), [])
-
-    def _bind(self, state: BufferedState, blocks: list[np.ndarray], same_rows: Buffers | None = None) -> Buffers:
-        """Bind a row set's inputs, cache and outputs once; steps only write into the bound arrays.
+    def _bind(self, state: SearchState, blocks: list[np.ndarray], same_rows: Buffers | None = None) -> Buffers:
+        """Bind a row set's inputs, cache and outputs once; steps only write into the bound arrays. Each cache
+        buffer's OrtValue is bound as its present output too: the graph writes the new token into it in place.
         same_rows: the buffers of these very rows (a grown cache), whose other arrays are bound again rather than
-        made anew (a second logits array alive at once would be the memory peak). Where the buffers carry
-        GroupQueryAttention's counts (decoder_step_fused), each cache buffer's OrtValue is bound as its present
-        output too: the graph extends the buffers in place."""
-        binding = self.decoder.io_binding()
+        made anew (a second logits array alive at once would be the memory peak)."""
+        binding, rows, cfg = self.decoder.io_binding(), state.rows, self.config
         if same_rows is None:
-            buffers = self._new_buffers(binding, state.rows, blocks)
+            buffers = Buffers(binding, np.zeros((rows, 1), np.int64), np.zeros((), np.int64), blocks,
+                              layer_views(blocks, rows), np.zeros((rows, 1, cfg.trg_vocab_size), np.float32),
+                              (np.zeros((rows, self.top_k), np.float32), np.zeros((rows, self.top_k), np.int64)), [])
         else:
-            buffers = replace(same_rows, binding=binding, blocks=blocks, cache=layer_views(blocks, state.rows),
-                              values=[])
-        cache = buffers.cache
-        counts = {} if buffers.filled is None else {SEQLENS_K: buffers.filled,
-                                                     TOTAL_SEQUENCE_LENGTH: buffers.total}
+            buffers = replace(same_rows, binding=binding, blocks=blocks, cache=layer_views(blocks, rows), values=[])
         inputs = {"input_ids": buffers.ids, "encoder_attention_mask": state.mask, "cache_length": buffers.length,
-                  **counts, **dict(zip(self.names.self_inputs, cache, strict=True)),
+                  TOKEN_BIAS: state.rules.bias, FORCED_TOKEN: state.rules.forced,
+                  **dict(zip(self.names.self_inputs, buffers.cache, strict=True)),
                   **dict(zip(self.names.cross_inputs, state.cross, strict=True))}
-        outputs = {"logits": buffers.logits}
-        if buffers.new:  # decoder_step_buffered returns the new token's keys/values
-            outputs |= dict(zip(self.names.new_outputs, buffers.new, strict=True))
+        outputs = {"logits": buffers.logits, TOP_LOGPROBS: buffers.top[0], TOP_IDS: buffers.top[1]}
         bound = {}
         for names, bind in ((inputs, binding.bind_ortvalue_input), (outputs, binding.bind_ortvalue_output)):
             for name, array in names.items():
                 bound[name] = ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(array))
                 bind(name, bound[name])
-        if counts:
-            for past, present in zip(self.names.self_inputs, self.names.self_outputs, strict=True):
-                binding.bind_ortvalue_output(present, bound[past])
+        for past, present in zip(self.names.self_inputs, self.names.self_outputs, strict=True):
+            binding.bind_ortvalue_output(present, bound[past])
         buffers.values.extend(bound.values())
         return buffers

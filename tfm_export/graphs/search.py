@@ -1,0 +1,59 @@
+"""decoder_step_search: the decoder's own step over in-place cache buffers, ending in the search's reduction
+(core.graph_spec.search_step_spec).
+
+The maths is the model's (`Decoder.step` over a model.cache.BufferCache); this module only adds what the search
+does with a step's logits, so that K numbers per row leave the graph instead of the vocabulary's logits:
+log-softmax over every token, the decoding rules (an additive token bias: banned ids and </s> before the minimum
+length at -inf; a forced token, whose log-probability becomes 0 as generate()'s forcing leaves it), then TopK,
+sorted, ties to the lower id (ONNX TopK's order, the reference decoders' rule).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..core.graph_spec import search_top_k
+from ..core.tokenizer import FIRST_TOKEN_ID
+from ..model.cache import BufferCache
+from ..model.transformer import Transformer
+
+
+def select(logits: Tensor, token_bias: Tensor, forced_token: Tensor, k: int) -> tuple[Tensor, Tensor]:
+    """(N, V) logits -> (N, k) log-probabilities after the rules and their ids, best first."""
+    logp = F.log_softmax(logits.float(), dim=-1) + token_bias
+    only = torch.where(torch.arange(logits.size(-1)) == forced_token, 0.0, -torch.inf)
+    return torch.topk(torch.where(forced_token >= 0, only, logp), k, dim=-1)
+
+
+class SearchStepGraph(nn.Module):
+    def __init__(self, model: Transformer) -> None:
+        super().__init__()
+        self.model, self.k = model, search_top_k(model.config)
+
+    def forward(self, input_ids: Tensor, encoder_attention_mask: Tensor, cache_length: Tensor, token_bias: Tensor,
+                forced_token: Tensor, *past: Tensor) -> tuple[Tensor, ...]:
+        # past, per layer: decoder key buffer, decoder value buffer, encoder key, encoder value (per source)
+        layers = [past[4 * i:4 * i + 4] for i in range(len(past) // 4)]
+        src_mask = (encoder_attention_mask != 0).unsqueeze(1)  # (B, 1, S)
+        cache = BufferCache([(k, v) for k, v, _, _ in layers], cache_length)
+        x, present = self.model.decoder.step(input_ids, cache, [(k, v) for _, _, k, v in layers], src_mask)
+        logits = self.model.project(x)  # (N, 1, V)
+        values, ids = select(logits[:, 0], token_bias, forced_token, self.k)
+        return (logits, values, ids, *[t for kv in present for t in kv])
+
+
+def search_example_inputs(model: Transformer, sources: int = 2, group: int = 3, src_len: int = 5,
+                          capacity: int = 4) -> tuple[Tensor, ...]:
+    """Inputs for tracing: every dynamic size distinct and > 1 so the exporter keeps them symbolic."""
+    cfg, batch = model.config, sources * group
+    mask = torch.ones(sources, src_len, dtype=torch.long)
+    past = []
+    for _ in range(cfg.n_layers):
+        past += [torch.randn(batch, cfg.n_head, capacity, cfg.d_k), torch.randn(batch, cfg.n_head, capacity, cfg.d_v),
+                 torch.randn(sources, cfg.n_head, src_len, cfg.d_k),
+                 torch.randn(sources, cfg.n_head, src_len, cfg.d_v)]
+    ids = torch.randint(FIRST_TOKEN_ID, cfg.trg_vocab_size, (batch, 1))
+    bias = torch.zeros(cfg.trg_vocab_size)
+    return (ids, mask, torch.tensor(capacity - 1), bias, torch.tensor(-1), *past)
