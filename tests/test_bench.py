@@ -219,7 +219,7 @@ def test_the_step_floor_puts_a_short_cell_out_of_reach_only_when_its_fastest_ste
     rss = {"ort-fp32": 800, "ct2-fp32": 800, "ort-int8-dynamic": 500, "ct2-int8": 500}
     int8 = {"ort-int8-dynamic": [300.0] * 3, "ct2-int8": [100.0] * 3}
     report = _report({"ort-fp32": [200.0] * 3, "ct2-fp32": [200 / 1.2497, 200 / 1.3, 200 / 1.2], **int8}, rss)
-    row = "ONNX Runtime's fastest whole step"
+    row = "ONNX Runtime's whole step"
 
     def judged(floors: dict[str, float]) -> str:
         lines = targets({"base": {**report, "step_floor_ms": {"len 64, beam 1, batch 1": floors}}}).splitlines()

@@ -273,13 +273,17 @@ def _generate(directory: Path, sources: list[list[int]], pad: int, **options) ->
 
 
 def _backends(model: Transformer):
+    """PyTorch, and ONNX Runtime through the contract's decoder_step and through decoder_step_search."""
     from tfm_export.runtime.ort_backend import OrtBackend
+    from tfm_export.runtime.ort_search import OrtSearchBackend
     from tfm_export.runtime.torch_backend import TorchBackend
-    protos = export_all(model, 17, variants=False)
+    protos = export_all(model, 17)
     sessions = {graph.filename: ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
                 for graph, proto in protos.items()}
+    encoder = sessions["encoder.onnx"]
     return {"torch": TorchBackend(model),
-            "onnxruntime": OrtBackend(sessions["encoder.onnx"], sessions["decoder_step.onnx"], model.config)}
+            "onnxruntime": OrtBackend(encoder, sessions["decoder_step.onnx"], model.config),
+            "decoder_step_search": OrtSearchBackend(encoder, sessions["decoder_step_search.onnx"], model.config)}
 
 
 def test_greedy_matches_generate(hf_case) -> None:
@@ -367,10 +371,10 @@ def test_beam_early_stopping_matches_generate(marian_dir, early_stopping, penalt
     options = dict(num_beams=4, do_sample=False, length_penalty=penalty)
     want = _generate(marian_dir, sources, rules.pad, early_stopping=early_stopping, **options)
     assert want != _generate(marian_dir, sources, rules.pad, early_stopping=False, **options)  # the rule acts
-    backend = _backends(model)["onnxruntime"]
-    got = decoding.transformers_beam_search(backend, pad_batch(sources, rules.pad), 4, rules.max_new_tokens, penalty,
-                                            rules=rules)
-    assert [h[0].tokens for h in got] == want
+    for label, backend in _backends(model).items():
+        got = decoding.transformers_beam_search(backend, pad_batch(sources, rules.pad), 4, rules.max_new_tokens,
+                                                penalty, rules=rules)
+        assert [h[0].tokens for h in got] == want, label
 
 
 def test_generation_settings_not_applied_are_named(marian_dir, tmp_path, caplog) -> None:

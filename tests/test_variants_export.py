@@ -27,6 +27,7 @@ from tfm_export.precision.int8 import logits_nodes
 from tfm_export.precision.pipeline import Calibration, quantize_model_dir
 from tfm_export.runtime import decoding
 from tfm_export.runtime.ort_backend import OrtBackend
+from tfm_export.runtime.ort_search import OrtSearchBackend
 from tfm_export.trt.compat import check_model_dir
 
 # An eps is one attribute of LayerNormalization: the NumPy oracle and CTranslate2 check it (test_variants_model).
@@ -75,16 +76,18 @@ def test_parity_over_30_cached_steps(exported):
         assert_stepwise_parity(ckpt, directory, batch)
 
 
-def test_greedy_and_beam_4_are_token_identical_to_the_reference_decoders(exported):
+@pytest.mark.parametrize("kind", [OrtBackend, OrtSearchBackend], ids=["decoder_step", "decoder_step_search"])
+def test_greedy_and_beam_4_are_token_identical_to_the_reference_decoders(exported, kind):
     _, ckpt, directory = exported
-    backend, src = OrtBackend.open(directory), random_sources(ckpt.config.src_vocab_size, 8, 14, seed=5)
+    backend, src = kind.open(directory), random_sources(ckpt.config.src_vocab_size, 7, 14, seed=5)
     got = decoding.greedy(backend, src, 30)
     want = reference_decoding.greedy_decode(ckpt.model, torch.from_numpy(src), 30)
     assert [h.tokens for h in got] == [h.tokens for h in want]
     assert len({h.tokens for h in want}) > 1, "outputs must depend on the source for this to prove anything"
-    got_b = decoding.beam_search(backend, src, 4, 30)
-    want_b = reference_decoding.beam_search(ckpt.model, torch.from_numpy(src), 4, 30)
-    assert [h[0].tokens for h in got_b] == [h[0].tokens for h in want_b]
+    for penalty in (0.6, 2.0):
+        got_b = decoding.beam_search(backend, src, 4, 30, penalty, n_best=2)
+        want_b = reference_decoding.beam_search(ckpt.model, torch.from_numpy(src), 4, 30, penalty, n_best=2)
+        assert [[h.tokens for h in nb] for nb in got_b] == [[h.tokens for h in nb] for nb in want_b]
 
 
 def test_graphs_use_standard_ops_at_opset_17_and_pass_tensorrt_checks(exported):

@@ -70,16 +70,20 @@ class MultiHeadAttention(Residual):
         self.dropout = nn.Dropout(dropout)
         self._add_norms(d_model, style)
 
-    def _heads(self, x: Tensor, linear: nn.Linear, size: int) -> Tensor:
+    def _heads(self, x: Tensor, linear: nn.Linear, size: int, single: bool = False) -> Tensor:
+        """single: x holds one token per row (T = 1), whose head split is a reshape: no Transpose in the graph."""
         b, t, _ = x.shape
+        if single:
+            return linear(x).view(b, self.n_head, 1, size)
         return linear(x).view(b, t, self.n_head, size).transpose(1, 2)  # (B, nh, T, size)
 
-    def keys_values(self, k: Tensor, v: Tensor, rotary: Rotary | None = None) -> tuple[Tensor, Tensor]:
+    def keys_values(self, k: Tensor, v: Tensor, rotary: Rotary | None = None,
+                    single: bool = False) -> tuple[Tensor, Tensor]:
         """Project key/value inputs (B, T, C) to heads: (B, nh, T, d_k), (B, nh, T, d_v)."""
-        keys = self._heads(k, self.w_ks, self.d_k)
+        keys = self._heads(k, self.w_ks, self.d_k, single)
         if rotary is not None:
             keys = rotate_pairs(keys, *rotary)
-        return keys, self._heads(v, self.w_vs, self.d_v)
+        return keys, self._heads(v, self.w_vs, self.d_v, single)
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """q: (B, Tq, C) input; k, v: projected heads; mask: (B, 1|Tq, Tk). Returns the sublayer's output
@@ -87,28 +91,30 @@ class MultiHeadAttention(Residual):
         return self._attend(q, self.sublayer_input(q), k, v, mask)
 
     def self_attend(self, x: Tensor, mask: Tensor | None, bias: Tensor | None = None, rotary: Rotary | None = None,
-                    extend: Extend | None = None) -> tuple[Tensor, Tensor, Tensor]:
+                    extend: Extend | None = None, single: bool = False) -> tuple[Tensor, Tensor, Tensor]:
         """Self-attention over x (B, T, C); `extend` puts the new keys/values (B, nh, T, d) into a decoder's
-        cache and returns everything the attention reads (model.cache). Returns the output and those keys and
-        values. Keys see the normalised input, as queries do."""
+        cache and returns everything the attention reads (model.cache); single: one token per row. Returns the
+        output and those keys and values. Keys see the normalised input, as queries do."""
         h = self.sublayer_input(x)
-        k, v = self.keys_values(h, h, rotary)
+        k, v = self.keys_values(h, h, rotary, single)
         if extend is not None:
             k, v = extend(k, v)
-        out, _ = self._attend(x, h, k, v, mask, bias, rotary)
+        out, _ = self._attend(x, h, k, v, mask, bias, rotary, single)
         return out, k, v
 
     def _attend(self, x: Tensor, h: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, bias: Tensor | None = None,
-                rotary: Rotary | None = None) -> tuple[Tensor, Tensor]:
+                rotary: Rotary | None = None, single: bool = False) -> tuple[Tensor, Tensor]:
         """x: the residual stream; h: what the queries are projected from (x, or its norm)."""
         b, len_q, _ = x.shape
         residual = x
-        heads = self._heads(h, self.w_qs, self.d_k)
+        heads = self._heads(h, self.w_qs, self.d_k, single)
         if rotary is not None:
             heads = rotate_pairs(heads, *rotary)
         if mask is not None:
             mask = mask.unsqueeze(1)  # broadcast over heads
         out, attn = self.attention(heads, k, v, mask=mask, bias=bias)
+        if single:  # (B, nh, 1, dv) is laid out as (B, 1, nh*dv)
+            return self.residual(residual, self.dropout(self.fc(out.view(b, 1, -1)))), attn
         out = out.transpose(1, 2).contiguous().view(b, len_q, -1)  # (B, Tq, nh*dv)
         return self.residual(residual, self.dropout(self.fc(out))), attn
 

@@ -19,8 +19,8 @@ KV = tuple[Tensor, Tensor]
 
 @torch.library.custom_op("tfm::write_at", mutates_args=())
 def write_at(buffer: Tensor, index: Tensor, update: Tensor) -> Tensor:
-    """ONNX ScatterND: `buffer` with update[i, j] written at buffer[index[i, j]]; index (N, nh, 3) holds (row,
-    head, position) triples. One op of its own so that it exports as that single node (graphs.export)."""
+    """ONNX ScatterND: `buffer` with update[i, j, 0] written at buffer[index[i, j, 0]]; index (N, nh, 1, 3) holds
+    (row, head, position) triples. One op of its own so that it exports as that single node (graphs.export)."""
     out = buffer.clone()
     out[tuple(index.unbind(-1))] = update
     return out
@@ -34,7 +34,7 @@ def _(buffer: Tensor, index: Tensor, update: Tensor) -> Tensor:
 class ConcatCache:
     """past: per layer (keys, values), (N, nh, P, d) each; new tokens start at position P."""
 
-    per_source = False  # the encoder's keys/values come per row
+    single = False  # any number of new tokens; the encoder's keys/values come per row
 
     def __init__(self, past: list[KV]) -> None:
         self.past, self.present = past, []
@@ -53,19 +53,19 @@ class BufferCache:
     """buffers: per layer (keys, values), (N, nh, capacity, d) each, filled up to `length` (a () int64 tensor);
     one new token per row."""
 
-    per_source = True
+    single = True  # one new token per row; the encoder's keys/values come per source
 
     def __init__(self, buffers: list[KV], length: Tensor) -> None:
         self.buffers, self.present, self.start = buffers, [], length
         rows, heads = buffers[0][0].shape[:2]
         grid = torch.stack(torch.meshgrid(torch.arange(rows), torch.arange(heads), indexing="ij"), dim=-1)
-        self.index = torch.cat([grid, length.view(1, 1, 1).expand(rows, heads, 1)], dim=-1)  # (N, nh, 3)
+        self.index = torch.cat([grid, length.view(1, 1, 1).expand(rows, heads, 1)], dim=-1)[:, :, None]  # (N, nh, 1, 3)
 
     def key_length(self, new_len: int | Tensor) -> int | Tensor:
         return self.buffers[0][0].size(2)
 
     def extend(self, layer: int, keys: Tensor, values: Tensor) -> KV:
         """keys/values: (N, nh, 1, d), written at `length`."""
-        self.present.append(tuple(write_at(buffer, self.index, new[:, :, 0])
+        self.present.append(tuple(write_at(buffer, self.index, new)
                                   for buffer, new in zip(self.buffers[layer], (keys, values), strict=True)))
         return self.present[-1]

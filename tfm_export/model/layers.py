@@ -48,13 +48,13 @@ class DecoderLayer(nn.Module):
 
     def step(self, x: Tensor, extend: Extend, enc_k: Tensor, enc_v: Tensor, slf_attn_mask: Tensor,
              dec_enc_attn_mask: Tensor, bias: Tensor | None = None, rotary: Rotary | None = None,
-             per_source: bool = False) -> Tensor:
+             single: bool = False) -> Tensor:
         """forward() for new tokens only, `extend` putting their keys/values into the cache (model.cache).
-        per_source: enc_k/enc_v/mask come once per source and x's rows (one token each) are equal consecutive
+        single: one token per row, and enc_k/enc_v/mask come once per source, x's rows being equal consecutive
         groups per source; a group's rows are one query sequence over its source (cross-attention is per
         position, so this is the same maths without a copy of the source's keys per row)."""
-        x, _, _ = self.slf_attn.self_attend(x, slf_attn_mask, bias, rotary, extend)
-        if per_source:
+        x, _, _ = self.slf_attn.self_attend(x, slf_attn_mask, bias, rotary, extend, single)
+        if single:
             rows = x.shape
             x, _ = self.enc_attn.attend(x.reshape(enc_k.size(0), -1, rows[-1]), enc_k, enc_v, mask=dec_enc_attn_mask)
             x = x.reshape(rows)

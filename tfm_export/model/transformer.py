@@ -119,7 +119,7 @@ class Decoder(Embedder):
         mask = step_mask(start, trg_new.size(1), keys)
         bias, rotary = self._positions(x, start, keys)
         for i, (layer, (ek, ev)) in enumerate(zip(self.layer_stack, cross, strict=True)):
-            x = layer.step(x, partial(cache.extend, i), ek, ev, mask, src_mask, bias, rotary, cache.per_source)
+            x = layer.step(x, partial(cache.extend, i), ek, ev, mask, src_mask, bias, rotary, cache.single)
         return self._final(x), cache.present
 
 

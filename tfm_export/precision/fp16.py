@@ -16,12 +16,13 @@ import onnx
 from onnxruntime.transformers.float16 import convert_float_to_float16
 from onnxruntime.transformers.onnx_model import OnnxModel
 
+from ..core.graph_spec import TOKEN_BIAS, TOP_LOGPROBS
 from ..graphs.roles import role_nodes
 
 FP32_OPS = ("LayerNormalization", "Softmax")
 FP16_MAX = 65504.0  # weights beyond +-this become +-FP16_MAX, not inf
 FP16_MIN_POSITIVE = 5.96e-8  # smallest fp16 subnormal; smaller magnitudes would flush to zero anyway
-ALWAYS_FP32_IO = ("logits", "input_ids", "attention_mask", "encoder_attention_mask")
+ALWAYS_FP32_IO = ("logits", "input_ids", "attention_mask", "encoder_attention_mask", TOKEN_BIAS, TOP_LOGPROBS)
 
 
 def fp32_nodes(proto: onnx.ModelProto) -> dict[str, str]:
@@ -42,7 +43,20 @@ def fp32_nodes(proto: onnx.ModelProto) -> dict[str, str]:
         node = producers.get(node.input[0])
     if node is not None:
         keep[node.name] = "MatMul (logits)"
+        keep.update({n.name: f"{n.op_type} (search)" for n in _downstream(node, consumers) if n.name not in keep})
     return keep
+
+
+def _downstream(node: onnx.NodeProto, consumers: dict[str, list[onnx.NodeProto]]) -> list[onnx.NodeProto]:
+    """Every node that reads what `node` computes, directly or not: after the logits, decoder_step_search's
+    log-softmax, decoding rules and TopK, which rank candidates by float32 log-probabilities."""
+    found, todo = {}, [node]
+    while todo:
+        for reader in [c for out in todo.pop().output for c in consumers.get(out, [])]:
+            if reader.name not in found:
+                found[reader.name] = reader
+                todo.append(reader)
+    return list(found.values())
 
 
 def _unshare_fp32_initializers(proto: onnx.ModelProto, fp32_names: set[str]) -> onnx.ModelProto:
