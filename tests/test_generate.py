@@ -170,8 +170,8 @@ def test_max_length_and_n_best_follow_the_loop(demo_generate):
     short = DecodeOptions(max_length=3)
     assert [r.ids for r in generate.translate(texts, short)] == [r.ids for r in loop.translate(texts, short)]
     best = generate.translate(texts, DecodeOptions(beam_size=4, n_best=3))
-    assert all(len(r.n_best) == 3 and r.n_best[0] == (r.text, r.score) for r in best)
-    assert all(len({text for text, _ in r.n_best}) == 3 for r in best)  # three different hypotheses
+    assert all(len(r.n_best) == 3 and (r.n_best[0].text, r.n_best[0].log_prob) == (r.text, r.score) for r in best)
+    assert all(len({a.text for a in r.n_best}) == 3 for r in best)  # three different hypotheses
 
 
 def test_inputs_go_one_per_call_unless_made_with_early_stopping(demo_onnx, tmp_path):

@@ -4,6 +4,7 @@ Triton's own protobuf), one-line errors that write nothing, and the request hand
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -23,7 +24,13 @@ from tfm_export.cli.export_cli import main as export_main
 from tfm_export.core.errors import InputTextError
 from tfm_export.core.files import file_sha256
 from tfm_export.runtime.translator import DecodeOptions, Translator
-from tfm_export.serving.requests import TextRequest, decode_options, decode_texts, translate_requests
+from tfm_export.serving.requests import (
+    TextRequest,
+    decode_options,
+    decode_texts,
+    request_parameters,
+    translate_requests,
+)
 
 TYPES = {"int64": mc.TYPE_INT64, "int32": mc.TYPE_INT32, "float32": mc.TYPE_FP32, "float16": mc.TYPE_FP16}
 
@@ -55,7 +62,7 @@ def test_translator_layout_holds_the_model_directory_and_a_config(demo_onnx, tmp
     config = read_config(tmp_path / "repo/translator/config.pbtxt")
     assert (config.name, config.backend, config.max_batch_size) == ("translator", "python", 16)
     assert _tensors(config.input) == [("TEXT", mc.TYPE_STRING, [1])]
-    assert [t.name for t in config.output] == ["TRANSLATION", "SCORE", "N_BEST", "N_BEST_SCORES"]
+    assert [t.name for t in config.output] == ["TRANSLATION", "SCORE", "N_BEST", "N_BEST_SCORES", "N_BEST_COUNT"]
     assert config.HasField("dynamic_batching")
     assert [(g.count, g.kind) for g in config.instance_group] == [(2, mc.ModelInstanceGroup.KIND_CPU)]
     assert {k: v.string_value for k, v in config.parameters.items()} == {
@@ -196,16 +203,22 @@ def test_server_side_modules_load_neither_torch_nor_onnx():
 
 # --- the request handling of the server-side model, against the Translator called directly ---------------------
 
-def test_request_texts_and_parameters_are_checked():
+def test_request_texts_and_parameters_are_checked(demo_onnx):
+    translator = Translator.load(demo_onnx).bounded(32)
     assert decode_texts(np.array([[b"forty-two"], [b"eighty"]], dtype=object)) == (
         "forty-two", "eighty")
-    options = decode_options('{"beam_size": 4, "n_best": 2, "length_penalty": 1, "max_length": 50}', 32, 200)
+    given = request_parameters('{"beam_size": 4, "n_best": 2, "length_penalty": 1, "max_length": 50}')
+    options = decode_options(given, translator)
     assert options == DecodeOptions(beam_size=4, length_penalty=1.0, max_length=50, batch_size=32, n_best=2)
-    for parameters, message in (({"beam_size": True}, "must be a number"), ({"length_penalty": float("nan")},
-                                                                           "length_penalty must be finite"),
+    assert decode_options({}, translator) == DecodeOptions(beam_size=1, length_penalty=1.0, batch_size=32)
+    for parameters, message in (({"beam_size": True}, "beam_size must be a whole number, got True"),
+                                ({"n_best": 1.5}, "n_best must be a whole number, got 1.5"),
+                                ({"target_lang": 5}, "target_lang must be a language code (a string), got 5"),
+                                ({"length_penalty": float("nan")}, "length_penalty nan is outside -10..10"),
+                                ({"length_penalty": 11}, "length_penalty 11 is outside -10..10"),
                                 ({"max_length": 201}, "max_length 201 is outside 1..200")):
-        with pytest.raises(InputTextError, match=message):
-            decode_options(parameters, 32, 200)
+        with pytest.raises(InputTextError, match=re.escape(message)):
+            decode_options(request_parameters(parameters), translator)
 
 
 def test_grouped_requests_equal_one_translator_call_each(demo_onnx):

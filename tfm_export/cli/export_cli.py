@@ -24,7 +24,15 @@ from ..graphs.parity import (
     STEPS,
 )
 from ..runtime.translator import MAX_BEAM, RUNTIME_BACKENDS
-from ..serving.contract import DEFAULT_MAX_BATCH, DEFAULT_NAME, DEVICES, LAYOUTS
+from ..serving.contract import (
+    DEFAULT_MAX_BATCH,
+    DEFAULT_NAME,
+    DEVICES,
+    LAYOUTS,
+    SERVE_HOST,
+    SERVE_PORTS,
+    SERVING_VENV,
+)
 from .common import ErrorReportingGroup, FiniteFloatRange, setup_logging, vocab_option
 from .generate_cli import generate
 from .variant_options import variant_from_flags, variant_options
@@ -321,7 +329,7 @@ def trt_cmd(model_dir: Path, fp16: bool, int8: bool, output: Path, max_batch: in
 @click.option("--model", "model_dir", type=click.Path(path_type=Path), required=True,
               help="A model directory (tfm-export onnx/quantize) or an engine directory (tfm-export trt).")
 @click.option("--output", type=click.Path(path_type=Path, file_okay=False), required=True,
-              help="Model repository to create (serve it with tritonserver --model-repository OUTPUT).")
+              help="Model repository to create (serve it here with tfm-export serve --repository OUTPUT).")
 @click.option("--name", default=DEFAULT_NAME, show_default=True,
               help="Model name clients call; the bls layout adds NAME_encoder and NAME_decoder_step.")
 @click.option("--layout", type=click.Choice(LAYOUTS), default=LAYOUTS[0], show_default=True,
@@ -347,7 +355,40 @@ def triton_cmd(model_dir: Path, output: Path, name: str, layout: str, max_batch:
     deployment = repository.deployment
     click.echo(f"wrote {output}: {layout} layout, models {', '.join(repository.models)} (max batch "
                f"{deployment.max_batch} rows, {deployment.instances} instance(s) on {deployment.device}); serve it "
-               f"with tritonserver --model-repository {output}")
+               f"on this machine with: tfm-export serve --repository {output}")
+
+
+@main.command("serve")
+@click.option("--repository", type=click.Path(path_type=Path, file_okay=False), required=True,
+              help="A model repository written by tfm-export triton.")
+@click.option("--host", default=SERVE_HOST, show_default=True, help="Address to listen on (0.0.0.0: all).")
+@click.option("--http-port", type=click.IntRange(0, 65535), default=SERVE_PORTS[0], show_default=True,
+              help="0: any free port.")
+@click.option("--grpc-port", type=click.IntRange(0, 65535), default=SERVE_PORTS[1], show_default=True,
+              help="0: any free port.")
+@click.option("--metrics-port", type=click.IntRange(0, 65535), default=SERVE_PORTS[2], show_default=True,
+              help="0: any free port.")
+@click.option("--serving-python", type=click.Path(path_type=Path, dir_okay=False), default=None,
+              envvar="TFM_SERVING_PYTHON", help="The Python of an environment with nvidia-pytriton and tfm-export, "
+              "whose tritonserver runs the repository. Default: this Python if it has nvidia-pytriton, else "
+              f"{SERVING_VENV}/bin/python beside this environment (make serving-env). Env: TFM_SERVING_PYTHON.")
+def serve_cmd(repository: Path, host: str, http_port: int, grpc_port: int, metrics_port: int,
+              serving_python: Path | None) -> None:
+    """Serve a model repository on this machine until Ctrl-C, with the tritonserver that nvidia-pytriton bundles
+    (CPU, Python backend; no Docker)."""
+    require_extra("serving", "tfm-export serve")
+    from ..serving.local_server import serving
+    try:
+        with serving(repository, serving_python, host, (http_port, grpc_port, metrics_port)) as (server, models):
+            click.echo(f"serving {repository} (models {', '.join(models)}) with {server.env.python}'s tritonserver\n"
+                       f"  HTTP     http://{server.http_url}/v2/models/{models[0]}/infer\n"
+                       f"  gRPC     {server.grpc_url}\n"
+                       f"  metrics  http://{server.metrics_url}/metrics\n"
+                       f"  log      {server.log_path}\n"
+                       "Ctrl-C stops it.")
+            server.wait()
+    except KeyboardInterrupt:
+        click.echo("stopped")
 
 
 main.add_command(generate)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import logging
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -24,7 +25,7 @@ from ..core.config import ModelConfig
 from ..core.errors import InputTextError, TfmExportError
 from ..core.extras import require_extra
 from ..core.hypothesis import Hypothesis
-from ..core.languages import choose_languages
+from ..core.languages import CLI_NAMES, choose_languages
 from ..core.sources import encode_lines
 from ..core.token_rules import SEED_RULES, TokenRules
 from ..core.tokenizer import Vocabulary
@@ -37,13 +38,32 @@ log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
+class Alternative:
+    """One of an input's n best hypotheses."""
+
+    text: str
+    score: float  # what the hypotheses are ranked by: log_prob / length ** length_penalty (length: </s> included)
+    log_prob: float  # summed log-probability
+
+
+# Where the beams finished fewer distinct hypotheses than n_best, the list is filled up with this, keeping exactly
+# n_best entries per input (a hypothesis scores a finite log-probability, so -inf marks these alone).
+NO_HYPOTHESIS = Alternative("", -math.inf, -math.inf)
+
+
+@dataclass(frozen=True)
 class Translation:
     text: str
     ids: tuple[int, ...]  # generated target ids, without <s> and </s>
     tokens: tuple[str, ...]
     score: float  # summed log-probability
     time_ms: float  # its batch's decode time divided by the batch size
-    n_best: tuple[tuple[str, float], ...] = ()  # (text, score), best first, when more than one was asked for
+    n_best: tuple[Alternative, ...] = ()  # exactly DecodeOptions.n_best entries, best first, NO_HYPOTHESIS last
+
+    @property
+    def n_best_count(self) -> int:
+        """How many of the n_best entries are hypotheses (the rest are NO_HYPOTHESIS)."""
+        return sum(a.score > -math.inf for a in self.n_best)
 
 
 MAX_BEAM = 64
@@ -130,8 +150,7 @@ class Translator:
                                  "--model MODEL_DIR --output ENGINES`")
         current_platform()  # what is missing, in one line, before any engine is read
         backend = TrtBackend(model)
-        return cls(backend, _directory_vocab(model, backend.manifest, vocab), backend.config, backend.limits,
-                   _rules(model, backend.manifest))
+        return cls.for_directory(model, backend.manifest, backend, backend.config, backend.limits, vocab)
 
     @classmethod
     def _load_onnxruntime(cls, model: Path, vocab: Sequence[Path], device: str, session_options: SessionOptions,
@@ -145,24 +164,38 @@ class Translator:
         if generate:
             from .generate_backend import GenerateBackend
             search = GenerateBackend.open(model, options)
-            return cls(search, _directory_vocab(model, search.manifest, vocab), search.config)
+            return cls.for_directory(model, search.manifest, search, search.config, vocab=vocab)
         manifest = read_manifest(model)
         if device == "cpu" and options.search_graph and has_search_step(manifest):
             searching = OrtSearchBackend.open(model, options)
-            return cls(searching, _directory_vocab(model, searching.manifest, vocab), searching.config,
-                       rules=_rules(model, searching.manifest))
+            return cls.for_directory(model, searching.manifest, searching, searching.config, vocab=vocab)
         backend = OrtBackend.open(model, options)
-        vocabulary, rules = _directory_vocab(model, backend.manifest, vocab), _rules(model, backend.manifest)
         if device == "cuda":  # keep the cache on the GPU: IO binding over torch CUDA tensors
             from .iobinding_backend import OrtBoundBackend
-            return cls(OrtBoundBackend(backend, "cuda"), vocabulary, backend.config, rules=rules)
-        return cls(backend, vocabulary, backend.config, rules=rules)
+            return cls.for_directory(model, backend.manifest, OrtBoundBackend(backend, "cuda"), backend.config,
+                                     vocab=vocab)
+        return cls.for_directory(model, backend.manifest, backend, backend.config, vocab=vocab)
 
-    def with_languages(self, source: str | None = None, target: str | None = None) -> Translator:
-        """This translator from language code `source` into `target` (None: as the model directory says); a
-        multilingual model that names no target language needs one (core.languages)."""
+    @classmethod
+    def for_directory(cls, directory: Path, manifest: dict, backend: StepBackend, config: ModelConfig,
+                      limits: dict[str, int] | None = None, vocab: Sequence[Path] = ()) -> Translator:
+        """A model or engine directory's Translator over any backend: the one place its tokenizers, token rules,
+        languages and generation defaults are read, for `tfm-run` and the Triton models alike."""
+        return cls(backend, _directory_vocab(directory, manifest, vocab), config, limits, _rules(directory, manifest))
+
+    def bounded(self, max_rows: int) -> Translator:
+        """This translator decoding at most `max_rows` rows (sentences x beams) at a time (a server's batch)."""
         chosen = copy.copy(self)
-        chosen.vocab, chosen.rules = choose_languages(self.vocab, self.rules, source, target)
+        chosen.max_rows = max_rows if self.max_rows is None else min(self.max_rows, max_rows)
+        return chosen
+
+    def with_languages(self, source: str | None = None, target: str | None = None,
+                       names: tuple[str, str] = CLI_NAMES) -> Translator:
+        """This translator from language code `source` into `target` (None: as the model directory says); a
+        multilingual model that names no target language needs one (core.languages; `names` name the two in
+        errors)."""
+        chosen = copy.copy(self)
+        chosen.vocab, chosen.rules = choose_languages(self.vocab, self.rules, source, target, names)
         return chosen
 
     def translate(self, texts: Sequence[str], options: DecodeOptions = DecodeOptions(),
@@ -171,7 +204,8 @@ class Translator:
         options = self.with_defaults(options)
         batch_size = self._check(options)
         sources = encode_lines(self.vocab.source, texts, self.max_source, truncate=options.truncate)
-        results = {i: Translation("", (), (), 0.0, 0.0) for i in range(len(texts)) if i not in sources}
+        empty = Translation("", (), (), 0.0, 0.0, _filled([Alternative("", 0.0, 0.0)], options.n_best))
+        results = {i: empty for i in range(len(texts)) if i not in sources}
         if progress and results:
             progress(len(results))
         keys = list(sources)
@@ -181,7 +215,7 @@ class Translator:
             nbests = self._decode(pad_batch([sources[k] for k in batch], self.config.src_pad_idx), options)
             per_sentence = 1000 * (time.perf_counter() - start) / len(batch)
             for key, nbest in zip(batch, nbests, strict=True):
-                results[key] = self._result(nbest, per_sentence, options.n_best > 1)
+                results[key] = self._result(nbest, per_sentence, options)
             if progress:
                 progress(len(batch))
         return [results[i] for i in range(len(texts))]
@@ -223,11 +257,17 @@ class Translator:
         return search(self.backend, src, options.beam_size, max_length, options.length_penalty, options.n_best,
                       rules=self.rules)
 
-    def _result(self, nbest: list[Hypothesis], time_ms: float, keep_alternatives: bool) -> Translation:
+    def _result(self, nbest: list[Hypothesis], time_ms: float, options: DecodeOptions) -> Translation:
         target, best = self.vocab.target, nbest[0]
         tokens = tuple(target.tokenizer.id_to_token(i) for i in best.tokens)
-        alternatives = tuple((target.decode(h.tokens), h.score) for h in nbest) if keep_alternatives else ()
-        return Translation(target.decode(best.tokens), best.tokens, tokens, best.score, time_ms, alternatives)
+        ranked = [dataclasses.replace(h, length_penalty=options.length_penalty) for h in nbest[:options.n_best]]
+        alternatives = [Alternative(target.decode(h.tokens), h.normalized_score, h.score) for h in ranked]
+        return Translation(target.decode(best.tokens), best.tokens, tokens, best.score, time_ms,
+                           _filled(alternatives, options.n_best))
+
+
+def _filled(alternatives: list[Alternative], n_best: int) -> tuple[Alternative, ...]:
+    return (*alternatives, *[NO_HYPOTHESIS] * (n_best - len(alternatives)))
 
 
 def _default_backend(model: Path) -> str:
