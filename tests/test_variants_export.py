@@ -79,7 +79,7 @@ def test_parity_over_30_cached_steps(exported):
 @pytest.mark.parametrize("kind", [OrtBackend, OrtSearchBackend], ids=["decoder_step", "decoder_step_search"])
 def test_greedy_and_beam_4_are_token_identical_to_the_reference_decoders(exported, kind):
     _, ckpt, directory = exported
-    backend, src = kind.open(directory), random_sources(ckpt.config.src_vocab_size, 7, 14, seed=5)
+    backend, src = kind.open(directory), random_sources(ckpt.config.src_vocab_size, 8, 14, seed=5)
     got = decoding.greedy(backend, src, 30)
     want = reference_decoding.greedy_decode(ckpt.model, torch.from_numpy(src), 30)
     assert [h.tokens for h in got] == [h.tokens for h in want]
