@@ -309,15 +309,19 @@ def test_trt_build_without_tensorrt_is_one_line_and_writes_nothing(demo_onnx, tm
 
 
 def _fake_engine_dir(directory: Path, demo_onnx: Path) -> Path:
-    """A manifest only (no plans): enough to test routing and errors, never run."""
+    """A manifest with stand-in plan bytes: enough to test routing and errors, never run."""
     directory.mkdir()
     manifest = read_manifest(demo_onnx)
+    engines = {}
+    for graph in Graph:
+        (directory / f"{graph.value}.plan").write_bytes(f"plan of {graph.value}".encode())
+        engines[graph.value] = {"file": f"{graph.value}.plan", "sha256": file_sha256(directory / f"{graph.value}.plan")}
     (directory / "manifest.json").write_text(json.dumps({
         "format": ENGINE_FORMAT, "format_version": ENGINE_FORMAT_VERSION, "model": manifest["model"],
         "tokenizer": manifest["tokenizer"], "files": manifest["files"],
         "limits": {"max_batch": 8, "max_source_length": 200, "max_target_length": 200}, "precision": "fp16",
-        "tensorrt": {"tensorrt": "10.3.0.30", "gpu": "Orin", "compute_capability": "8.7"}, "engines": {},
-        "source": {}}))
+        "tensorrt": {"target": "tensorrt", "tensorrt": "10.3.0.30", "gpu": "Orin", "compute_capability": "8.7"},
+        "engines": engines, "source": {}}))
     return directory
 
 
@@ -343,7 +347,7 @@ def test_engine_manifests_are_checked(demo_onnx, tmp_path):
     data = json.loads((engines / "manifest.json").read_text())
     del data["tensorrt"]
     (engines / "manifest.json").write_text(json.dumps(data))
-    with pytest.raises(TfmExportError, match="lacks tensorrt; build the engines again"):
+    with pytest.raises(TfmExportError, match="lacks tensorrt.target, tensorrt.tensorrt; build the engines again"):
         read_engine_manifest(engines)
 
 
