@@ -15,7 +15,6 @@ import shutil
 import sys
 from pathlib import Path
 
-import numpy as np
 import onnx
 import pytest
 import torch
@@ -28,7 +27,8 @@ from builder_support import (
     standard_graphs,
 )
 from click.testing import CliRunner
-from conftest import DEMO_CKPT, listing
+from conftest import listing
+from test_tensorrt import ENGINE_FLOORS, greedy_agreement_with_pytorch
 
 from tfm_export.artifacts.engine_dir import RTX, TARGET_NAMES, TENSORRT, read_engine_manifest
 from tfm_export.artifacts.manifest import write_manifest
@@ -39,7 +39,6 @@ from tfm_export.core.config import ModelConfig
 from tfm_export.core.errors import TfmExportError
 from tfm_export.core.files import file_sha256
 from tfm_export.core.graph_spec import Graph, graph_specs
-from tfm_export.demo import numbers as demo_numbers
 from tfm_export.runtime.tensorrt_platform import (
     RTX_RUNS_ON,
     Platform,
@@ -50,7 +49,7 @@ from tfm_export.runtime.tensorrt_platform import (
     missing_reason,
     rtx_runs_on,
 )
-from tfm_export.runtime.translator import DecodeOptions, Translator
+from tfm_export.runtime.translator import Translator
 from tfm_export.trt.build import build_engines
 from tfm_export.trt.build_check import check_builds
 from tfm_export.trt.profiles import ShapeLimits, profile_shapes
@@ -59,7 +58,7 @@ RTX_GPU_MISSING = missing_reason(RTX) if RTX_INSTALLED else "TensorRT-RTX is not
 needs_rtx_gpu = pytest.mark.skipif(RTX_GPU_MISSING is not None,
                                    reason=f"needs a GPU TensorRT-RTX runs on: {RTX_GPU_MISSING}")
 GPU_CC = "{}.{}".format(*torch.cuda.get_device_capability(0)) if torch.cuda.is_available() else None
-LIMITS = ShapeLimits(max_batch=8, max_source_length=64, max_target_length=64)
+LIMITS = ShapeLimits(max_batch=16, max_source_length=64, max_target_length=64)
 
 
 # --- every graph kind the project emits for TensorRT ----------------------------------------------------------------
@@ -138,7 +137,7 @@ def test_rtx_engine_manifest_records_the_build(rtx_engines, variants, name, sour
     assert built["gpu"] is None and built["runs_on_compute_capabilities"] == RTX_RUNS_ON
     assert manifest["precision"] == precision and built["strongly_typed"] and built["builder_flags"] == []
     assert manifest["source"]["made_fp16_graphs"] is (name == "fp16")
-    assert manifest["limits"] == {"max_batch": 8, "max_source_length": 64, "max_target_length": 64}
+    assert manifest["limits"] == {"max_batch": 16, "max_source_length": 64, "max_target_length": 64}
     specs = graph_specs(ModelConfig.from_dict(manifest["model"]))
     assert sorted(manifest["engines"]) == sorted(g.value for g in Graph)
     for graph in Graph:
@@ -257,12 +256,9 @@ def test_where_tensorrt_rtx_engines_run():
 # --- on a GPU (skipped elsewhere) -----------------------------------------------------------------------------------
 
 @needs_rtx_gpu
-@pytest.mark.parametrize("name, floor", [("fp32", 0.995), ("fp16", 0.99), ("int8", 0.97)])
+@pytest.mark.parametrize("name, floor", ENGINE_FLOORS)
 def test_rtx_engines_translate_like_pytorch(rtx_engines, name, floor):
-    texts = [en for en, _ in demo_numbers.held_out_pairs()[:200]]
-    want = [t.ids for t in Translator.load(DEMO_CKPT).translate(texts)]
-    got = [t.ids for t in Translator.load(rtx_engines[name]).translate(texts, DecodeOptions(batch_size=8))]
-    assert np.mean([g == w for g, w in zip(got, want, strict=True)]) >= floor
+    assert greedy_agreement_with_pytorch(rtx_engines[name], 200) >= floor
 
 
 @needs_rtx_gpu

@@ -67,6 +67,14 @@ def build_engine(target: str, onnx_path: Path, shapes: Shapes,
                  settings: BuildSettings = BuildSettings()) -> BuiltEngine:
     """Parse and build one graph with the `target` library; a refusal is a BuildError of one line."""
     trt, name = import_tensorrt(target), TARGET_NAMES[target]
+    try:
+        return _build(trt, name, onnx_path, shapes, settings)
+    except (RuntimeError, TypeError, ValueError) as exc:  # the bindings raise where the C++ API returns null
+        raise BuildError(f"{onnx_path}: {name} failed ({first_line(exc)}); `tfm-export -v ...` shows its log") \
+            from None
+
+
+def _build(trt, name: str, onnx_path: Path, shapes: Shapes, settings: BuildSettings) -> BuiltEngine:
     start = time.perf_counter()
     logger = _recorder(trt)
     builder = trt.Builder(logger)
