@@ -109,8 +109,8 @@ def _engine_dir(directory: Path, demo_onnx: Path, tensorrt: str = "10.3.0", prec
         "format": ENGINE_FORMAT, "format_version": ENGINE_FORMAT_VERSION, "model": manifest["model"],
         "tokenizer": manifest["tokenizer"], "files": manifest["files"],
         "limits": {"max_batch": 16, "max_source_length": 100, "max_target_length": 120}, "precision": precision,
-        "tensorrt": {"tensorrt": tensorrt, "gpu": "Orin", "compute_capability": "8.7"}, "engines": engines,
-        "source": {}}))
+        "tensorrt": {"target": "tensorrt", "tensorrt": tensorrt, "gpu": "Orin", "compute_capability": "8.7"},
+        "engines": engines, "source": {}}))
     return directory
 
 

@@ -33,7 +33,8 @@ class DirectoryKind:
 
 # Version 2: `files` records the sha256 of every file besides graphs and plans (tokenizers, external weights).
 MODEL_FORMAT, MODEL_FORMAT_VERSION = "tfm-export-model", 2
-ENGINE_FORMAT, ENGINE_FORMAT_VERSION = "tfm-export-engines", 2
+# Engines version 3: `tensorrt.target` names the library that built the plans (TensorRT or TensorRT-RTX).
+ENGINE_FORMAT, ENGINE_FORMAT_VERSION = "tfm-export-engines", 3
 # A Triton model repository (tritonserver reads only its subdirectories; the manifest marks the repository ours).
 REPOSITORY_FORMAT, REPOSITORY_FORMAT_VERSION = "tfm-export-triton-repository", 1
 

@@ -7,6 +7,7 @@ follow Hugging Face Optimum.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import Enum
 
@@ -167,3 +168,11 @@ def graph_specs(cfg: ModelConfig) -> dict[Graph, GraphSpec]:
 def variant_specs(cfg: ModelConfig) -> dict[GraphVariant, GraphSpec]:
     """The optional graphs a model gets: every architecture gets decoder_step_search."""
     return {GraphVariant.DECODER_STEP_SEARCH: search_step_spec(cfg)}
+
+
+def tensorrt_specs(cfg: ModelConfig, listed: Iterable[str]) -> dict[Graph | GraphVariant, GraphSpec]:
+    """The specs of the graphs among `listed` (a directory's graph names) that TensorRT takes (every graph this
+    tool makes holds standard ONNX operators only; retired ones are not checked). Every TensorRT check and build
+    iterates over these, so a new graph is checked once it is listed."""
+    listed = set(listed)
+    return {graph: spec for graph, spec in {**graph_specs(cfg), **variant_specs(cfg)}.items() if graph.value in listed}

@@ -142,14 +142,12 @@ class Translator:
     @classmethod
     def _load_tensorrt(cls, model: Path, vocab: Sequence[Path], device: str) -> Translator:
         from .tensorrt_backend import TrtBackend
-        from .tensorrt_platform import current_platform
         if device != "cuda":
             raise TfmExportError("TensorRT engines run on the GPU; drop --device cpu (or use --backend onnxruntime)")
         if not is_engine_dir(model):
             raise TfmExportError(f"{model}: is not a TensorRT engine directory; build one with `tfm-export trt "
                                  "--model MODEL_DIR --output ENGINES`")
-        current_platform()  # what is missing, in one line, before any engine is read
-        backend = TrtBackend(model)
+        backend = TrtBackend(model)  # the directory verified first, then what is missing here, in one line
         return cls.for_directory(model, backend.manifest, backend, backend.config, backend.limits, vocab)
 
     @classmethod

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from ..artifacts.engine_dir import TENSORRT, engine_target
 from ..artifacts.manifest import ENGINE_FORMAT
 from ..core.config import ModelConfig
 from ..core.graph_spec import Graph, graph_specs
@@ -67,9 +68,10 @@ def native_graphs(manifest: dict[str, Any]) -> dict[Graph, NativeGraph]:
 
 
 def _engine_graphs(manifest: dict[str, Any]) -> dict[Graph, NativeGraph]:
-    """Engines take the contract's tensors. TensorRT before 10 narrows int64 ids to int32; fp16 engines (from
-    graphs made without --keep-io-types, the default) keep the cache and hidden state in fp16, logits in fp32."""
-    narrow_ids = int(str(manifest["tensorrt"].get("tensorrt", "10")).split(".")[0]) < 10
+    """Engines take the contract's tensors. TensorRT before 10 narrows int64 ids to int32 (TensorRT-RTX keeps
+    int64); fp16 engines (from graphs made without --keep-io-types, the default) keep the cache and hidden state in
+    fp16, logits in fp32."""
+    narrow_ids = engine_target(manifest) == TENSORRT and int(manifest["tensorrt"]["tensorrt"].split(".")[0]) < 10
     half = manifest["precision"] == "fp16"
 
     def dtype(name: str, declared: str) -> str:

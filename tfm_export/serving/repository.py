@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import __version__
-from ..artifacts.engine_dir import plan_path, read_engine_manifest
+from ..artifacts.engine_dir import RTX, engine_target, plan_path, read_engine_manifest
 from ..artifacts.manifest import (
     ENGINE_FORMAT,
     MANIFEST,
@@ -144,6 +144,9 @@ def _check_layout(request: RepositoryRequest, source: _Source, deployment: Deplo
     """What the native backends cannot run as the runtime does. Triton's onnxruntime backend has no setting to run
     int8 static (Q/DQ) graphs with their weights dequantized once, so on x86 CPUs it would run them ~15x slower
     than fp32; the translator layout runs them as `tfm-run` does."""
+    if request.layout == "bls" and source.engines and engine_target(source.manifest) == RTX:
+        raise ModelDirError(f"{source.directory}: TensorRT-RTX engines; Triton's TensorRT backend loads TensorRT "
+                            "plans only: use --layout translator (it runs them through tfm-export's runtime)")
     int8_mode = source.manifest.get("int8", {}).get("mode")
     if request.layout == "bls" and not source.engines and int8_mode == "static" and deployment.device == "cpu":
         raise ModelDirError(f"{source.directory}: int8 static (Q/DQ) graphs; Triton's onnxruntime backend cannot "
