@@ -26,7 +26,7 @@ from tfm_export.core.errors import CheckpointError
 from tfm_export.core.graph_spec import Graph
 from tfm_export.graphs.export import export_all
 from tfm_export.model.cache import ConcatCache
-from tfm_export.model.huggingface import FAMILIES, load_hf_directory
+from tfm_export.model.huggingface import LOADERS, load_hf_directory
 from tfm_export.model.transformer import Transformer
 
 transformers = pytest.importorskip("transformers", reason="the oracle needs the hf extra: pip install '.[hf]'")
@@ -189,7 +189,7 @@ def test_graphs_build_in_a_real_tensorrt_builder(hf_case, hf_export, tmp_path) -
 
 
 def test_every_family_is_covered() -> None:
-    assert {getattr(transformers, config_class).model_type for config_class, _, _ in CASES.values()} == set(FAMILIES)
+    assert {getattr(transformers, config_class).model_type for config_class, _, _ in CASES.values()} == set(LOADERS)
 
 
 # Bad input: one line naming the file and the problem, nothing loaded.

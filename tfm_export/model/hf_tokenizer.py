@@ -41,25 +41,28 @@ CODE_START = "\ufdd2"  # marks >> at the start of a text: only there is a langua
 NORMAL, UNKNOWN, CONTROL = 1, 2, 3  # SentencePiece piece types
 UNIGRAM, BPE = 1, 2  # SentencePiece model types
 M2M100_SPM = "sentencepiece.bpe.model"  # M2M100's SentencePiece BPE model, beside its vocab.json
-# language codes by model_type (NLLB and M2M100 are both m2m_100): the tokens --source-lang/--target-lang name
-LANGUAGE_CODES = {"marian": r">>[^<>\s]+<<", "m2m_100": r"__[A-Za-z-]+__|[a-z]{3}_[A-Z][a-z]{3}",
-                  "mbart": r"[a-z]{2}_[A-Z]{2}"}
+MARIAN_CODES = r">>[^<>\s]+<<"  # multilingual opus-mt's target language tokens, which go before the source text
 LINKED = "copy the model directory with its files, not links to elsewhere"
 NO_TOKENIZER = (f"no tokenizer files ({TOKENIZER_FILE}, or {MARIAN_SOURCE_SPM}, {MARIAN_TARGET_SPM} and "
                 f"{MARIAN_VOCAB} for Marian); copy the tokenizer files that came with the model into the directory")
 
 
-def hf_vocabulary(directory: Path, hf: dict[str, Any], config: ModelConfig) -> Vocabulary:
-    """Source and target tokenizers of the model in `directory` (nothing outside it is read)."""
-    if (directory / TOKENIZER_FILE).exists():
-        path = contained_file(directory, TOKENIZER_FILE, VocabularyError, "tokenizer", LINKED)
-        tok = load_tokenizer(path, max(config.src_vocab_size, config.trg_vocab_size), seed_layout=False)
-        return Vocabulary(tok, tok)
-    if (directory / MARIAN_SOURCE_SPM).exists() or hf["model_type"] == "marian":
-        return _marian(directory, hf, config)
-    if (directory / M2M100_SPM).exists() and hf["model_type"] == "m2m_100":
-        return _m2m100(directory, config)
-    return _converted(directory, config)
+def tokenizer_json(directory: Path, config: ModelConfig) -> Vocabulary | None:
+    """The directory's own tokenizer.json (one tokenizer for both sides), or None where it has none."""
+    if not (directory / TOKENIZER_FILE).exists():
+        return None
+    path = contained_file(directory, TOKENIZER_FILE, VocabularyError, "tokenizer", LINKED)
+    tok = load_tokenizer(path, max(config.src_vocab_size, config.trg_vocab_size), seed_layout=False)
+    return Vocabulary(tok, tok)
+
+
+def marian_vocabulary(directory: Path, hf: dict[str, Any], config: ModelConfig) -> Vocabulary:
+    return _marian(directory, hf, config)
+
+
+def m2m100_vocabulary(directory: Path, config: ModelConfig) -> Vocabulary:
+    """M2M100's SentencePiece BPE model where the directory has it, else transformers' conversion."""
+    return _m2m100(directory, config) if (directory / M2M100_SPM).exists() else converted_vocabulary(directory, config)
 
 
 def _marian(directory: Path, hf: dict[str, Any], config: ModelConfig) -> Vocabulary:
@@ -123,7 +126,7 @@ def _spm_tokenizer(path: Path, tokens: list[str], encodes: bool) -> TextTokenize
         raise VocabularyError(f"{path}: piece {missing[0]!r} has no id in {MARIAN_VOCAB}; pass the vocabulary "
                               "that came with this SentencePiece model")
     specials = {p.piece for p in proto.pieces if p.type in (UNKNOWN, CONTROL)} | (set(MARIAN_SPECIALS) & ids.keys())
-    codes = [t for t in tokens if re.fullmatch(LANGUAGE_CODES["marian"], t)]  # multilingual opus-mt target codes
+    codes = [t for t in tokens if re.fullmatch(MARIAN_CODES, t)]  # multilingual opus-mt target codes
     known = {c for piece in scores for c in piece.replace(METASPACE, " ")}
     vocab = _source_vocab(tokens, scores, specials | set(codes), known) if encodes else \
         [(t, scores.get(t, min(scores.values(), default=0.0))) for t in tokens]
@@ -232,7 +235,7 @@ def _no_links_out(directory: Path) -> None:
             contained_file(directory, entry.name, VocabularyError, "tokenizer file", LINKED)
 
 
-def _converted(directory: Path, config: ModelConfig) -> Vocabulary:
+def converted_vocabulary(directory: Path, config: ModelConfig) -> Vocabulary:
     """transformers' own conversion of a directory with tokenizer files but no tokenizer.json."""
     require_extra("hf", f"reading the tokenizer files of {directory} (it has no {TOKENIZER_FILE})")
     from transformers import AutoTokenizer
@@ -254,18 +257,14 @@ def _converted(directory: Path, config: ModelConfig) -> Vocabulary:
 
 
 
-def with_languages(rules: TokenRules, model_type: str, vocab: Vocabulary) -> TokenRules:
-    """The rules with the model's language codes (added tokens of its family's form) and where a chosen target
-    language goes: Marian's before the source text, mBART's as the decoder start when its configured start is
-    one (mBART-cc25), otherwise the first generated token."""
-    pattern = LANGUAGE_CODES.get(model_type)
-    tok = (vocab.source if model_type == "marian" else vocab.target).tokenizer
-    added = tok.get_added_tokens_decoder() if pattern else {}
+def with_languages(rules: TokenRules, pattern: str, tokenizer: TextTokenizer, rule: str | None = None) -> TokenRules:
+    """The rules with the model's language codes (its added tokens matching `pattern`) and where a chosen target
+    language goes: `rule` if given (Marian: before the source text); else the decoder start where the configured
+    start is one (mBART-cc25), otherwise the first generated token."""
+    added = tokenizer.tokenizer.get_added_tokens_decoder()
     codes = tuple(t.content for _, t in sorted(added.items()) if re.fullmatch(pattern, t.content))
     if not codes:
         return rules
-    if model_type == "marian":
-        rule = "source_prefix"
-    else:
-        rule = "decoder_start" if vocab.target.tokenizer.id_to_token(rules.start) in codes else "forced_bos"
+    if rule is None:
+        rule = "decoder_start" if tokenizer.tokenizer.id_to_token(rules.start) in codes else "forced_bos"
     return dataclasses.replace(rules, languages=codes, language_rule=rule)

@@ -35,10 +35,18 @@ from ..core.token_rules import (
     is_finite_number,
     is_token_id,
 )
+from ..core.tokenizer import Vocabulary
 from ..core.variants import GATED_ACTIVATIONS
 from .checkpoint import HF_CONFIG_FILE as CONFIG_FILE
 from .checkpoint import HUGGINGFACE, Checkpoint, build_model, read_checkpoint_file, validate_state_dict
-from .hf_tokenizer import hf_vocabulary, with_languages
+from .hf_tokenizer import (
+    MARIAN_CODES,
+    converted_vocabulary,
+    m2m100_vocabulary,
+    marian_vocabulary,
+    tokenizer_json,
+    with_languages,
+)
 from .positions import fairseq_sinusoid_table, halves_sinusoid_table
 
 GENERATION_CONFIG_FILE = "generation_config.json"
@@ -111,28 +119,6 @@ def _t5_layer(gated: bool) -> Callable[[str, int], dict[str, str]]:
     return names_of
 
 
-@dataclass(frozen=True)
-class Family:
-    """What an architecture fixes whatever its config says (the config gives sizes, activation, eps, ...)."""
-
-    placement: str  # post or pre
-    embedding_norm: bool
-    final_norm: bool
-    positions: str  # marian, fairseq, learned (BART's offset table) or relative (T5)
-    output_bias: bool
-
-
-FAMILIES = {
-    "marian": Family("post", False, False, "marian", True),
-    "m2m_100": Family("pre", False, True, "fairseq", False),
-    "bart": Family("post", True, False, "learned", True),
-    "mbart": Family("pre", True, True, "learned", True),
-    "t5": Family("pre", False, True, "relative", False),
-    "mt5": Family("pre", False, True, "relative", False),
-}
-SUPPORTED = ", ".join(sorted(FAMILIES))
-
-
 def _get(hf: dict[str, Any], path: Path, *names: str, default: Any = ...) -> Any:
     for name in names:
         if hf.get(name) is not None:
@@ -157,28 +143,34 @@ def _activation(name: Any, path: Path) -> str:
     return HF_ACTIVATIONS[name]
 
 
-def model_config(hf: dict[str, Any], path: Path) -> ModelConfig:
-    """The variant-family config that computes what this HF config does."""
-    family = FAMILIES[hf["model_type"]]
-    pad = _get(hf, path, "pad_token_id")
-    if family.positions == "relative":
-        proj = str(_get(hf, path, "feed_forward_proj", default="relu"))
-        gated, _, act = proj.rpartition("-")
-        activation = _activation("gelu_new" if proj == "gated-gelu" else act, path)
-        if gated:
-            activation = {"gelu": "geglu", "gelu_tanh": "geglu_tanh", "swish": "swiglu"}.get(activation, "")
-            if not activation or gated != "gated":
-                raise CheckpointError(f"{path}: feed_forward_proj {proj!r} is not supported")
-        d_model, heads = _get(hf, path, "d_model"), _get(hf, path, "num_heads")
-        sizes = dict(d_model=d_model, d_inner=_get(hf, path, "d_ff"), n_head=heads, d_k=_get(hf, path, "d_kv"),
-                     d_v=_get(hf, path, "d_kv"), n_layers=_same(hf, path, "num_layers", "num_decoder_layers"),
-                     n_position=_get(hf, path, "n_positions", default=T5_DEFAULT_POSITIONS))
-        variant = dict(norm="rmsnorm", norm_eps=_get(hf, path, "layer_norm_epsilon", default=1e-6),
-                       activation=activation, ffn_bias=False, attention_bias=False, positions="relative",
-                       relative_buckets=_get(hf, path, "relative_attention_num_buckets", default=32),
-                       relative_max_distance=_get(hf, path, "relative_attention_max_distance", default=128))
-        scale = "prj" if _t5_scales_output(hf) else "none"
-    else:
+def _t5_scales_output(hf: dict[str, Any]) -> bool:
+    """T5 v1.0 scales the decoder output by d_model^-0.5 before its tied head; v1.1 does not. transformers 5
+    writes `scale_decoder_outputs`; older files say it through `tie_word_embeddings: false`. mT5 is v1.1."""
+    if hf["model_type"] == "mt5":
+        return False
+    if "scale_decoder_outputs" in hf:
+        return bool(hf["scale_decoder_outputs"])
+    return hf.get("tie_word_embeddings", True) is not False
+
+
+SIDES = ("encoder", "decoder")
+
+
+class FamilyLoader:
+    """One Hugging Face family as a member of the variant family, registered per model_type as CTranslate2 registers
+    its converters' loaders: what its config implies, which of its weight names become ours, its position table, the
+    constants folded into the weights, its tokenizer and its language codes. The BART-shaped families differ only in
+    the class attributes and their position tables; T5 overrides the rest."""
+
+    model_types: tuple[str, ...] = ()
+    placement = "post"
+    embedding_norm = False
+    final_norm = False
+    output_bias = False
+    language_codes: str | None = None  # the pattern of its language tokens, where it has them
+
+    def config(self, hf: dict[str, Any], path: Path) -> ModelConfig:
+        """The variant-family config that computes what this HF config does."""
         d_model, heads = _get(hf, path, "d_model"), _same(hf, path, "encoder_attention_heads",
                                                           "decoder_attention_heads")
         if not isinstance(heads, int) or isinstance(heads, bool) or heads < 1 or not isinstance(d_model, int) \
@@ -190,24 +182,169 @@ def model_config(hf: dict[str, Any], path: Path) -> ModelConfig:
                      n_position=_get(hf, path, "max_position_embeddings"))
         variant = dict(norm="layernorm", norm_eps=1e-5, activation=_activation(hf.get("activation_function"), path),
                        attention_bias=True, positions="learned")
-        scale = "emb" if hf.get("scale_embedding") else "none"
-    vocab = _get(hf, path, "vocab_size")
-    trg_vocab = hf.get("decoder_vocab_size") or vocab
-    shared = bool(hf.get("share_encoder_decoder_embeddings", True))
-    return ModelConfig(src_vocab_size=vocab, trg_vocab_size=trg_vocab, src_pad_idx=pad, trg_pad_idx=pad, dropout=0.0,
-                       proj_share_weight=True, embs_share_weight=shared and vocab == trg_vocab,
-                       scale_emb_or_prj=scale, placement=family.placement, embedding_norm=family.embedding_norm,
-                       output_bias=family.output_bias, **sizes, **variant)
+        return self._config(hf, path, sizes | variant, "emb" if hf.get("scale_embedding") else "none")
+
+    def _config(self, hf: dict[str, Any], path: Path, options: dict[str, Any], scale: str) -> ModelConfig:
+        """The family's fixed options, the vocabularies and their sharing, with the sizes and options given."""
+        pad, vocab = _get(hf, path, "pad_token_id"), _get(hf, path, "vocab_size")
+        trg_vocab = hf.get("decoder_vocab_size") or vocab
+        shared = bool(hf.get("share_encoder_decoder_embeddings", True))
+        return ModelConfig(src_vocab_size=vocab, trg_vocab_size=trg_vocab, src_pad_idx=pad, trg_pad_idx=pad,
+                           dropout=0.0, proj_share_weight=True, embs_share_weight=shared and vocab == trg_vocab,
+                           scale_emb_or_prj=scale, placement=self.placement, embedding_norm=self.embedding_norm,
+                           output_bias=self.output_bias, **options)
+
+    def names(self, config: ModelConfig, tensors: dict[str, torch.Tensor], path: Path) -> dict[str, str]:
+        """Our parameter name -> the file's, for every parameter the config's model has but positions and head."""
+        stacks: dict[str, str] = {}
+        for side in SIDES:
+            if self.embedding_norm:
+                stacks |= _linear(f"{side}.layer_norm", f"model.{side}.layernorm_embedding", True)
+            if self.final_norm:
+                stacks |= _linear(f"{side}.final_norm", f"model.{side}.layer_norm", True)
+        return _with_layers_and_embeddings(stacks, _layer_names("model.{side}.layers.{i}.", _bart_layer()), config,
+                                           tensors, path, "model.", "model.shared.weight")
+
+    def positions(self, config: ModelConfig, tensors: dict[str, torch.Tensor], path: Path) -> dict[str, torch.Tensor]:
+        """Each stack's position table, read from position 0: BART's learned one, whose row of position t is t + 2."""
+        tables = {}
+        for side in SIDES:
+            name = _first(tensors, path, f"model.{side}.embed_positions.weight")
+            table = tensors[name][BART_POSITION_OFFSET:BART_POSITION_OFFSET + config.n_position].unsqueeze(0)
+            if table.shape[1] != config.n_position:
+                raise CheckpointError(f"{path}: weight {name} has shape {tuple(tensors[name].shape)}, the config needs "
+                                      f"({config.n_position + BART_POSITION_OFFSET}, {config.d_model})")
+            tables[f"{side}.position_enc.pos_table"] = table
+        return tables
+
+    def fold(self, config: ModelConfig, state: dict[str, torch.Tensor]) -> None:
+        """Constants of the family's maths that the variant family has no option for, folded into the weights."""
+
+    def vocabulary(self, directory: Path, hf: dict[str, Any], config: ModelConfig) -> Vocabulary:
+        return tokenizer_json(directory, config) or converted_vocabulary(directory, config)
+
+    def languages(self, rules: TokenRules, vocab: Vocabulary) -> TokenRules:
+        """The rules with the model's language codes, where the family has them."""
+        return rules if self.language_codes is None else with_languages(rules, self.language_codes, vocab.target)
 
 
-def _t5_scales_output(hf: dict[str, Any]) -> bool:
-    """T5 v1.0 scales the decoder output by d_model^-0.5 before its tied head; v1.1 does not. transformers 5
-    writes `scale_decoder_outputs`; older files say it through `tie_word_embeddings: false`. mT5 is v1.1."""
-    if hf["model_type"] == "mt5":
-        return False
-    if "scale_decoder_outputs" in hf:
-        return bool(hf["scale_decoder_outputs"])
-    return hf.get("tie_word_embeddings", True) is not False
+LOADERS: dict[str, FamilyLoader] = {}
+
+
+def register_loader(cls: type[FamilyLoader]) -> type[FamilyLoader]:
+    for model_type in cls.model_types:
+        LOADERS[model_type] = cls()
+    return cls
+
+
+def _both_stacks(table: torch.Tensor) -> dict[str, torch.Tensor]:
+    return {f"{side}.position_enc.pos_table": table for side in SIDES}
+
+
+@register_loader
+class MarianLoader(FamilyLoader):
+    """opus-mt: post-norm, Marian's [sin | cos] table, two SentencePiece models, target codes before the source."""
+
+    model_types = ("marian",)
+    output_bias = True
+
+    def positions(self, config: ModelConfig, tensors: dict[str, torch.Tensor], path: Path) -> dict[str, torch.Tensor]:
+        return _both_stacks(halves_sinusoid_table(config.n_position, config.d_model))
+
+    def vocabulary(self, directory: Path, hf: dict[str, Any], config: ModelConfig) -> Vocabulary:
+        return tokenizer_json(directory, config) or marian_vocabulary(directory, hf, config)
+
+    def languages(self, rules: TokenRules, vocab: Vocabulary) -> TokenRules:
+        return with_languages(rules, MARIAN_CODES, vocab.source, "source_prefix")
+
+
+@register_loader
+class M2M100Loader(FamilyLoader):
+    """M2M100 and NLLB: pre-norm with final norms, fairseq's sinusoid table at offset pad + 1."""
+
+    model_types = ("m2m_100",)
+    placement, final_norm = "pre", True
+    language_codes = r"__[A-Za-z-]+__|[a-z]{3}_[A-Z][a-z]{3}"  # M2M100's __fr__, NLLB's fra_Latn
+
+    def positions(self, config: ModelConfig, tensors: dict[str, torch.Tensor], path: Path) -> dict[str, torch.Tensor]:
+        if config.d_model < 4:  # its frequencies divide by d/2 - 1
+            raise CheckpointError(f"{path}: d_model {config.d_model} is too small for a sinusoid position table (at "
+                                  "least 4)")
+        return _both_stacks(fairseq_sinusoid_table(config.n_position, config.d_model, first=config.src_pad_idx + 1))
+
+    def vocabulary(self, directory: Path, hf: dict[str, Any], config: ModelConfig) -> Vocabulary:
+        return tokenizer_json(directory, config) or m2m100_vocabulary(directory, config)
+
+
+@register_loader
+class BartLoader(FamilyLoader):
+    model_types = ("bart",)
+    embedding_norm = output_bias = True
+
+
+@register_loader
+class MBartLoader(BartLoader):
+    model_types = ("mbart",)
+    placement, final_norm = "pre", True
+    language_codes = r"[a-z]{2}_[A-Z]{2}"
+
+
+@register_loader
+class T5Loader(FamilyLoader):
+    """T5, mT5 and Flan-T5: RMSNorm, pre-norm, relative position buckets, no 1/sqrt(d_kv) in attention."""
+
+    model_types = ("t5", "mt5")
+    placement, final_norm = "pre", True
+
+    def config(self, hf: dict[str, Any], path: Path) -> ModelConfig:
+        proj = str(_get(hf, path, "feed_forward_proj", default="relu"))
+        gated, _, act = proj.rpartition("-")
+        activation = _activation("gelu_new" if proj == "gated-gelu" else act, path)
+        if gated:
+            activation = {"gelu": "geglu", "gelu_tanh": "geglu_tanh", "swish": "swiglu"}.get(activation, "")
+            if not activation or gated != "gated":
+                raise CheckpointError(f"{path}: feed_forward_proj {proj!r} is not supported")
+        options = dict(d_model=_get(hf, path, "d_model"), d_inner=_get(hf, path, "d_ff"),
+                       n_head=_get(hf, path, "num_heads"), d_k=_get(hf, path, "d_kv"), d_v=_get(hf, path, "d_kv"),
+                       n_layers=_same(hf, path, "num_layers", "num_decoder_layers"),
+                       n_position=_get(hf, path, "n_positions", default=T5_DEFAULT_POSITIONS),
+                       norm="rmsnorm", norm_eps=_get(hf, path, "layer_norm_epsilon", default=1e-6),
+                       activation=activation, ffn_bias=False, attention_bias=False, positions="relative",
+                       relative_buckets=_get(hf, path, "relative_attention_num_buckets", default=32),
+                       relative_max_distance=_get(hf, path, "relative_attention_max_distance", default=128))
+        return self._config(hf, path, options, "prj" if _t5_scales_output(hf) else "none")
+
+    def names(self, config: ModelConfig, tensors: dict[str, torch.Tensor], path: Path) -> dict[str, str]:
+        stacks = {f"{side}.relative_attention_bias.weight":
+                  f"{side}.block.0.layer.0.SelfAttention.relative_attention_bias.weight" for side in SIDES}
+        stacks |= {f"{side}.final_norm.weight": f"{side}.final_layer_norm.weight" for side in SIDES}
+        return _with_layers_and_embeddings(stacks, _t5_layer(config.activation in GATED_ACTIVATIONS), config,
+                                           tensors, path, "", "shared.weight")
+
+    def positions(self, config: ModelConfig, tensors: dict[str, torch.Tensor], path: Path) -> dict[str, torch.Tensor]:
+        return {}  # the relative bias buckets are computed, never stored
+
+    def fold(self, config: ModelConfig, state: dict[str, torch.Tensor]) -> None:
+        """T5 does not divide attention scores by sqrt(d_kv): its query weights carry the factor instead."""
+        for key in [k for k in state if k.endswith("attn.w_qs.weight")]:
+            state[key] = state[key] * config.d_k ** 0.5
+
+
+SUPPORTED = ", ".join(sorted(LOADERS))
+
+
+def _with_layers_and_embeddings(stacks: dict[str, str], layer: Callable[[str, int], dict[str, str]],
+                                config: ModelConfig, tensors: dict[str, torch.Tensor], path: Path, base: str,
+                                shared: str) -> dict[str, str]:
+    """A family's name map: its stack-level names, every layer's, and the two embedding tables (stored under their
+    own names or only as the shared table)."""
+    names = dict(stacks)
+    for side in SIDES:
+        for i in range(config.n_layers):
+            names |= layer(side, i)
+    names["encoder.src_word_emb.weight"] = _first(tensors, path, f"{base}encoder.embed_tokens.weight", shared)
+    names["decoder.trg_word_emb.weight"] = _first(tensors, path, f"{base}decoder.embed_tokens.weight", shared)
+    return names
 
 
 def _json_object(directory: Path, name: str, what: str) -> dict[str, Any]:
@@ -223,7 +360,7 @@ def read_config(directory: Path) -> dict[str, Any]:
         raise CheckpointError(f"{directory}: no {CONFIG_FILE}; pass a directory written by save_pretrained")
     hf = _json_object(directory, CONFIG_FILE, "model config")
     path = directory / CONFIG_FILE
-    if not isinstance(hf.get("model_type"), str) or hf["model_type"] not in FAMILIES:
+    if not isinstance(hf.get("model_type"), str) or hf["model_type"] not in LOADERS:
         raise CheckpointError(f"{path}: model_type {hf.get('model_type')!r} is not supported; tfm-export reads "
                               f"{SUPPORTED}")
     return hf
@@ -274,58 +411,6 @@ def _first(tensors: dict[str, torch.Tensor], path: Path, *names: str) -> str:
     raise CheckpointError(f"{path}: missing weight {names[0]}")
 
 
-def _name_map(hf: dict[str, Any], config: ModelConfig, tensors: dict[str, torch.Tensor],
-              path: Path) -> dict[str, str]:
-    """Our parameter name -> the file's, for every parameter the config's model has but positions and head."""
-    family = FAMILIES[hf["model_type"]]
-    if family.positions == "relative":
-        layer = _t5_layer(config.activation in GATED_ACTIVATIONS)
-        base, shared = "", "shared.weight"
-        stacks = {f"{side}.relative_attention_bias.weight":
-                  f"{side}.block.0.layer.0.SelfAttention.relative_attention_bias.weight"
-                  for side in ("encoder", "decoder")}
-        stacks |= {f"{side}.final_norm.weight": f"{side}.final_layer_norm.weight" for side in ("encoder", "decoder")}
-    else:
-        layer = _layer_names("model.{side}.layers.{i}.", _bart_layer())
-        base, shared = "model.", "model.shared.weight"
-        stacks = {}
-        for side in ("encoder", "decoder"):
-            if family.embedding_norm:
-                stacks |= _linear(f"{side}.layer_norm", f"model.{side}.layernorm_embedding", True)
-            if family.final_norm:
-                stacks |= _linear(f"{side}.final_norm", f"model.{side}.layer_norm", True)
-    names = dict(stacks)
-    for side in ("encoder", "decoder"):
-        for i in range(config.n_layers):
-            names |= layer(side, i)
-    names["encoder.src_word_emb.weight"] = _first(tensors, path, f"{base}encoder.embed_tokens.weight", shared)
-    names["decoder.trg_word_emb.weight"] = _first(tensors, path, f"{base}decoder.embed_tokens.weight", shared)
-    return names
-
-
-def _positions(hf: dict[str, Any], config: ModelConfig, tensors: dict[str, torch.Tensor],
-               path: Path) -> dict[str, torch.Tensor]:
-    positions, n, d = FAMILIES[hf["model_type"]].positions, config.n_position, config.d_model
-    if positions == "relative":
-        return {}
-    if positions == "fairseq" and d < 4:  # its frequencies divide by d/2 - 1
-        raise CheckpointError(f"{path}: d_model {d} is too small for a sinusoid position table (at least 4)")
-    tables = {}
-    for side in ("encoder", "decoder"):
-        if positions == "marian":
-            table = halves_sinusoid_table(n, d)
-        elif positions == "fairseq":
-            table = fairseq_sinusoid_table(n, d, first=config.src_pad_idx + 1)
-        else:
-            name = _first(tensors, path, f"model.{side}.embed_positions.weight")
-            table = tensors[name][BART_POSITION_OFFSET:BART_POSITION_OFFSET + n].unsqueeze(0)
-            if table.shape[1] != n:
-                raise CheckpointError(f"{path}: weight {name} has shape {tuple(tensors[name].shape)}, the config needs "
-                                      f"({n + BART_POSITION_OFFSET}, {d})")
-        tables[f"{side}.position_enc.pos_table"] = table
-    return tables
-
-
 def _head(hf: dict[str, Any], config: ModelConfig, tensors: dict[str, torch.Tensor],
           state: dict[str, torch.Tensor]) -> ModelConfig:
     """The output projection: tied to the target embedding unless the file holds a different lm_head (then the
@@ -349,8 +434,9 @@ def _head(hf: dict[str, Any], config: ModelConfig, tensors: dict[str, torch.Tens
 def convert(hf: dict[str, Any], tensors: dict[str, torch.Tensor], path: Path) -> tuple[ModelConfig,
                                                                                        dict[str, torch.Tensor]]:
     """The config and state_dict of the reference Transformer that computes this HF model."""
-    config = model_config(hf, path)
-    names = _name_map(hf, config, tensors, path)
+    loader = LOADERS[hf["model_type"]]
+    config = loader.config(hf, path)
+    names = loader.names(config, tensors, path)
     missing = [theirs for theirs in names.values() if theirs not in tensors]
     if missing:
         raise CheckpointError(f"{path}: missing weight {missing[0]}" +
@@ -359,14 +445,12 @@ def convert(hf: dict[str, Any], tensors: dict[str, torch.Tensor], path: Path) ->
     # half precision is widened; an integer tensor is left as it is for validate_state_dict to name
     state = {ours: tensors[theirs].float() if tensors[theirs].is_floating_point() else tensors[theirs]
              for ours, theirs in names.items()}
-    state |= _positions(hf, config, tensors, path)
+    state |= loader.positions(config, tensors, path)
     config = _head(hf, config, tensors, state)
     names |= {"trg_word_prj.bias": "final_logits_bias",
               "trg_word_prj.weight": names["decoder.trg_word_emb.weight"] if config.proj_share_weight
               else "lm_head.weight"}
-    if FAMILIES[hf["model_type"]].positions == "relative":  # T5 scores are not divided by sqrt(d_kv)
-        for key in [k for k in state if k.endswith("attn.w_qs.weight")]:
-            state[key] = state[key] * config.d_k ** 0.5
+    loader.fold(config, state)
     if config.embs_share_weight and not torch.equal(state["encoder.src_word_emb.weight"],
                                                     state["decoder.trg_word_emb.weight"]):
         config = dataclasses.replace(config, embs_share_weight=False)
@@ -470,10 +554,11 @@ def load_hf_checkpoint(directory: Path) -> Checkpoint:
     """The directory as a checkpoint: the reference model, its tokenizers and its generation rules. Its sha256
     covers every file it was read from."""
     hf = load_hf_directory(directory)
-    vocab = hf_vocabulary(directory, hf.hf_config, hf.config)
+    loader = LOADERS[hf.hf_config["model_type"]]
+    vocab = loader.vocabulary(directory, hf.hf_config, hf.config)
     files = sorted(p for p in directory.iterdir() if p.is_file() and not p.is_symlink())
     digest = hashlib.sha256("".join(f"{p.name}:{file_sha256(p)}\n" for p in files).encode()).hexdigest()
-    rules = with_languages(hf.rules, hf.hf_config["model_type"], vocab)
+    rules = loader.languages(hf.rules, vocab)
     return Checkpoint(directory, HUGGINGFACE, hf.config, build_model(hf.config, hf.state, directory), vocab, digest,
                       rules)
 
