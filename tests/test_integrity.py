@@ -129,7 +129,8 @@ def test_checkpoint_tokenizer_names_stay_beside_the_checkpoint(tiny, tmp_path, n
     one_line_error(result, "is not a plain file name")
 
 
-@pytest.mark.parametrize("graph, reader", [("decoder_step_search", ["translate", "w5"]),  # what translate runs
+@pytest.mark.parametrize("graph, reader", [("decoder_step_search_fused", ["translate", "w5"]),  # what it runs
+                                           ("decoder_step_search", ["translate", "--no-fused", "w5"]),
                                            ("decoder_step", ["translate", "--no-search-graph", "w5"]),
                                            ("decoder_step", ["verify"])])  # verify runs every decoder
 def test_a_graph_of_another_model_rehashed_into_the_manifest_is_refused(tiny, tmp_path, graph, reader):
@@ -147,7 +148,7 @@ def test_the_same_graph_listed_twice_is_refused(tiny, tmp_path):
     one_line_error(CliRunner().invoke(run_main, ["translate", "--model", str(model), "w5"]), "for two graphs")
 
 
-VARIANTS = ("decoder_step_search",)
+VARIANTS = ("decoder_step_search", "decoder_step_search_fused")
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -189,10 +190,12 @@ def test_damaged_shared_weights_are_refused_by_every_reader(tiny, tmp_path, read
      "invalid graphs.decoder_step_search.shared_initializers"),
     ([{"name": "model.trg_word_prj.weight", "dtype": "float32", "shape": [13, 16], "offset": 10 ** 9}],
      "ends before 'model.trg_word_prj.weight'")])
-def test_malformed_shared_initializer_entries_are_one_line(tiny, tmp_path, entries, fragment):
+@pytest.mark.parametrize("variant, reader", [("decoder_step_search", ["translate", "--no-fused", "w5"]),
+                                             ("decoder_step_search_fused", ["translate", "w5"])])
+def test_malformed_shared_initializer_entries_are_one_line(tiny, tmp_path, entries, fragment, variant, reader):
     model = copy_of(tiny[1], tmp_path)
-    edit_manifest(model, lambda m: m["graphs"]["decoder_step_search"].update({SHARED: entries}))
-    one_line_error(run_reader(["translate", "w5"], model, tmp_path / "out"), fragment)
+    edit_manifest(model, lambda m: m["graphs"][variant].update({SHARED: entries}))
+    one_line_error(run_reader(reader, model, tmp_path / "out"), fragment.replace("decoder_step_search", variant))
 
 
 def test_an_int8_table_declared_float_is_one_line(variants, tmp_path):

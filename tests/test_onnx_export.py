@@ -33,7 +33,7 @@ from tfm_export.model.checkpoint import file_sha256, load_checkpoint
 from tfm_export.model.synthetic import random_checkpoint
 from tfm_export.runtime import decoding
 from tfm_export.runtime.ort_backend import OrtBackend
-from tfm_export.runtime.ort_search import SEARCH, OrtSearchBackend
+from tfm_export.runtime.ort_search import FUSED, SEARCH, OrtSearchBackend
 
 
 def make_ckpt(directory, cfg: ModelConfig, seed: int = 0):
@@ -138,29 +138,33 @@ def test_manifest_records_what_consumers_need(tiny):
     for graph in Graph:
         assert m["graphs"][graph.value]["sha256"] == file_sha256(directory / graph.filename)
     assert sorted(p.name for p in directory.iterdir()) == ["decoder_step.onnx", "decoder_step_search.onnx",
-                                                            "decoder_step_search.onnx.data", "encoder.onnx",
+                                                            "decoder_step_search.onnx.data",
+                                                            "decoder_step_search_fused.onnx",
+                                                            "decoder_step_search_fused.onnx.data", "encoder.onnx",
                                                             "manifest.json", "tokenizer.json"]
-    assert m["graphs"]["decoder_step_search"]["sha256"] == file_sha256(directory / "decoder_step_search.onnx")
+    for graph in ("decoder_step_search", "decoder_step_search_fused"):
+        assert m["graphs"][graph]["sha256"] == file_sha256(directory / f"{graph}.onnx")
     assert m["optimizations"]
 
 
-def test_the_tied_table_is_one_memory_for_both_sessions(tiny):
-    """decoder_step_search keeps the tied embedding table in its .data file (standard external data), and the
-    runtime gives that one array to the encoder's and the decoder's sessions: zeroing it changes both graphs'
-    outputs, so neither reads a copy of its own."""
+@pytest.mark.parametrize("graph", [SEARCH, FUSED])
+def test_the_tied_table_is_one_memory_for_both_sessions(tiny, graph):
+    """decoder_step_search and its fused twin keep the tied embedding table in their .data files (standard external
+    data), and the runtime gives that one array to the encoder's and the decoder's sessions: zeroing it changes both
+    graphs' outputs, so neither reads a copy of its own."""
     ckpt, directory = tiny
-    entries = read_manifest(directory)["graphs"][SEARCH.value][SHARED]
+    entries = read_manifest(directory)["graphs"][graph.value][SHARED]
     assert [(e["name"], e["shape"]) for e in entries] == [("model.trg_word_prj.weight", [13, 16])]
-    plain = ort.InferenceSession(str(directory / SEARCH.filename))  # reads the .data itself
+    plain = ort.InferenceSession(str(directory / graph.filename))  # reads the .data itself
     assert plain.get_inputs()[0].name == "input_ids"
-    backend = OrtSearchBackend.open(directory)
+    backend = OrtSearchBackend.open(directory, graph=graph)
     src = np.array([[2, 5, 6, 7, 3]])
     before = backend.run_encoder(src)["last_hidden_state"]
     logits = backend.run_step(backend.encode(src), np.array([[2]]))[1]
     backend.shared["model.trg_word_prj.weight"].numpy()[:] = 0
     assert not np.allclose(backend.run_encoder(src)["last_hidden_state"], before)
     assert not np.allclose(backend.run_step(backend.encode(src), np.array([[2]]))[1], logits)
-    fresh = OrtSearchBackend.open(directory)
+    fresh = OrtSearchBackend.open(directory, graph=graph)
     assert np.allclose(fresh.run_step(fresh.encode(src), np.array([[2]]))[1], logits)
 
 

@@ -28,6 +28,8 @@ from tfm_export.runtime.iobinding_backend import OrtBoundBackend
 from tfm_export.runtime.ort_backend import OrtBackend
 from tfm_export.runtime.ort_search import (
     CAPACITY_STEP,
+    FUSED,
+    SEARCH,
     OrtSearchBackend,
     gathered,
     layer_views,
@@ -40,9 +42,9 @@ from tfm_export.runtime.torch_backend import TorchBackend
 MAX_LENGTH = 12
 ONE = decoding.StepRule(TokenRules(banned=()), 1)  # a step whose logits are compared: nothing masked
 # search: decoder_step_search's own candidates; -growing: its cache buffers fill up and grow every 3 steps;
-# -logits: its logits reduced in NumPy, as for beams wider than the graph's K
-BACKENDS = ("torch", "onnxruntime", "iobinding", "search", "search-growing", "search-logits",
-            "tensorrt-cache-handling")
+# -logits: its logits reduced in NumPy, as for beams wider than the graph's K; fused: decoder_step_search_fused
+BACKENDS = ("torch", "onnxruntime", "iobinding", "search", "search-growing", "search-logits", "fused",
+            "fused-growing", "tensorrt-cache-handling")
 
 
 def _sources(vocab: int, count: int, seed: int) -> np.ndarray:
@@ -122,8 +124,10 @@ def open_backend(name: str, ckpt, directory):
         return OrtBackend.open(directory)
     if name == "iobinding":
         return OrtBoundBackend(OrtBackend.open(directory), "cpu")
-    if name.startswith("search"):
-        backend = OrtSearchBackend.open(directory, capacity_step=3 if name.endswith("-growing") else CAPACITY_STEP)
+    if name.startswith(("search", "fused")):
+        graph = FUSED if name.startswith("fused") else SEARCH
+        backend = OrtSearchBackend.open(directory, capacity_step=3 if name.endswith("-growing") else CAPACITY_STEP,
+                                        graph=graph)
         return LogitsOnly(backend) if name.endswith("-logits") else backend
     from test_tensorrt import _cache_handling_backend
     return _cache_handling_backend(directory)[0]
@@ -290,11 +294,12 @@ def test_log_sum_exp_by_row_blocks_equals_the_whole_array(monkeypatch):
     np.testing.assert_allclose(got_top + got, torch.logsumexp(torch.from_numpy(x), -1, keepdim=True), rtol=1e-6)
 
 
-def test_growing_cache_buffers_grow_in_place(flat, monkeypatch):
+@pytest.mark.parametrize("graph", [SEARCH, FUSED])
+def test_growing_cache_buffers_grow_in_place(flat, monkeypatch, graph):
     """When the buffers fill up they grow in their own memory: the same arrays, no new cache-sized array
     allocated and the other bound arrays (logits, the top candidates) kept, so growing never holds a second copy
     of any tensor; the logits after growing still equal the reference (test_beam_search_equals_the_reference...)."""
-    backend = OrtSearchBackend.open(flat[1], capacity_step=3)
+    backend = OrtSearchBackend.open(flat[1], capacity_step=3, graph=graph)
     state, tokens = backend.encode(_sources(19, 4, 0)), np.full(4, BOS_ID, np.int64)
     for _ in range(3):
         state, _ = backend.step(state, tokens, ONE)
@@ -328,12 +333,13 @@ def test_rows_are_grouped_per_source_only_in_equal_consecutive_groups(sources, e
     assert (got.tolist(), group) == expected
 
 
-def test_rows_in_any_grouping_give_the_reference_logits(flat):
+@pytest.mark.parametrize("graph", [SEARCH, FUSED])
+def test_rows_in_any_grouping_give_the_reference_logits(flat, graph):
     """decoder_step_search takes the encoder's keys/values once per source and its rows in equal groups per
     source (a source's beams); other row selections fall back to a group per row. After each selection the
     logits equal the reference model's on the same rows: expansions, dropped sources, unequal groups."""
     ckpt, directory = flat
-    ours, reference = OrtSearchBackend.open(directory), TorchBackend(ckpt.model)
+    ours, reference = OrtSearchBackend.open(directory, graph=graph), TorchBackend(ckpt.model)
     src = _sources(ckpt.config.src_vocab_size, 3, 4)
     rng = np.random.default_rng(0)
     for rows, later, groups in (([0, 0, 1, 1, 2, 2], [2, 3, 4, 5], (2, 2)), ([0, 0, 0, 1, 2, 2], [5, 0, 1], (1, 1)),

@@ -4,13 +4,17 @@ keys/values; and the graph as every model gets it (standard ops, no control flow
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import onnx
+import onnxruntime as ort
 import pytest
 import torch
 from conftest import tiny_config
 from test_search_equivalence import _sources
 
+from tfm_export.artifacts.model_dir import read_manifest
 from tfm_export.core.graph_spec import SEARCH_BEAMS, GraphVariant, search_top_k
 from tfm_export.core.token_rules import SEED_RULES, TokenRules
 from tfm_export.core.tokenizer import BOS_ID, EOS_ID, FIRST_TOKEN_ID
@@ -125,3 +129,59 @@ def test_every_architecture_gets_a_standard_search_step(tmp_path, preset):
     topk = next(n for n in graph.node if n.op_type == "TopK")
     constant = {i.name: onnx.numpy_helper.to_array(i) for i in graph.initializer}
     assert constant[topk.input[1]].tolist() == [search_top_k(model.config)]
+
+
+def test_simplify_keeps_every_output_and_takes_nodes_out(models):
+    """The rewrites only remove nodes: the exported step graph and its simplified form give the same outputs
+    (bit for bit where no sum is regrouped), with the Q/K/V MatMuls of each layer merged into one."""
+    from tfm_export.core.graph_spec import search_step_spec
+    from tfm_export.graphs.export import export_graph
+    from tfm_export.graphs.simplify import simplify
+    from tfm_export.runtime.session import run
+    ckpt, _ = models["random"]
+    raw = export_graph(ckpt.model.eval(), search_step_spec(ckpt.config), 17)
+    simple = simplify(copy.deepcopy(raw))
+    count = lambda proto, op: sum(n.op_type == op for n in proto.graph.node)  # noqa: E731
+    assert count(simple, "MatMul") == count(raw, "MatMul") - 2 * ckpt.config.n_layers
+    assert count(simple, "Reshape") < count(raw, "Reshape") and len(simple.graph.node) < len(raw.graph.node)
+    feeds = step_feeds(ckpt.config, rows=6, sources=2, capacity=8, length=5)
+    got, want = (run(ort.InferenceSession(p.SerializeToString()), feeds) for p in (simple, raw))
+    for name, value in want.items():
+        np.testing.assert_allclose(got[name], value, atol=1e-6, err_msg=name)
+
+
+def step_feeds(cfg, rows: int, sources: int, capacity: int, length: int) -> dict[str, np.ndarray]:
+    """decoder_step_search's inputs: random filled positions, zeros beyond, a padded source."""
+    from tfm_export.core.graph_spec import cache_names
+    rng, names = np.random.default_rng(0), cache_names(cfg)
+    mask = np.ones((sources, 7), np.int64)
+    mask[-1, 4:] = 0
+    feeds = {"input_ids": rng.integers(FIRST_TOKEN_ID, cfg.trg_vocab_size, (rows, 1)),
+             "encoder_attention_mask": mask, "cache_length": np.array(length),
+             "token_bias": np.zeros(cfg.trg_vocab_size, np.float32), "forced_token": np.array(-1)}
+    for name in names.self_inputs:
+        buffer = np.zeros((rows, cfg.n_head, capacity, cfg.d_k), np.float32)
+        buffer[:, :, :length] = rng.standard_normal((rows, cfg.n_head, length, cfg.d_k))
+        feeds[name] = buffer
+    for name in names.cross_inputs:
+        feeds[name] = rng.standard_normal((sources, cfg.n_head, 7, cfg.d_k)).astype(np.float32)
+    return feeds
+
+
+def test_an_onnx_runtime_too_old_for_the_fused_step_never_runs_or_makes_it(models, monkeypatch, tmp_path):
+    """onnxruntime 1.20 computes MultiHeadAttention's padded cross-attention wrongly: under it, translate decodes
+    through decoder_step_search, opening the fused graph is a one-line error, and export leaves it out."""
+    import onnxruntime
+
+    from tfm_export.core.errors import TfmExportError
+    from tfm_export.runtime.ort_search import FUSED
+    from tfm_export.runtime.translator import Translator
+    ckpt, directory = models["random"]
+    assert FUSED.value in read_manifest(directory)["graphs"]
+    monkeypatch.setattr(onnxruntime, "__version__", "1.20.1")
+    backend = Translator.load(directory).backend
+    assert backend.decoder.get_modelmeta().custom_metadata_map["tfm_export.graph"] == SEARCH.value
+    with pytest.raises(TfmExportError, match=r"needs onnxruntime >= 1\.21 \(this is 1\.20\.1\).*--no-fused"):
+        OrtSearchBackend.open(directory, graph=FUSED)
+    export_model_dir(ckpt, tmp_path / "model", progress=False)
+    assert FUSED.value not in read_manifest(tmp_path / "model")["graphs"]

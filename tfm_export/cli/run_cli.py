@@ -140,12 +140,16 @@ def write_output(lines: list[str], output: Path | None) -> None:
               help="On the CPU, decode with decoder_step_search (cache written in place, the search's top "
                    "candidates computed in the graph) where the model directory has it; --no-search-graph: the "
                    "graph contract's decoder_step, its logits reduced in NumPy. Env: TFM_ORT_SEARCH_GRAPH=1/0.")
+@click.option("--fused/--no-fused", default=True, envvar="TFM_ORT_FUSED", show_default=True,
+              help="On the CPU, that step with its attention in ONNX Runtime's own kernels "
+                   "(decoder_step_search_fused) where the model directory has it; --no-fused: decoder_step_search, "
+                   "standard ONNX operators only. Env: TFM_ORT_FUSED=1/0.")
 @click.option("--ort-trt", is_flag=True, help="With --device cuda: ONNX Runtime's TensorRT execution provider first.")
 def translate(texts: tuple[str, ...], model_path: Path, vocab: tuple[Path, ...], backend: str | None,
               device: str | None, beam_size: int | None, length_penalty: float | None, max_length: int | None,
               n_best: int, batch_size: int, source_lang: str | None, target_lang: str | None, truncate: bool,
               input_file: Path | None, output: Path | None, fmt: str, threads: int, ort_opt_level: str,
-              memory_arena: bool | None, spinning: bool, search_graph: bool, ort_trt: bool) -> None:
+              memory_arena: bool | None, spinning: bool, search_graph: bool, fused: bool, ort_trt: bool) -> None:
     """Translate TEXT arguments, a file or stdin: one translation per line, in input order.
 
     Empty lines give empty lines. A line longer than the model's positions is an error naming the line
@@ -155,7 +159,7 @@ def translate(texts: tuple[str, ...], model_path: Path, vocab: tuple[Path, ...],
     check_output_path(output, "--output", inputs)
     lines = read_lines(input_file, texts)
     session = SessionOptions(intra_op_threads=threads, optimization=ort_opt_level, memory_arena=memory_arena,
-                             spinning=spinning, search_graph=search_graph, tensorrt_ep=ort_trt)
+                             spinning=spinning, search_graph=search_graph, fused=fused, tensorrt_ep=ort_trt)
     translator = Translator.load(model_path, vocab, backend, device, session)
     translator = translator.with_languages(source_lang, target_lang)
     check_output_path(output, "--output", [*inputs, *translator.vocab.files])  # a checkpoint's tokenizer too

@@ -28,6 +28,9 @@ SEARCH_BEAMS = 8  # the widest beam decoder_step_search's own candidates serve (
 # for </s> before the minimum length) and the id forced at this step (-1: none; forced, it gets log-p 0)
 TOKEN_BIAS, FORCED_TOKEN = "token_bias", "forced_token"
 TOP_LOGPROBS, TOP_IDS = "top_logprobs", "top_ids"  # per row its K best (log-probability, id), best first
+FUSED_HEAD_MULTIPLE = 8  # ONNX Runtime's CPU GroupQueryAttention runs only head sizes that are multiples of this
+FUSED_MIN_ONNXRUNTIME = (1, 21)  # 1.20 ignores MultiHeadAttention's key padding mask (a padded source's logits
+# off by 0.04 on a tiny model; 1.21 and later match PyTorch to 1e-7)
 RETIRED_GRAPHS = ("decoder_step_buffered", "decoder_step_fused")  # optional graphs older exports carry: hashed,
 # never run (a runtime that ignores optional graphs loses only speed)
 
@@ -36,6 +39,11 @@ class _GraphFile:
     @property
     def filename(self) -> str:
         return f"{self.value}.onnx"
+
+    @property
+    def standard_ops(self) -> bool:
+        """Whether the graph holds standard ONNX operators only (any ONNX runtime, TensorRT, the converters)."""
+        return self is not GraphVariant.DECODER_STEP_SEARCH_FUSED
 
 
 class Graph(_GraphFile, str, Enum):
@@ -51,6 +59,10 @@ class GraphVariant(_GraphFile, str, Enum):
     # of fixed capacity written in place (model.cache.BufferCache): ONNX Runtime and TensorRT runtimes decode
     # with it, embedders keep the contract's decoder_step.
     DECODER_STEP_SEARCH = "decoder_step_search"
+    # decoder_step_search's maths, inputs and outputs with its attention in ONNX Runtime's kernels (com.microsoft
+    # GroupQueryAttention writing the buffers itself, MultiHeadAttention over the source): what tfm-run runs on the
+    # CPU where the directory has it; fp32 only, never TensorRT's (model.cache.FusedBufferCache).
+    DECODER_STEP_SEARCH_FUSED = "decoder_step_search_fused"
 
 
 @dataclass(frozen=True)
@@ -137,7 +149,7 @@ def search_top_k(cfg: ModelConfig) -> int:
     return min(2 * SEARCH_BEAMS, cfg.trg_vocab_size)
 
 
-def search_step_spec(cfg: ModelConfig) -> GraphSpec:
+def search_step_spec(cfg: ModelConfig, graph: GraphVariant = GraphVariant.DECODER_STEP_SEARCH) -> GraphSpec:
     """decoder_step_search: `cache_length` (int64 scalar) positions of each buffer are filled; the new token's
     keys/values are written at that position and `present.*` are the buffers so written (bound to the past
     inputs' memory, the write lands in place; buffer positions beyond it are hidden but must be finite). The
@@ -147,7 +159,7 @@ def search_step_spec(cfg: ModelConfig) -> GraphSpec:
     with their ids, ties to the lower id."""
     k, names = search_top_k(cfg), cache_names(cfg)
     return GraphSpec(
-        GraphVariant.DECODER_STEP_SEARCH,
+        graph,
         inputs=(TensorSpec("input_ids", "int64", (BATCH, 1)),
                 TensorSpec("encoder_attention_mask", "int64", (SOURCES, SRC_LEN)),
                 TensorSpec("cache_length", "int64", ()),
@@ -166,13 +178,19 @@ def graph_specs(cfg: ModelConfig) -> dict[Graph, GraphSpec]:
 
 
 def variant_specs(cfg: ModelConfig) -> dict[GraphVariant, GraphSpec]:
-    """The optional graphs a model gets: every architecture gets decoder_step_search."""
-    return {GraphVariant.DECODER_STEP_SEARCH: search_step_spec(cfg)}
+    """The optional graphs a model gets: every architecture gets decoder_step_search; its fused twin where ONNX
+    Runtime's kernels compute the same attention (equal key and value head sizes that its CPU GroupQueryAttention
+    runs, no relative position bias, which it has no input for)."""
+    specs = {GraphVariant.DECODER_STEP_SEARCH: search_step_spec(cfg)}
+    if cfg.d_k == cfg.d_v and cfg.d_k % FUSED_HEAD_MULTIPLE == 0 and cfg.positions != "relative":
+        fused = GraphVariant.DECODER_STEP_SEARCH_FUSED
+        specs[fused] = search_step_spec(cfg, fused)
+    return specs
 
 
 def tensorrt_specs(cfg: ModelConfig, listed: Iterable[str]) -> dict[Graph | GraphVariant, GraphSpec]:
-    """The specs of the graphs among `listed` (a directory's graph names) that TensorRT takes (every graph this
-    tool makes holds standard ONNX operators only; retired ones are not checked). Every TensorRT check and build
-    iterates over these, so a new graph is checked once it is listed."""
+    """The specs of the graphs among `listed` (a directory's graph names) that TensorRT takes: standard ONNX
+    operators only. Every TensorRT check and build iterates over these, so a new graph is checked once it is listed."""
     listed = set(listed)
-    return {graph: spec for graph, spec in {**graph_specs(cfg), **variant_specs(cfg)}.items() if graph.value in listed}
+    return {graph: spec for graph, spec in {**graph_specs(cfg), **variant_specs(cfg)}.items()
+            if graph.value in listed and graph.standard_ops}

@@ -14,16 +14,20 @@ import logging
 import warnings
 
 import onnx
+import onnxruntime
 import torch
 from torch.export import Dim
 
 from ..core.graph_spec import SUPPORTED_OPSETS, Graph, GraphSpec, GraphVariant, graph_specs, variant_specs
 from ..model.cache import write_at
 from ..model.transformer import Transformer
+from ..runtime.session import runs_fused_graphs
 from .modules import DecoderStepGraph, EncoderGraph, example_inputs
 from .onnx_io import ExportError, check_contract, share_tied_weights, strip_exporter_metadata
 from .search import SearchStepGraph, search_example_inputs
+from .simplify import simplify
 
+FUSED = GraphVariant.DECODER_STEP_SEARCH_FUSED
 log = logging.getLogger(__name__)
 
 
@@ -38,8 +42,8 @@ def _dynamic_shapes(spec: GraphSpec) -> tuple:
 
 def _module(model: Transformer, spec: GraphSpec) -> tuple[torch.nn.Module, tuple]:
     """The module a graph is exported from, and its tracing inputs."""
-    if spec.graph is GraphVariant.DECODER_STEP_SEARCH:
-        return SearchStepGraph(model), search_example_inputs(model)
+    if isinstance(spec.graph, GraphVariant):
+        return SearchStepGraph(model, not spec.graph.standard_ops), search_example_inputs(model)
     module = EncoderGraph(model) if spec.graph is Graph.ENCODER else DecoderStepGraph(model)
     return module, example_inputs(model)[spec.graph.value]
 
@@ -110,10 +114,14 @@ def export_all(model: Transformer, opset: int, optimize: bool = True,
         raise ExportError(f"opset {opset} is not supported; use one of {SUPPORTED_OPSETS}")
     graphs = {}
     specs = {**graph_specs(model.config), **(variant_specs(model.config) if variants else {})}
+    if not runs_fused_graphs():  # its parity could not be checked here, nor would this runtime run it
+        log.warning("onnxruntime %s is older than %s needs; exporting without it", onnxruntime.__version__,
+                    FUSED.filename)
+        specs.pop(FUSED, None)
     for graph, spec in specs.items():
         proto = export_graph(model.eval(), spec, opset, optimize)
         strip_exporter_metadata(proto)
         removed = share_tied_weights(proto, keep_embedding=isinstance(graph, GraphVariant))
         log.info("%s: exported, %d duplicate weight copies removed", graph.filename, removed)
-        graphs[graph] = check_contract(proto, spec)
+        graphs[graph] = check_contract(simplify(proto) if isinstance(graph, GraphVariant) else proto, spec)
     return graphs

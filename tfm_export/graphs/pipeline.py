@@ -21,7 +21,7 @@ from ..core.token_rules import SEED_RULES
 from ..core.tokenizer import SPECIAL_IDS, tokenizer_files
 from ..model.checkpoint import Checkpoint
 from ..runtime.ort_backend import OrtBackend
-from ..runtime.ort_search import SEARCH, OrtSearchBackend
+from ..runtime.ort_search import FUSED, SEARCH, OrtSearchBackend
 from ..runtime.session import open_session
 from .export import export_all
 from .inputs import random_sources, random_targets
@@ -78,8 +78,9 @@ def check_parity(ckpt: Checkpoint, directory: Path, steps: int = 3, seed: int = 
     cfg = ckpt.config
     encoder = open_session(directory / Graph.ENCODER.filename)
     backends = [OrtBackend(encoder, open_session(directory / Graph.DECODER_STEP.filename), cfg)]
-    if (directory / SEARCH.filename).exists():
-        backends.append(OrtSearchBackend(encoder, open_session(directory / SEARCH.filename), cfg))
+    for graph in (SEARCH, FUSED):
+        if (directory / graph.filename).exists():
+            backends.append(OrtSearchBackend(encoder, open_session(directory / graph.filename), cfg))
     src = random_sources(cfg.src_vocab_size, 3, cfg.n_position, seed, cfg.src_pad_idx)
     trg = random_targets(cfg.trg_vocab_size, 3, cfg.n_position, seed, cfg.trg_pad_idx)
     diffs = [d for backend in backends for d in compare_stepwise(ckpt.model, backend, src, trg, steps)]

@@ -16,7 +16,7 @@ from torch import Tensor, nn
 
 from ..core.graph_spec import search_top_k
 from ..core.tokenizer import FIRST_TOKEN_ID
-from ..model.cache import BufferCache
+from ..model.cache import BufferCache, FusedBufferCache
 from ..model.transformer import Transformer
 
 
@@ -28,16 +28,18 @@ def select(logits: Tensor, token_bias: Tensor, forced_token: Tensor, k: int) -> 
 
 
 class SearchStepGraph(nn.Module):
-    def __init__(self, model: Transformer) -> None:
+    """fused: the attention in ONNX Runtime's kernels (decoder_step_search_fused)."""
+
+    def __init__(self, model: Transformer, fused: bool = False) -> None:
         super().__init__()
-        self.model, self.k = model, search_top_k(model.config)
+        self.model, self.k, self.cache = model, search_top_k(model.config), FusedBufferCache if fused else BufferCache
 
     def forward(self, input_ids: Tensor, encoder_attention_mask: Tensor, cache_length: Tensor, token_bias: Tensor,
                 forced_token: Tensor, *past: Tensor) -> tuple[Tensor, ...]:
         # past, per layer: decoder key buffer, decoder value buffer, encoder key, encoder value (per source)
         layers = [past[4 * i:4 * i + 4] for i in range(len(past) // 4)]
         src_mask = (encoder_attention_mask != 0).unsqueeze(1)  # (B, 1, S)
-        cache = BufferCache([(k, v) for k, v, _, _ in layers], cache_length)
+        cache = self.cache([(k, v) for k, v, _, _ in layers], cache_length)
         x, present = self.model.decoder.step(input_ids, cache, [(k, v) for _, _, k, v in layers], src_mask)
         logits = self.model.project(x)  # (N, 1, V)
         values, ids = select(logits[:, 0], token_bias, forced_token, self.k)

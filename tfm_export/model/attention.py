@@ -18,6 +18,8 @@ from .positions import rotate_pairs
 
 Rotary = tuple[Tensor, Tensor]  # (T, d_k) cos and sin of the positions being projected
 Extend = Callable[[Tensor, Tensor], tuple[Tensor, Tensor]]  # new keys/values -> all the attention reads
+# (queries, keys, values, mask, bias) -> (attention output (B, nh, Tq, dv), weights or None): a cache's own kernel
+Core = Callable[..., tuple[Tensor, Tensor | None]]
 
 
 def get_pad_mask(seq: Tensor, pad_idx: int) -> Tensor:
@@ -85,25 +87,30 @@ class MultiHeadAttention(Residual):
             keys = rotate_pairs(keys, *rotary)
         return keys, self._heads(v, self.w_vs, self.d_v, single)
 
-    def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        """q: (B, Tq, C) input; k, v: projected heads; mask: (B, 1|Tq, Tk). Returns the sublayer's output
-        (the seed's LN(q + fc(attn))) and the attention weights."""
-        return self._attend(q, self.sublayer_input(q), k, v, mask)
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
+               core: Core | None = None) -> tuple[Tensor, Tensor | None]:
+        """q: (B, Tq, C) input; k, v: projected heads; mask: (B, 1|Tq, Tk); core: a kernel to compute the attention
+        with instead of this module's (model.cache). Returns the sublayer's output (the seed's LN(q + fc(attn))) and
+        the attention weights."""
+        return self._attend(q, self.sublayer_input(q), k, v, mask, core=core)
 
     def self_attend(self, x: Tensor, mask: Tensor | None, bias: Tensor | None = None, rotary: Rotary | None = None,
-                    extend: Extend | None = None, single: bool = False) -> tuple[Tensor, Tensor, Tensor]:
+                    extend: Extend | None = None, single: bool = False,
+                    core: Core | None = None) -> tuple[Tensor, Tensor, Tensor]:
         """Self-attention over x (B, T, C); `extend` puts the new keys/values (B, nh, T, d) into a decoder's
-        cache and returns everything the attention reads (model.cache); single: one token per row. Returns the
-        output and those keys and values. Keys see the normalised input, as queries do."""
+        cache and returns everything the attention reads, `core` is the cache's own kernel if it has one
+        (model.cache); single: one token per row. Returns the output and those keys and values. Keys see the
+        normalised input, as queries do."""
         h = self.sublayer_input(x)
         k, v = self.keys_values(h, h, rotary, single)
         if extend is not None:
             k, v = extend(k, v)
-        out, _ = self._attend(x, h, k, v, mask, bias, rotary, single)
+        out, _ = self._attend(x, h, k, v, mask, bias, rotary, single, core)
         return out, k, v
 
     def _attend(self, x: Tensor, h: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, bias: Tensor | None = None,
-                rotary: Rotary | None = None, single: bool = False) -> tuple[Tensor, Tensor]:
+                rotary: Rotary | None = None, single: bool = False,
+                core: Core | None = None) -> tuple[Tensor, Tensor | None]:
         """x: the residual stream; h: what the queries are projected from (x, or its norm)."""
         b, len_q, _ = x.shape
         residual = x
@@ -112,7 +119,7 @@ class MultiHeadAttention(Residual):
             heads = rotate_pairs(heads, *rotary)
         if mask is not None:
             mask = mask.unsqueeze(1)  # broadcast over heads
-        out, attn = self.attention(heads, k, v, mask=mask, bias=bias)
+        out, attn = (core or self.attention)(heads, k, v, mask=mask, bias=bias)
         if single:  # (B, nh, 1, dv) is laid out as (B, 1, nh*dv)
             return self.residual(residual, self.dropout(self.fc(out.view(b, 1, -1)))), attn
         out = out.transpose(1, 2).contiguous().view(b, len_q, -1)  # (B, Tq, nh*dv)

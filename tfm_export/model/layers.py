@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from functools import partial
+
 from torch import Tensor, nn
 
 from ..core.config import ModelConfig
-from .attention import Extend, MultiHeadAttention, Rotary
+from .attention import MultiHeadAttention, Rotary
+from .cache import StepCache
 from .ffn import PositionwiseFeedForward
 from .norms import NormStyle
 
@@ -46,17 +49,18 @@ class DecoderLayer(nn.Module):
         x, _ = self.enc_attn(x, enc_output, enc_output, mask=dec_enc_attn_mask)
         return self.pos_ffn(x)
 
-    def step(self, x: Tensor, extend: Extend, enc_k: Tensor, enc_v: Tensor, slf_attn_mask: Tensor,
-             dec_enc_attn_mask: Tensor, bias: Tensor | None = None, rotary: Rotary | None = None,
-             single: bool = False) -> Tensor:
-        """forward() for new tokens only, `extend` putting their keys/values into the cache (model.cache).
-        single: one token per row, and enc_k/enc_v/mask come once per source, x's rows being equal consecutive
-        groups per source; a group's rows are one query sequence over its source (cross-attention is per
-        position, so this is the same maths without a copy of the source's keys per row)."""
-        x, _, _ = self.slf_attn.self_attend(x, slf_attn_mask, bias, rotary, extend, single)
-        if single:
+    def step(self, x: Tensor, cache: StepCache, layer: int, enc_k: Tensor, enc_v: Tensor, slf_attn_mask: Tensor,
+             dec_enc_attn_mask: Tensor, bias: Tensor | None = None, rotary: Rotary | None = None) -> Tensor:
+        """forward() for new tokens only, the cache putting their keys/values in place (model.cache). A single-token
+        cache takes enc_k/enc_v/mask once per source, x's rows being equal consecutive groups per source; a group's
+        rows are one query sequence over its source (cross-attention is per position, so this is the same maths
+        without a copy of the source's keys per row)."""
+        x, _, _ = self.slf_attn.self_attend(x, slf_attn_mask, bias, rotary, partial(cache.extend, layer), cache.single,
+                                            cache.self_core(layer))
+        if cache.single:
             rows = x.shape
-            x, _ = self.enc_attn.attend(x.reshape(enc_k.size(0), -1, rows[-1]), enc_k, enc_v, mask=dec_enc_attn_mask)
+            x, _ = self.enc_attn.attend(x.reshape(enc_k.size(0), -1, rows[-1]), enc_k, enc_v, dec_enc_attn_mask,
+                                        cache.cross_core(layer))
             x = x.reshape(rows)
         else:
             x, _ = self.enc_attn.attend(x, enc_k, enc_v, mask=dec_enc_attn_mask)

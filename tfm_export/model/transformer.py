@@ -10,8 +10,6 @@ parts live in norms, positions, attention, ffn and layers; classes are ordered b
 
 from __future__ import annotations
 
-from functools import partial
-
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -25,12 +23,10 @@ from .attention import (  # noqa: F401  (re-exported: the seed's module had them
     get_subsequent_mask,
     step_mask,
 )
-from .cache import BufferCache, ConcatCache
+from .cache import StepCache
 from .layers import DecoderLayer, EncoderLayer
 from .norms import NormStyle, make_norm
 from .positions import PositionalEncoding, RelativePositionBias, RotaryEmbedding, sinusoid_table  # noqa: F401
-
-StepCache = ConcatCache | BufferCache
 
 
 class Embedder(nn.Module):
@@ -119,7 +115,7 @@ class Decoder(Embedder):
         mask = step_mask(start, trg_new.size(1), keys)
         bias, rotary = self._positions(x, start, keys)
         for i, (layer, (ek, ev)) in enumerate(zip(self.layer_stack, cross, strict=True)):
-            x = layer.step(x, partial(cache.extend, i), ek, ev, mask, src_mask, bias, rotary, cache.single)
+            x = layer.step(x, cache, i, ek, ev, mask, src_mask, bias, rotary)
         return self._final(x), cache.present
 
 

@@ -50,6 +50,8 @@ from .int8 import float_ops, quantize_dynamic_graph, quantize_static_graph
 PRECISIONS = tuple(p for p in MODEL_PRECISIONS if p != "fp32")  # what quantize makes from fp32
 NO_STATIC_SEARCH = ("int8 static graphs are calibrated on traces of the contract's decoder_step and are meant for "
                     "TensorRT; decoder_step_search is made for fp32, fp16 and int8 dynamic")
+NO_FUSED = ("fp32 only: its ONNX Runtime operators are not converted; this directory decodes on the CPU through "
+            "decoder_step_search")
 log = logging.getLogger(__name__)
 
 
@@ -117,7 +119,7 @@ def quantize_model_dir(source: Path, output: Path, precision: str, mode: str | N
     manifest = read_manifest(source)
     mode = check_request(manifest, source, precision, mode, calibration, keep_io_types, float_embeddings)
     vocab = load_vocabulary(source, manifest)  # present and parseable, before any slow work
-    variants = [v for v in GraphVariant if v.value in manifest["graphs"]] \
+    variants = [v for v in GraphVariant if v.value in manifest["graphs"] and v.standard_ops] \
         if (precision, mode) != ("int8", "static") else []
     graphs = {g: load_graph(source, manifest, g.value) for g in (*Graph, *variants)}
     for skipped in [g for g in manifest["graphs"] if g not in {v.value for v in (*Graph, *variants)}]:
@@ -154,8 +156,10 @@ def quantize_model_dir(source: Path, output: Path, precision: str, mode: str | N
         new["files"] = file_hashes(staging, listed)
         if precision == "int8" and float_embeddings:
             new["int8"]["embeddings"] = FLOAT_EMBEDDINGS
-        if has_search_step(manifest) and not variants:
-            new.setdefault("optimizations_not_applied", {})[GraphVariant.DECODER_STEP_SEARCH.value] = NO_STATIC_SEARCH
+        not_applied = {GraphVariant.DECODER_STEP_SEARCH: NO_STATIC_SEARCH,
+                       GraphVariant.DECODER_STEP_SEARCH_FUSED: NO_FUSED}
+        for graph in [g for g in not_applied if g.value in manifest["graphs"] and g not in variants]:
+            new.setdefault("optimizations_not_applied", {})[graph.value] = not_applied[graph]
         add_shared(new, shared)
         write_manifest(staging, new)
         bar.set_postfix_str("smoke test")

@@ -23,8 +23,10 @@ import onnxruntime as ort
 from ..artifacts.manifest import ModelDirError
 from ..artifacts.model_dir import read_manifest, shared_initializers, verified_graphs
 from ..core.config import ModelConfig
+from ..core.errors import TfmExportError
 from ..core.graph_spec import (
     FORCED_TOKEN,
+    FUSED_MIN_ONNXRUNTIME,
     TOKEN_BIAS,
     TOP_IDS,
     TOP_LOGPROBS,
@@ -40,18 +42,25 @@ from ..core.sources import check_source_length, check_target_length
 from ..core.token_rules import SEED_RULES, TokenRules
 from .decoding import Candidates, StepRule
 from .ort_backend import directory_options, open_graph, run_encoder
-from .session import DEFAULT_OPTIONS, SessionOptions
+from .session import DEFAULT_OPTIONS, SessionOptions, runs_fused_graphs
 
 CAPACITY_STEP = 16  # positions added when a cache buffer is full: attention reads at most this many unused
 REORDER_BYTES = LARGE_BLOCK_BYTES // 4  # reorders and growth copy rows in pieces of about this size (twice at most)
 
 
-SEARCH = GraphVariant.DECODER_STEP_SEARCH
+SEARCH, FUSED = GraphVariant.DECODER_STEP_SEARCH, GraphVariant.DECODER_STEP_SEARCH_FUSED
 LOGITS_ONLY = StepRule(SEED_RULES, 1)  # a step whose candidates nobody reads (run_step's logits)
 
 
 def has_search_step(manifest: dict) -> bool:
     return SEARCH.value in manifest.get("graphs", {})
+
+
+def chosen_step(manifest: dict, options: SessionOptions) -> GraphVariant:
+    """decoder_step_search_fused where the directory has it, the options allow it (the CPU, fused) and this ONNX
+    Runtime computes it right; else decoder_step_search."""
+    fused = FUSED.value in manifest.get("graphs", {}) and options.fused and options.device == "cpu"
+    return FUSED if fused and runs_fused_graphs() else SEARCH
 
 
 @dataclass
@@ -205,21 +214,28 @@ class OrtSearchBackend:
         self.shared = shared or {}  # memory both sessions read (shared_values): must live as long as they do
 
     @classmethod
-    def open(cls, directory: Path, options: SessionOptions = DEFAULT_OPTIONS,
-             capacity_step: int = CAPACITY_STEP) -> OrtSearchBackend:
+    def open(cls, directory: Path, options: SessionOptions = DEFAULT_OPTIONS, capacity_step: int = CAPACITY_STEP,
+             graph: GraphVariant | None = None) -> OrtSearchBackend:
+        """graph: which step graph; default decoder_step_search_fused on the CPU where the directory has it and the
+        options allow it, else decoder_step_search."""
         manifest = read_manifest(Path(directory))
-        if not has_search_step(manifest):
-            raise ModelDirError(f"{directory}: has no {SEARCH.filename}; export the model again with "
+        graph = graph or chosen_step(manifest, options)
+        if graph.value not in manifest["graphs"]:
+            raise ModelDirError(f"{directory}: has no {graph.filename}; export the model again with "
                                 "`tfm-export onnx`")
+        if not graph.standard_ops and not runs_fused_graphs():
+            raise TfmExportError(f"{directory}: {graph.filename} needs onnxruntime >= "
+                                 f"{'.'.join(map(str, FUSED_MIN_ONNXRUNTIME))} (this is {ort.__version__}); upgrade "
+                                 "it, or decode with decoder_step_search (tfm-run translate --no-fused)")
         options = directory_options(manifest, options)
         if options.memory_arena is None:
             options = replace(options, memory_arena=False)
         config = ModelConfig.from_dict(manifest["model"])
         paths = verified_graphs(Path(directory), manifest)
-        shared = shared_values(Path(directory), manifest)
+        shared = shared_values(Path(directory), manifest, graph)
         encoder = open_graph(paths[Graph.ENCODER.value], graph_specs(config)[Graph.ENCODER], options,
                              sharing(shared, prepacked=False))
-        decoder = open_graph(paths[SEARCH.value], variant_specs(config)[SEARCH], options, sharing(shared))
+        decoder = open_graph(paths[graph.value], variant_specs(config)[graph], options, sharing(shared))
         return cls(encoder, decoder, config, manifest, capacity_step, shared)
 
     def run_encoder(self, src: np.ndarray) -> dict[str, np.ndarray]:

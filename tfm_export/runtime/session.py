@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -10,6 +11,7 @@ import numpy as np
 import onnxruntime as ort
 
 from ..core.errors import TfmExportError, first_line
+from ..core.graph_spec import FUSED_MIN_ONNXRUNTIME
 from ..core.machine import MAX_THREADS
 
 OPT_LEVELS = {"disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
@@ -33,6 +35,9 @@ class SessionOptions:
     # decoder_step_search (the cache in place, the search's reduction in the graph) where the directory has it;
     # False: the contract's decoder_step, its logits reduced in NumPy
     search_graph: bool = True
+    # on the CPU, decoder_step_search_fused (the same step in ONNX Runtime's attention kernels) where the directory
+    # has it; False: decoder_step_search, standard ONNX operators only
+    fused: bool = True
     device: str = "cpu"  # "cuda": CUDA execution provider, CPU for what it does not cover
     tensorrt_ep: bool = False  # with device "cuda": ONNX Runtime's TensorRT execution provider first
     fold_qdq: bool = False  # run Q/DQ as plain float ops, weight DequantizeLinear constant-folded (see OrtBackend)
@@ -50,6 +55,12 @@ def check_threads(threads: int | str, what: str = "thread count") -> int:
                              "cores); give at most that, or 0 for the default")
     return int(threads)
 CUDA_PROVIDER, TENSORRT_PROVIDER = "CUDAExecutionProvider", "TensorrtExecutionProvider"
+
+
+def runs_fused_graphs() -> bool:
+    """Whether this ONNX Runtime computes decoder_step_search_fused correctly (graph_spec.FUSED_MIN_ONNXRUNTIME)."""
+    found = re.match(r"(\d+)\.(\d+)", ort.__version__)
+    return bool(found) and tuple(int(v) for v in found.groups()) >= FUSED_MIN_ONNXRUNTIME
 
 
 def has_cuda_provider() -> bool:

@@ -31,7 +31,8 @@ from ..model.checkpoint import HUGGINGFACE, Checkpoint, is_hf_directory, load_ch
 from ..runtime import decoding
 from ..runtime.decoding import GraphBackend
 from ..runtime.ort_backend import OrtBackend
-from ..runtime.ort_search import SEARCH, OrtSearchBackend, has_search_step
+from ..runtime.ort_search import FUSED, SEARCH, OrtSearchBackend
+from ..runtime.session import runs_fused_graphs
 from .hf_generate import HfGenerate
 
 
@@ -110,10 +111,11 @@ def _oracle(ckpt: Checkpoint) -> Callable[[np.ndarray, int, int], list[tuple[int
 
 def graph_backends(directory: Path) -> dict[str, GraphBackend]:
     """The directory's decoders, each labelled for the report: the contract's decoder_step, and
-    decoder_step_search (what `tfm-run translate` runs on the CPU) where the directory has it."""
+    decoder_step_search and its fused twin (what `tfm-run translate` runs on the CPU) where the directory has them."""
     backends: dict[str, GraphBackend] = {"": OrtBackend.open(directory)}
-    if has_search_step(backends[""].manifest):
-        backends[f", {SEARCH.value}"] = OrtSearchBackend.open(directory)
+    for graph in (SEARCH, FUSED):
+        if graph.value in backends[""].manifest["graphs"] and (graph is SEARCH or runs_fused_graphs()):
+            backends[f", {graph.value}"] = OrtSearchBackend.open(directory, graph=graph)
     return backends
 
 
