@@ -20,7 +20,7 @@ from .manifest import (
     manifest_format,
     read_declared,
 )
-from .model_dir import check_model_fields, verified_file
+from .model_dir import check_model_fields, valid_hashes, verified_file
 
 # Which library builds and runs the plans. A plan loads only in the library (and version) that built it.
 TENSORRT, RTX = "tensorrt", "rtx"
@@ -44,7 +44,7 @@ ENGINE_DIR = DirectoryKind("engine directory", ENGINE_FORMAT, ENGINE_FORMAT_VERS
                            checks={"model": lambda v: isinstance(v, dict), "engines": lambda v: isinstance(v, dict),
                                    "tensorrt.target": lambda v: isinstance(v, str) and v in TARGET_NAMES,
                                    "tensorrt.tensorrt": lambda v: isinstance(v, str),
-                                   "files": lambda v: isinstance(v, dict),
+                                   "files": valid_hashes,
                                    "limits.max_batch": lambda v: isinstance(v, int) and v > 0,
                                    "limits.max_source_length": lambda v: isinstance(v, int),
                                    "limits.max_target_length": lambda v: isinstance(v, int)})

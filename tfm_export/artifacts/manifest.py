@@ -28,7 +28,8 @@ class DirectoryKind:
     version: int
     remake: str  # what to do about a damaged one
     required: tuple[str, ...]  # dotted keys
-    checks: dict[str, Callable[[Any], bool]] = field(default_factory=dict)  # dotted key -> valid value?
+    # dotted key -> valid value? (a required key always, an optional one where present)
+    checks: dict[str, Callable[[Any], bool]] = field(default_factory=dict)
 
 
 # Version 2: `files` records the sha256 of every file besides graphs and plans (tokenizers, external weights).
@@ -73,7 +74,7 @@ def read_declared(directory: Path, kind: DirectoryKind, wrong_format: Callable[[
     missing = [key for key in kind.required if not _has(manifest, key)]
     if missing:
         raise ModelDirError(f"{path}: lacks {', '.join(missing)}; {kind.remake}")
-    wrong = [key for key, ok in kind.checks.items() if not ok(_get(manifest, key))]
+    wrong = [key for key, ok in kind.checks.items() if _has(manifest, key) and not ok(_get(manifest, key))]
     if wrong:
         raise ModelDirError(f"{path}: has an invalid {', '.join(wrong)}; {kind.remake}")
     return manifest

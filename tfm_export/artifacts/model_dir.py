@@ -47,20 +47,30 @@ REMAKE = "export the model again with `tfm-export onnx`"
 _positive = lambda v: isinstance(v, int) and not isinstance(v, bool) and v > 0  # noqa: E731
 _sha = lambda v: isinstance(v, str) and len(v) == 64  # noqa: E731
 _text = lambda v: isinstance(v, str)  # noqa: E731
+_object = lambda v: isinstance(v, dict)  # noqa: E731
+
+
+def valid_hashes(files: object) -> bool:
+    """A manifest's `files`: each file name with its sha256 (hex digest)."""
+    return isinstance(files, dict) and all(isinstance(k, str) and _sha(h) for k, h in files.items())
+
+
 MODEL_DIR = DirectoryKind(
     "model directory", MODEL_FORMAT, MODEL_FORMAT_VERSION, REMAKE,
     required=("model", "tokenizer.source", "tokenizer.target", "limits.max_source_length",
               "limits.max_target_length", "special_tokens", "precision", "opset", "graphs.encoder.file",
               "graphs.encoder.sha256", "graphs.decoder_step.file", "graphs.decoder_step.sha256", "files",
               "source_checkpoint.sha256", "optimizations"),
-    checks={"model": lambda v: isinstance(v, dict), "precision": lambda v: v in PRECISIONS,
-            "opset": _positive, "optimizations": lambda v: isinstance(v, list),
+    checks={"model": _object, "precision": lambda v: v in PRECISIONS,
+            "opset": _positive, "optimizations": lambda v: isinstance(v, list) and all(map(_text, v)),
             "tokenizer.source": _text, "tokenizer.target": _text,
             "graphs.encoder.file": _text, "graphs.decoder_step.file": _text,
-            "graphs.encoder.sha256": _sha, "graphs.decoder_step.sha256": _sha,
-            "files": lambda v: isinstance(v, dict) and all(isinstance(k, str) and _sha(h) for k, h in v.items()),
+            "graphs.encoder.sha256": _sha, "graphs.decoder_step.sha256": _sha, "files": valid_hashes,
             "limits.max_source_length": _positive, "limits.max_target_length": _positive,
-            "special_tokens": lambda v: isinstance(v, dict) and all(map(is_token_id, v.values()))})
+            "special_tokens": lambda v: isinstance(v, dict) and all(map(is_token_id, v.values())),
+            "source_checkpoint.sha256": _sha,
+            # optional, checked where present (verify checks `parent` itself, saying what it must hold)
+            "source_checkpoint.path": _text, "int8": _object, "optimizations_not_applied": _object})
 
 
 def read_manifest(directory: Path) -> dict[str, Any]:
@@ -126,7 +136,9 @@ def verified_file(directory: Path, name: object, expected: object, what: str, re
     """A file the manifest names: inside the directory, and with the sha256 the manifest records for it (a
     swapped or damaged file is refused on every read)."""
     path = contained_file(directory, name, ModelDirError, what, remake)
-    if not isinstance(expected, str) or file_sha256(path) != expected:
+    if not _sha(expected):  # a file the manifest does not hash is read by nobody
+        raise ModelDirError(f"{path}: {MANIFEST} records no sha256 for it (file added or manifest edited); {remake}")
+    if file_sha256(path) != expected:
         raise ModelDirError(f"{path}: sha256 differs from {MANIFEST} (file changed or damaged); {remake}")
     return path
 
