@@ -125,7 +125,7 @@ def test_written_tokenizer_wraps_sources_in_bos_and_eos(demo_generate):
     shipped = load_tokenizer(DEMO_CKPT.parent / "tokenizer.json")
     library = Tokenizer.from_file(str(demo_generate / "tokenizer.json"))
     texts = HELD_OUT[:300] + ["  Forty-Two ", "one thousand, one", "ÉCOLE été", "unknown words"]
-    assert [library.encode(t).ids for t in texts] == [source_ids(shipped, t) for t in texts]
+    assert [library.encode(t).ids for t in texts] == [[2, *shipped.encode(t), 3] for t in texts]  # <s> ... </s>
     assert [ours.encode(t) for t in texts] == [shipped.encode(t) for t in texts]
 
 
