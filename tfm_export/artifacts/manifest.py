@@ -32,6 +32,27 @@ class DirectoryKind:
     checks: dict[str, Callable[[Any], bool]] = field(default_factory=dict)
 
 
+def is_positive(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def is_sha256(value: Any) -> bool:
+    return isinstance(value, str) and len(value) == 64
+
+
+def is_text(value: Any) -> bool:
+    return isinstance(value, str)
+
+
+def is_object(value: Any) -> bool:
+    return isinstance(value, dict)
+
+
+def is_file_hashes(value: Any) -> bool:
+    """A manifest's `files`: each file name with its sha256."""
+    return isinstance(value, dict) and all(is_text(k) and is_sha256(h) for k, h in value.items())
+
+
 # Version 2: `files` records the sha256 of every file besides graphs and plans (tokenizers, external weights).
 MODEL_FORMAT, MODEL_FORMAT_VERSION = "tfm-export-model", 2
 # Engines version 3: `tensorrt.target` names the library that built the plans (TensorRT or TensorRT-RTX).
