@@ -4,6 +4,7 @@ backend, directory, refusals and tokenizer."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 
@@ -125,7 +126,7 @@ def test_written_tokenizer_wraps_sources_in_bos_and_eos(demo_generate):
     shipped = load_tokenizer(DEMO_CKPT.parent / "tokenizer.json")
     library = Tokenizer.from_file(str(demo_generate / "tokenizer.json"))
     texts = HELD_OUT[:300] + ["  Forty-Two ", "one thousand, one", "ÉCOLE été", "unknown words"]
-    assert [library.encode(t).ids for t in texts] == [source_ids(shipped, t) for t in texts]
+    assert [library.encode(t).ids for t in texts] == [[2, *shipped.encode(t), 3] for t in texts]  # <s> ... </s>
     assert [ours.encode(t) for t in texts] == [shipped.encode(t) for t in texts]
 
 
@@ -162,6 +163,23 @@ def test_bad_directories_are_one_line_errors(demo_onnx, tmp_path):
     result = CliRunner().invoke(run_main, ["translate", "--model", str(demo_onnx), "--backend",
                                            "onnxruntime-generate", "x"])
     assert result.exit_code == 1 and "has no generate.onnx; make one with `tfm-export generate" in result.output
+
+
+@pytest.mark.parametrize("name", ["generate.onnx", "decoder_step.onnx", "decoder_step_search.onnx.data",
+                                  "tokenizer.json"])
+def test_a_damaged_file_of_a_generate_directory_is_refused(demo_generate, tmp_path, name):
+    """generate.onnx holds its own copy of the graphs, yet the directory is refused whole, as the loop's backends
+    refuse it: a damaged graph it does not run, or the tokenizer, is one line too."""
+    model = tmp_path / "model"
+    shutil.copytree(demo_generate, model)
+    data = bytearray((model / name).read_bytes())
+    data[-1] ^= 1
+    (model / name).write_bytes(bytes(data))
+    result = CliRunner().invoke(run_main, ["translate", "--model", str(model), "--backend", "onnxruntime-generate",
+                                           "forty-two"])
+    assert result.exit_code == 1 and result.output.strip().splitlines() == [
+        f"Error: {model / name}: sha256 differs from manifest.json (file changed or damaged); export the model again "
+        "with `tfm-export onnx`"]
 
 
 def test_max_length_and_n_best_follow_the_loop(demo_generate):

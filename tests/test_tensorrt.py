@@ -319,7 +319,7 @@ def _fake_engine_dir(directory: Path, demo_onnx: Path) -> Path:
         engines[graph.value] = {"file": f"{graph.value}.plan", "sha256": file_sha256(directory / f"{graph.value}.plan")}
     (directory / "manifest.json").write_text(json.dumps({
         "format": ENGINE_FORMAT, "format_version": ENGINE_FORMAT_VERSION, "model": manifest["model"],
-        "tokenizer": manifest["tokenizer"], "files": manifest["files"],
+        "tokenizer": manifest["tokenizer"], "files": manifest["files"], "special_tokens": manifest["special_tokens"],
         "limits": {"max_batch": 8, "max_source_length": 200, "max_target_length": 200}, "precision": "fp16",
         "tensorrt": {"target": "tensorrt", "tensorrt": "10.3.0.30", "gpu": "Orin", "compute_capability": "8.7"},
         "engines": engines, "source": {}}))

@@ -17,10 +17,14 @@ from .manifest import (
     MANIFEST,
     DirectoryKind,
     ModelDirError,
+    is_file_hashes,
+    is_object,
+    is_positive,
+    is_text,
     manifest_format,
     read_declared,
 )
-from .model_dir import check_model_fields, verified_file
+from .model_dir import check_model_fields, token_rules, verified_file
 
 # Which library builds and runs the plans. A plan loads only in the library (and version) that built it.
 TENSORRT, RTX = "tensorrt", "rtx"
@@ -40,14 +44,14 @@ REBUILD = "build the engines again with `tfm-export trt`"
 ENGINE_DIR = DirectoryKind("engine directory", ENGINE_FORMAT, ENGINE_FORMAT_VERSION, REBUILD,
                            required=("model", "tokenizer.source", "tokenizer.target", "limits.max_batch",
                                      "limits.max_source_length", "limits.max_target_length", "precision",
-                                     "tensorrt.target", "tensorrt.tensorrt", "engines", "files", "source"),
-                           checks={"model": lambda v: isinstance(v, dict), "engines": lambda v: isinstance(v, dict),
+                                     "tensorrt.target", "tensorrt.tensorrt", "engines", "files", "source",
+                                     "special_tokens"),
+                           checks={"model": is_object, "engines": is_object,
                                    "tensorrt.target": lambda v: isinstance(v, str) and v in TARGET_NAMES,
-                                   "tensorrt.tensorrt": lambda v: isinstance(v, str),
-                                   "files": lambda v: isinstance(v, dict),
-                                   "limits.max_batch": lambda v: isinstance(v, int) and v > 0,
-                                   "limits.max_source_length": lambda v: isinstance(v, int),
-                                   "limits.max_target_length": lambda v: isinstance(v, int)})
+                                   "tensorrt.tensorrt": lambda v: is_text(v) and v.split(".")[0].isdigit(),
+                                   "files": is_file_hashes, "limits.max_batch": is_positive,
+                                   "limits.max_source_length": is_positive, "limits.max_target_length": is_positive,
+                                   "int8": is_object})  # optional, checked where present
 
 
 def read_engine_manifest(directory: Path) -> dict[str, Any]:
@@ -56,6 +60,7 @@ def read_engine_manifest(directory: Path) -> dict[str, Any]:
                 "onnxruntime; build engines from it with `tfm-export trt`)")
     manifest = read_declared(directory, ENGINE_DIR, wrong_format)
     check_model_fields(manifest, directory / MANIFEST, REBUILD)
+    token_rules(manifest, directory / MANIFEST, REBUILD)
     return manifest
 
 

@@ -33,7 +33,7 @@ from ..artifacts.manifest import (
 )
 from ..artifacts.model_dir import graph_path, read_manifest, tokenizer_file
 from ..artifacts.staging import staged_directory
-from ..core.graph_spec import Graph, GraphVariant
+from ..core.graph_spec import Graph
 from .contract import DEFAULT_MAX_BATCH, DEFAULT_NAME, DEVICES, LAYOUTS, native_graphs
 from .model_config import Deployment, native_model, python_model
 
@@ -70,11 +70,11 @@ class _Source:
     manifest: dict[str, Any]
     engines: bool
 
-    def graph_files(self, graph: Graph | GraphVariant) -> list[Path]:
+    def graph_files(self, graph: str) -> list[Path]:
         """The graph (with its external weights) or plan, checked against the manifest's sha256."""
         if self.engines:
-            return [plan_path(self.directory, self.manifest, graph)]
-        path = graph_path(self.directory, self.manifest, graph.value)
+            return [plan_path(self.directory, self.manifest, Graph(graph))]
+        path = graph_path(self.directory, self.manifest, graph)
         data = path.with_name(path.name + ".data")
         return [path, data] if data.is_file() else [path]
 
@@ -162,10 +162,12 @@ def _files(request: RepositoryRequest, source: _Source, deployment: Deployment) 
     """Every file of the repository: a source file to copy, or generated text."""
     name, version = Path(request.name), Path(request.name) / VERSION
     copied = [source.directory / MANIFEST, *source.tokenizer_files()]
-    if request.layout == "translator":
-        # the optional graphs too (decoder_step_search): the copied manifest lists them, and the runtime uses them
-        variants = [] if source.engines else [v for v in GraphVariant if v.value in source.manifest["graphs"]]
-        copied += [p for g in (*Graph, *variants) for p in source.graph_files(g)]
+    # every graph is checked, the optional ones (decoder_step_search, older directories' retired ones) included,
+    # whichever the layout copies: a damaged directory is refused whole, as the runtime refuses it
+    names = [g.value for g in Graph] if source.engines else list(source.manifest["graphs"])
+    graph_files = {name: source.graph_files(name) for name in names}
+    if request.layout == "translator":  # the copied manifest lists them all, and the runtime uses them
+        copied += [p for paths in graph_files.values() for p in paths]
     files: dict[Path, Path | str] = {version / MODEL_SUBDIR / p.name: p for p in copied}
     files[version / "model.py"] = MODEL_PY
     parameters = {"layout": request.layout, "device": deployment.device, "model_directory": MODEL_SUBDIR,
@@ -174,7 +176,7 @@ def _files(request: RepositoryRequest, source: _Source, deployment: Deployment) 
         graphs = native_graphs(source.manifest)
         for graph, native in zip(Graph, _native_names(request.name), strict=True):
             parameters[f"{graph.value}_model"] = native
-            paths = source.graph_files(graph)
+            paths = graph_files[graph.value]
             files |= {Path(native) / VERSION / p.name: p for p in paths}
             files[Path(native) / "config.pbtxt"] = native_model(native, graphs[graph], deployment, paths[0].name,
                                                                 source.engines)
