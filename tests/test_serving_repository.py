@@ -57,11 +57,12 @@ def test_translator_layout_holds_the_model_directory_and_a_config(demo_onnx, tmp
     assert result.exit_code == 0, result.output
     manifest = read_manifest(demo_onnx)
     copied = sorted(["manifest.json", "tokenizer.json", "encoder.onnx", "decoder_step.onnx",  # every listed file
-                     "decoder_step_search.onnx", "decoder_step_search.onnx.data"])
+                     "decoder_step_search.onnx", "decoder_step_search.onnx.data", "decoder_step_search_fused.onnx",
+                     "decoder_step_search_fused.onnx.data"])
     assert listing(tmp_path / "repo") == sorted(["manifest.json", "translator", "translator/config.pbtxt",
                                                  "translator/1", "translator/1/model.py", "translator/1/model",
                                                  *(f"translator/1/model/{f}" for f in copied)])
-    for graph in ("encoder", "decoder_step", "decoder_step_search"):
+    for graph in ("encoder", "decoder_step", "decoder_step_search", "decoder_step_search_fused"):
         assert file_sha256(tmp_path / f"repo/translator/1/model/{graph}.onnx") == manifest["graphs"][graph]["sha256"]
     config = read_config(tmp_path / "repo/translator/config.pbtxt")
     assert (config.name, config.backend, config.max_batch_size) == ("translator", "python", 16)

@@ -94,7 +94,7 @@ def _at_opset(proto: onnx.ModelProto, opset: int) -> onnx.ModelProto:
 def _drop_newer_attributes(proto: onnx.ModelProto, opset: int) -> None:
     """The converter carries attributes the target opset does not define (ReduceMean's opset-18
     noop_with_empty_axes) into the converted nodes; at their default 0 they change nothing and are dropped."""
-    for node in proto.graph.node:
+    for node in [n for n in proto.graph.node if n.domain in ("", "ai.onnx")]:  # not ONNX Runtime's own ops
         known = onnx.defs.get_schema(node.op_type, opset, node.domain).attributes
         for attr in [a for a in node.attribute if a.name not in known]:
             if onnx.helper.get_attribute_value(attr) != 0:
