@@ -246,10 +246,9 @@ def _cache_handling_backend(model_dir: Path, max_batch: int = 64):
     sessions = {Graph.ENCODER: ort.encoder, Graph.DECODER_STEP: ort.decoder}
     dtypes = {g: {t.name: getattr(torch, TORCH_TYPES[t.type]) for t in [*s.get_inputs(), *s.get_outputs()]}
               for g, s in sessions.items()}
-    manifest = {**read_manifest(model_dir), "limits": {"max_batch": max_batch, "max_source_length": 200,
-                                                       "max_target_length": 200}}
+    limits = {"max_batch": max_batch, "max_source_length": 200, "max_target_length": 200}
     backend = TrtBackend.__new__(TrtBackend)
-    backend._setup(manifest, dtypes, torch.device("cpu"), None)
+    backend._setup(ort.config, limits, dtypes, torch.device("cpu"), None)
 
     def execute(graph: Graph, inputs: dict, outputs: dict) -> None:
         read = {t.untyped_storage().data_ptr() for t in inputs.values()}

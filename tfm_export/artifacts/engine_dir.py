@@ -7,10 +7,14 @@ architecture), the optimisation profiles, the precision and the sha256 of the gr
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..core.config import ModelConfig
 from ..core.graph_spec import Graph
+from ..core.token_rules import TokenRules
+from ..core.tokenizer import Vocabulary
 from .manifest import (
     ENGINE_FORMAT,
     ENGINE_FORMAT_VERSION,
@@ -24,7 +28,7 @@ from .manifest import (
     manifest_format,
     read_declared,
 )
-from .model_dir import check_model_fields, token_rules, verified_file
+from .model_dir import check_model_fields, load_vocabulary, token_rules, verified_file
 
 # Which library builds and runs the plans. A plan loads only in the library (and version) that built it.
 TENSORRT, RTX = "tensorrt", "rtx"
@@ -55,13 +59,18 @@ ENGINE_DIR = DirectoryKind("engine directory", ENGINE_FORMAT, ENGINE_FORMAT_VERS
 
 
 def read_engine_manifest(directory: Path) -> dict[str, Any]:
+    """An engine directory's manifest, every field this tool reads checked. Readers take EngineDir.read's typed
+    view; writers copy this."""
+    return _checked(directory)[0]
+
+
+def _checked(directory: Path) -> tuple[dict[str, Any], ModelConfig, TokenRules]:
     def wrong_format(declared: Any) -> str | None:
         return (f"{directory / MANIFEST}: not a {ENGINE_FORMAT} manifest (a model directory runs on --backend "
                 "onnxruntime; build engines from it with `tfm-export trt`)")
     manifest = read_declared(directory, ENGINE_DIR, wrong_format)
-    check_model_fields(manifest, directory / MANIFEST, REBUILD)
-    token_rules(manifest, directory / MANIFEST, REBUILD)
-    return manifest
+    config = check_model_fields(manifest, directory / MANIFEST, REBUILD)
+    return manifest, config, token_rules(manifest, directory / MANIFEST, REBUILD)
 
 
 def engine_target(manifest: dict[str, Any]) -> str:
@@ -76,3 +85,38 @@ def plan_path(directory: Path, manifest: dict[str, Any], graph: Graph) -> Path:
     if not isinstance(entry, dict):
         raise ModelDirError(f"{directory / MANIFEST}: lists no {graph.value} engine; {REBUILD}")
     return verified_file(directory, entry.get("file"), entry.get("sha256"), f"{graph.value} engine", REBUILD)
+
+
+@dataclass(frozen=True)
+class EngineDir:
+    """An engine directory read once (ModelDir's counterpart): its manifest checked, config and rules parsed, its
+    plans and tokenizers read through it against the manifest's sha256."""
+
+    path: Path
+    manifest: dict[str, Any]
+    config: ModelConfig
+    rules: TokenRules
+
+    @classmethod
+    def read(cls, directory: str | Path) -> EngineDir:
+        directory = Path(directory)
+        return cls(directory, *_checked(directory))
+
+    @property
+    def precision(self) -> str:
+        return self.manifest["precision"]
+
+    @property
+    def limits(self) -> dict[str, int]:
+        """The rows and lengths the engines were built for: max_batch, max_source_length, max_target_length."""
+        return {key: self.manifest["limits"][key] for key in ("max_batch", "max_source_length", "max_target_length")}
+
+    @property
+    def target(self) -> str:
+        return engine_target(self.manifest)
+
+    def plan_path(self, graph: Graph) -> Path:
+        return plan_path(self.path, self.manifest, graph)
+
+    def vocabulary(self) -> Vocabulary:
+        return load_vocabulary(self.path, self.manifest)

@@ -11,6 +11,7 @@ import math
 import shutil
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -69,7 +70,11 @@ MODEL_DIR = DirectoryKind(
 
 def read_manifest(directory: Path) -> dict[str, Any]:
     """A model directory's manifest, every field this tool reads checked (an engine directory is named as
-    such: it runs, but is no model)."""
+    such: it runs, but is no model). Readers take ModelDir.read's typed view; writers copy this."""
+    return _checked(directory)[0]
+
+
+def _checked(directory: Path) -> tuple[dict[str, Any], ModelConfig, TokenRules]:
     def wrong_format(declared: Any) -> str | None:
         if declared == ENGINE_FORMAT:
             return (f"{directory}: holds TensorRT engines, not ONNX graphs; run it with `tfm-run translate "
@@ -77,7 +82,7 @@ def read_manifest(directory: Path) -> dict[str, Any]:
         return None
     manifest = read_declared(directory, MODEL_DIR, wrong_format)
     config = check_model_fields(manifest, directory / MANIFEST, REMAKE)
-    token_rules(manifest, directory / MANIFEST, REMAKE)
+    rules = token_rules(manifest, directory / MANIFEST, REMAKE)
     graphs = manifest["graphs"]
     known = {g.value for g in (*Graph, *variant_specs(config))} | set(RETIRED_GRAPHS)  # the optional graphs too
     for name, entry in graphs.items():  # the optional graphs (decoder_step_search) are held to the same form
@@ -90,7 +95,7 @@ def read_manifest(directory: Path) -> dict[str, Any]:
         raise ModelDirError(f"{directory / MANIFEST}: names {twice!r} for two graphs; {REMAKE}")
     if manifest["precision"] == "int8" and manifest.get("int8", {}).get("mode") not in INT8_MODES:
         raise ModelDirError(f"{directory / MANIFEST}: int8.mode must be one of {', '.join(INT8_MODES)}; {REMAKE}")
-    return manifest
+    return manifest, config, rules
 
 
 def check_model_fields(manifest: dict[str, Any], path: Path, remake: str) -> ModelConfig:
@@ -221,3 +226,51 @@ def load_vocabulary(directory: Path, manifest: dict[str, Any]) -> Vocabulary:
     target = source if shared else load_tokenizer(tokenizer_file(directory, manifest, "target"),
                                                   model["trg_vocab_size"], "target", seed)
     return Vocabulary(source, target)
+
+
+@dataclass(frozen=True)
+class ModelDir:
+    """A model directory read once: its manifest checked (read_manifest) and what readers take from it parsed, the
+    model config and decoding rules among it, so that no reader looks fields up or rebuilds the config again. Its
+    files are read through it, each checked against the manifest's sha256."""
+
+    path: Path
+    manifest: dict[str, Any]  # as read: what writers copy, and fields one reader alone needs
+    config: ModelConfig
+    rules: TokenRules
+
+    @classmethod
+    def read(cls, directory: str | Path) -> ModelDir:
+        directory = Path(directory)
+        return cls(directory, *_checked(directory))
+
+    @property
+    def precision(self) -> str:
+        return self.manifest["precision"]
+
+    @property
+    def limits(self) -> dict[str, int]:
+        return {key: self.manifest["limits"][key] for key in ("max_source_length", "max_target_length")}
+
+    @property
+    def int8_mode(self) -> str | None:
+        return self.manifest.get("int8", {}).get("mode") if self.precision == "int8" else None
+
+    @property
+    def graphs(self) -> tuple[str, ...]:
+        return tuple(self.manifest["graphs"])
+
+    def has(self, graph: str) -> bool:
+        return graph in self.manifest["graphs"]
+
+    def graph_path(self, graph: str) -> Path:
+        return graph_path(self.path, self.manifest, graph)
+
+    def verified_graphs(self) -> dict[str, Path]:
+        return verified_graphs(self.path, self.manifest)
+
+    def shared_initializers(self, graph: str) -> dict[str, np.ndarray]:
+        return shared_initializers(self.path, self.manifest, graph)
+
+    def vocabulary(self) -> Vocabulary:
+        return load_vocabulary(self.path, self.manifest)

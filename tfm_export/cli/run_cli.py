@@ -14,11 +14,11 @@ from ..core.errors import InputTextError, TfmExportError
 from ..core.files import check_output_path, write_text_atomically
 from ..core.machine import MAX_THREADS
 from ..core.sources import read_text_lines
+from ..runtime.backends import BACKENDS
 from ..runtime.session import OPT_LEVELS, SessionOptions
 from ..runtime.translator import (
     LENGTH_PENALTY_RANGE,
     MAX_BEAM,
-    RUNTIME_BACKENDS,
     DecodeOptions,
     Translation,
     Translator,
@@ -91,7 +91,7 @@ def write_output(lines: list[str], output: Path | None) -> None:
 @click.option("--model", "model_path", required=True, type=click.Path(path_type=Path),
               help="An exported model directory (tfm-export onnx) or a checkpoint file (.pt).")
 @vocab_option
-@click.option("--backend", type=click.Choice(RUNTIME_BACKENDS), default=None,
+@click.option("--backend", type=click.Choice(list(BACKENDS)), default=None,
               help="Default: tensorrt for an engine directory (tfm-export trt), onnxruntime for a model directory, "
                    "torch for a checkpoint.")
 @click.option("--device", type=click.Choice(["cpu", "cuda"]), default=None,

@@ -78,7 +78,7 @@ class RecordingSession:
 def recording_backend(backend: OrtBackend, traces: Traces) -> OrtBackend:
     """The same graphs, with every call's inputs recorded into `traces`."""
     return OrtBackend(RecordingSession(backend.encoder, Graph.ENCODER, traces),
-                      RecordingSession(backend.decoder, Graph.DECODER_STEP, traces), backend.config, backend.manifest)
+                      RecordingSession(backend.decoder, Graph.DECODER_STEP, traces), backend.config, backend.model_dir)
 
 
 def calibration_sources(texts: Sequence[str], tokenizer: TextTokenizer, max_positions: int,

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from ..artifacts.model_dir import read_manifest, verified_file, verified_graphs
+from ..artifacts.model_dir import ModelDir, verified_file
 from ..core.config import ModelConfig
 from ..core.errors import InputTextError, TfmExportError
 from ..core.generate_spec import GENERATE_FILE, MIN_ONNXRUNTIME, OP_MAX_LENGTH, op_lengths
@@ -31,27 +31,29 @@ class GenerateBackend:
     scores when a call holds several, so batched inputs run to max_length and may stop at the wrong step."""
 
     def __init__(self, session: ort.InferenceSession, config: ModelConfig, batched: bool,
-                 manifest: dict | None = None) -> None:
+                 model_dir: ModelDir | None = None) -> None:
         """batched: a call takes the whole batch (safe only for a graph made with early_stopping 1)."""
-        self.session, self.config, self.batched = session, config, batched
-        self.manifest = manifest or {}
+        self.session, self.config, self.batched, self.model_dir = session, config, batched, model_dir
         self.calls = 0  # session runs, for tests that count work
 
     @classmethod
     def open(cls, directory: Path, options: SessionOptions = DEFAULT_OPTIONS) -> GenerateBackend:
-        manifest = read_manifest(Path(directory))
-        entry = manifest.get(GENERATE)
+        return cls.from_dir(ModelDir.read(directory), options)
+
+    @classmethod
+    def from_dir(cls, model_dir: ModelDir, options: SessionOptions = DEFAULT_OPTIONS) -> GenerateBackend:
+        directory, entry = model_dir.path, model_dir.manifest.get(GENERATE)
         if not isinstance(entry, dict):
             raise TfmExportError(f"{directory}: has no {GENERATE_FILE}; make one with `tfm-export generate --model "
                                  f"{directory} --output DIR` and run that directory")
-        path = verified_file(Path(directory), entry.get("file"), entry.get("sha256"), f"graph file of {GENERATE}")
-        verified_graphs(Path(directory), manifest)  # not run here, but a damaged directory is refused whole
+        path = verified_file(directory, entry.get("file"), entry.get("sha256"), f"graph file of {GENERATE}")
+        model_dir.verified_graphs()  # not run here, but a damaged directory is refused whole
         if tuple(int(p) for p in ort.__version__.split(".")[:2]) < MIN_ONNXRUNTIME:
             raise TfmExportError(f"{path}: needs ONNX Runtime {'.'.join(map(str, MIN_ONNXRUNTIME))} or later (this is "
                                  f"{ort.__version__}, whose BeamSearch takes an older subgraph format); upgrade "
                                  "onnxruntime, or run the directory with --backend onnxruntime")
-        return cls(open_session(path, directory_options(manifest, options)), ModelConfig.from_dict(manifest["model"]),
-                   bool(entry.get("early_stopping")), manifest)
+        return cls(open_session(path, directory_options(model_dir, options)), model_dir.config,
+                   bool(entry.get("early_stopping")), model_dir)
 
     def search(self, src: np.ndarray, beam_size: int, max_length: int, length_penalty: float = 1.0,
                n_best: int = 1, min_length: int = 0) -> list[list[Hypothesis]]:

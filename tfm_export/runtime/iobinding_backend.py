@@ -26,7 +26,7 @@ class OrtBoundBackend:
     def __init__(self, base: OrtBackend, device: str = "cuda") -> None:
         self.base, self.config, self.device = base, base.config, torch.device(device)
         self.cache_dtype = torch.float16 if base.cache_dtype == np.float16 else torch.float32
-        self.manifest = base.manifest
+        self.model_dir = base.model_dir
         self.step_calls = 0
 
     def _run(self, session: ort.InferenceSession, inputs: dict[str, Tensor], outputs: dict[str, Tensor]) -> None:

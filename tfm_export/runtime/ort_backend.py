@@ -9,7 +9,7 @@ import numpy as np
 import onnxruntime as ort
 
 from ..artifacts.manifest import ModelDirError
-from ..artifacts.model_dir import read_manifest, verified_graphs
+from ..artifacts.model_dir import ModelDir
 from ..core.config import ModelConfig
 from ..core.graph_spec import Graph, GraphSpec, cache_head_sizes, cache_names, graph_specs
 from ..core.sources import check_source_length, check_target_length
@@ -47,9 +47,9 @@ def _first_difference(got: list[str], want: list[str]) -> str:
     return "a different count" if len(got) != len(want) else "a different rank"
 
 
-def directory_options(manifest: dict, options: SessionOptions) -> SessionOptions:
-    """The session options a directory's graphs run with (int8 static: see OrtBackend.open)."""
-    if manifest.get("int8", {}).get("mode") == "static" and options.device == "cpu":
+def directory_options(model_dir: ModelDir, options: SessionOptions) -> SessionOptions:
+    """The session options a directory's graphs run with (int8 static: see OrtBackend.from_dir)."""
+    if model_dir.int8_mode == "static" and options.device == "cpu":
         return dataclasses.replace(options, fold_qdq=True)
     return options
 
@@ -69,8 +69,9 @@ class OrtBackend:
     """Implements decoding.StepBackend on an encoder and a decoder_step session."""
 
     def __init__(self, encoder: ort.InferenceSession, decoder: ort.InferenceSession, config: ModelConfig,
-                 manifest: dict | None = None) -> None:
-        self.encoder, self.decoder, self.config, self.manifest = encoder, decoder, config, manifest or {}
+                 model_dir: ModelDir | None = None) -> None:
+        """model_dir: the directory the sessions came from, where they did."""
+        self.encoder, self.decoder, self.config, self.model_dir = encoder, decoder, config, model_dir
         self.step_calls = 0  # decoder_step runs, for tests that count work
         self.names = cache_names(config)
 
@@ -82,17 +83,19 @@ class OrtBackend:
 
     @classmethod
     def open(cls, directory: Path, options: SessionOptions = DEFAULT_OPTIONS) -> OrtBackend:
+        return cls.from_dir(ModelDir.read(directory), options)
+
+    @classmethod
+    def from_dir(cls, model_dir: ModelDir, options: SessionOptions = DEFAULT_OPTIONS) -> OrtBackend:
         """Sessions for a model directory, its graphs checked against the manifest's sha256.
 
         int8 static (Q/DQ) graphs on the CPU run with their Q/DQ as float ops: ONNX Runtime's x86 kernels
         have no fast path for symmetric int8 with per-channel weights, so it would dequantize every weight
         on every call (~10x slower than fp32 on the base config); folded, the weights are dequantized once
         at load and the numbers are the same Q/DQ model's. For int8 speed on CPU, quantize --mode dynamic."""
-        manifest = read_manifest(Path(directory))
-        options = directory_options(manifest, options)
-        config = ModelConfig.from_dict(manifest["model"])
-        specs, paths = graph_specs(config), verified_graphs(Path(directory), manifest)
-        return cls(*(open_graph(paths[g.value], specs[g], options) for g in Graph), config, manifest)
+        options = directory_options(model_dir, options)
+        specs, paths = graph_specs(model_dir.config), model_dir.verified_graphs()
+        return cls(*(open_graph(paths[g.value], specs[g], options) for g in Graph), model_dir.config, model_dir)
 
     def run_encoder(self, src: np.ndarray) -> dict[str, np.ndarray]:
         return run_encoder(self.encoder, src, self.config.src_pad_idx)

@@ -21,7 +21,7 @@ import numpy as np
 import onnxruntime as ort
 
 from ..artifacts.manifest import ModelDirError
-from ..artifacts.model_dir import read_manifest, shared_initializers, verified_graphs
+from ..artifacts.model_dir import ModelDir
 from ..core.config import ModelConfig
 from ..core.errors import TfmExportError
 from ..core.graph_spec import (
@@ -52,14 +52,10 @@ SEARCH, FUSED = GraphVariant.DECODER_STEP_SEARCH, GraphVariant.DECODER_STEP_SEAR
 LOGITS_ONLY = StepRule(SEED_RULES, 1)  # a step whose candidates nobody reads (run_step's logits)
 
 
-def has_search_step(manifest: dict) -> bool:
-    return SEARCH.value in manifest.get("graphs", {})
-
-
-def chosen_step(manifest: dict, options: SessionOptions) -> GraphVariant:
+def chosen_step(model_dir: ModelDir, options: SessionOptions) -> GraphVariant:
     """decoder_step_search_fused where the directory has it, the options allow it (the CPU, fused) and this ONNX
     Runtime computes it right; else decoder_step_search."""
-    fused = FUSED.value in manifest.get("graphs", {}) and options.fused and options.device == "cpu"
+    fused = model_dir.has(FUSED) and options.fused and options.device == "cpu"
     return FUSED if fused and runs_fused_graphs() else SEARCH
 
 
@@ -159,9 +155,9 @@ def move_order(rows: np.ndarray, moved: np.ndarray, per_piece: int) -> list[np.n
     return [piece for piece in np.split(moved, np.searchsorted(moved, cuts)) if len(piece)]
 
 
-def shared_values(directory: Path, manifest: dict, graph: GraphVariant = SEARCH) -> dict[str, ort.OrtValue]:
+def shared_values(model_dir: ModelDir, graph: GraphVariant = SEARCH) -> dict[str, ort.OrtValue]:
     """The initializers a decoder variant shares with the encoder (the tied embedding table), read once."""
-    arrays = shared_initializers(directory, manifest, graph.value)
+    arrays = model_dir.shared_initializers(graph)
     return {name: ort.OrtValue.ortvalue_from_numpy(array) for name, array in arrays.items()}
 
 
@@ -203,9 +199,9 @@ class OrtSearchBackend:
     """decoding.StepBackend on an encoder and a decoder_step_search session."""
 
     def __init__(self, encoder: ort.InferenceSession, decoder: ort.InferenceSession, config: ModelConfig,
-                 manifest: dict | None = None, capacity_step: int = CAPACITY_STEP,
+                 model_dir: ModelDir | None = None, capacity_step: int = CAPACITY_STEP,
                  shared: dict[str, ort.OrtValue] | None = None) -> None:
-        self.encoder, self.decoder, self.config, self.manifest = encoder, decoder, config, manifest or {}
+        self.encoder, self.decoder, self.config, self.model_dir = encoder, decoder, config, model_dir
         self.capacity_step, self.top_k = capacity_step, search_top_k(config)
         self.names = cache_names(config)
         kind = next(i.type for i in decoder.get_inputs() if i.name == self.names.self_inputs[0])
@@ -216,27 +212,30 @@ class OrtSearchBackend:
     @classmethod
     def open(cls, directory: Path, options: SessionOptions = DEFAULT_OPTIONS, capacity_step: int = CAPACITY_STEP,
              graph: GraphVariant | None = None) -> OrtSearchBackend:
+        return cls.from_dir(ModelDir.read(directory), options, capacity_step, graph)
+
+    @classmethod
+    def from_dir(cls, model_dir: ModelDir, options: SessionOptions = DEFAULT_OPTIONS,
+                 capacity_step: int = CAPACITY_STEP, graph: GraphVariant | None = None) -> OrtSearchBackend:
         """graph: which step graph; default decoder_step_search_fused on the CPU where the directory has it and the
         options allow it, else decoder_step_search."""
-        manifest = read_manifest(Path(directory))
-        graph = graph or chosen_step(manifest, options)
-        if graph.value not in manifest["graphs"]:
+        directory, graph = model_dir.path, graph or chosen_step(model_dir, options)
+        if not model_dir.has(graph):
             raise ModelDirError(f"{directory}: has no {graph.filename}; export the model again with "
                                 "`tfm-export onnx`")
         if not graph.standard_ops and not runs_fused_graphs():
             raise TfmExportError(f"{directory}: {graph.filename} needs onnxruntime >= "
                                  f"{'.'.join(map(str, FUSED_MIN_ONNXRUNTIME))} (this is {ort.__version__}); upgrade "
                                  "it, or decode with decoder_step_search (tfm-run translate --no-fused)")
-        options = directory_options(manifest, options)
+        options = directory_options(model_dir, options)
         if options.memory_arena is None:
             options = replace(options, memory_arena=False)
-        config = ModelConfig.from_dict(manifest["model"])
-        paths = verified_graphs(Path(directory), manifest)
-        shared = shared_values(Path(directory), manifest, graph)
+        config, paths = model_dir.config, model_dir.verified_graphs()
+        shared = shared_values(model_dir, graph)
         encoder = open_graph(paths[Graph.ENCODER.value], graph_specs(config)[Graph.ENCODER], options,
                              sharing(shared, prepacked=False))
         decoder = open_graph(paths[graph.value], variant_specs(config)[graph], options, sharing(shared))
-        return cls(encoder, decoder, config, manifest, capacity_step, shared)
+        return cls(encoder, decoder, config, model_dir, capacity_step, shared)
 
     def run_encoder(self, src: np.ndarray) -> dict[str, np.ndarray]:
         return run_encoder(self.encoder, src, self.config.src_pad_idx)

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from ..artifacts.engine_dir import RTX, engine_target, plan_path, read_engine_manifest
+from ..artifacts.engine_dir import RTX, EngineDir
 from ..core.config import ModelConfig
 from ..core.errors import InputTextError, TfmExportError
 from ..core.graph_spec import Graph, cache_head_sizes, cache_names
@@ -88,12 +88,12 @@ class TrtBackend:
     """decoding.StepBackend on an engine directory."""
 
     def __init__(self, directory: Path) -> None:
-        manifest = read_engine_manifest(directory)
-        plans = {g: plan_path(directory, manifest, g) for g in Graph}  # a damaged directory is refused anywhere
-        target = engine_target(manifest)
+        self.engine_dir = engines = EngineDir.read(directory)
+        plans = {g: engines.plan_path(g) for g in Graph}  # a damaged directory is refused anywhere
+        target = engines.target
         here = current_platform(target)
         check_gpu_supported(here)
-        problem = engine_mismatch(manifest["tensorrt"], here)
+        problem = engine_mismatch(engines.manifest["tensorrt"], here)
         if problem:
             rebuild = " --target rtx" if target == RTX else ""
             raise TfmExportError(f"{directory}: engines {problem}; rebuild them here with `tfm-export trt{rebuild}`")
@@ -105,14 +105,14 @@ class TrtBackend:
         dtypes = {g: {name: _torch_dtype(trt, torch, e.get_tensor_dtype(name)) for name in _names(e)}
                   for g, e in self.engines.items()}
         # TensorRT on the legacy default stream synchronises every enqueue: the backend has a stream of its own
-        self._setup(manifest, dtypes, torch.device("cuda"), torch.cuda.Stream())
+        self._setup(engines.config, engines.limits, dtypes, torch.device("cuda"), torch.cuda.Stream())
 
-    def _setup(self, manifest: dict[str, Any], dtypes: dict[Graph, dict[str, Any]], device: Any, stream: Any) -> None:
+    def _setup(self, config: ModelConfig, limits: dict[str, int], dtypes: dict[Graph, dict[str, Any]], device: Any,
+               stream: Any) -> None:
         """Everything but the engines: tensor names and dtypes, limits."""
         import torch
-        self.torch, self.manifest, self.dtypes, self.device, self.stream = torch, manifest, dtypes, device, stream
-        self.config = ModelConfig.from_dict(manifest["model"])
-        self.limits = manifest["limits"]
+        self.torch, self.dtypes, self.device, self.stream = torch, dtypes, device, stream
+        self.config, self.limits = config, limits
         self.names = cache_names(self.config)
         self._check_cache_dtypes()
         self.step_calls = 0

@@ -17,23 +17,21 @@ from pathlib import Path
 
 import numpy as np
 
-from ..artifacts.engine_dir import is_engine_dir
-from ..artifacts.manifest import MANIFEST
-from ..artifacts.model_dir import load_vocabulary, read_manifest, token_rules
+from ..artifacts.engine_dir import EngineDir
+from ..artifacts.model_dir import ModelDir
 from ..core.batching import length_buckets, pad_batch
 from ..core.config import ModelConfig
-from ..core.errors import InputTextError, TfmExportError
-from ..core.extras import require_extra
+from ..core.errors import InputTextError
 from ..core.hypothesis import Hypothesis
 from ..core.languages import CLI_NAMES, choose_languages
 from ..core.sources import encode_lines
 from ..core.token_rules import SEED_RULES, TokenRules
 from ..core.tokenizer import Vocabulary
 from . import decoding
+from .backends import open_backend
 from .decoding import StepBackend
-from .session import DEFAULT_OPTIONS, SessionOptions, check_threads
+from .session import DEFAULT_OPTIONS, SessionOptions
 
-RUNTIME_BACKENDS = ("onnxruntime", "torch", "tensorrt", "onnxruntime-generate")
 log = logging.getLogger(__name__)
 
 
@@ -97,89 +95,17 @@ class Translator:
     @classmethod
     def load(cls, model: str | Path, vocab: Sequence[Path] = (), backend: str | None = None, device: str | None = None,
              session_options: SessionOptions = DEFAULT_OPTIONS) -> Translator:
-        """A model directory (ONNX Runtime), an engine directory (TensorRT) or a checkpoint (PyTorch); the
-        device defaults to the GPU for TensorRT and the CPU otherwise."""
-        model = Path(model)
-        if not model.exists():
-            raise TfmExportError(f"{model}: model not found; give an exported model directory (tfm-export onnx) "
-                                 "or a checkpoint file")
-        backend = backend or _default_backend(model)
-        if backend not in RUNTIME_BACKENDS:
-            raise TfmExportError(f"unknown backend {backend!r}; choose one of {', '.join(RUNTIME_BACKENDS)}")
-        if session_options.tensorrt_ep and backend != "onnxruntime":
-            raise TfmExportError(f"--ort-trt is ONNX Runtime's TensorRT provider; it does not apply to --backend "
-                                 f"{backend}")
-        if backend == "tensorrt":
-            return cls._load_tensorrt(model, vocab, device or "cuda")
-        device = device or "cpu"
-        if backend == "torch":
-            return cls._load_torch(model, vocab, device, session_options.intra_op_threads)
-        if is_engine_dir(model):
-            raise TfmExportError(f"{model}: holds TensorRT engines; run it with --backend tensorrt, or give the model "
-                                 "directory they were built from")
-        if model.is_file():
-            raise TfmExportError(f"{model}: is a checkpoint; the onnxruntime backend takes a model directory "
-                                 "(make one with `tfm-export onnx`), or use --backend torch")
-        return cls._load_onnxruntime(model, vocab, device, session_options, backend == "onnxruntime-generate")
+        """A model directory (ONNX Runtime), an engine directory (TensorRT) or a checkpoint (PyTorch), opened by
+        runtime.backends; the device defaults to the GPU for TensorRT and the CPU otherwise."""
+        opened = open_backend(model, backend, device, session_options, vocab)
+        return cls(opened.backend, opened.vocab, opened.config, opened.limits, opened.rules)
 
     @classmethod
-    def _load_torch(cls, model: Path, vocab: Sequence[Path], device: str, threads: int | str) -> Translator:
-        require_extra("export", "--backend torch")
-        import torch  # only this backend needs PyTorch
-
-        from ..model.checkpoint import is_hf_directory, load_checkpoint
-        from .torch_backend import TorchBackend
-        if model.is_dir() and not is_hf_directory(model):
-            raise TfmExportError(f"{model}: is a model directory; the torch backend takes a checkpoint file or a "
-                                 "Hugging Face model directory")
-        if check_threads(threads):
-            torch.set_num_threads(int(threads))
-        if device == "cuda" and not torch.cuda.is_available():
-            raise TfmExportError("--device cuda: PyTorch sees no CUDA GPU on this machine; use --device cpu")
-        ckpt = load_checkpoint(model, list(vocab))
-        return cls(TorchBackend(ckpt.model, device), ckpt.vocab, ckpt.config, rules=ckpt.rules)
-
-    @classmethod
-    def _load_tensorrt(cls, model: Path, vocab: Sequence[Path], device: str) -> Translator:
-        from .tensorrt_backend import TrtBackend
-        if device != "cuda":
-            raise TfmExportError("TensorRT engines run on the GPU; drop --device cpu (or use --backend onnxruntime)")
-        if not is_engine_dir(model):
-            raise TfmExportError(f"{model}: is not a TensorRT engine directory; build one with `tfm-export trt "
-                                 "--model MODEL_DIR --output ENGINES`")
-        backend = TrtBackend(model)  # the directory verified first, then what is missing here, in one line
-        return cls.for_directory(model, backend.manifest, backend, backend.config, backend.limits, vocab)
-
-    @classmethod
-    def _load_onnxruntime(cls, model: Path, vocab: Sequence[Path], device: str, session_options: SessionOptions,
-                          generate: bool = False) -> Translator:
-        """generate: run generate.onnx (the whole search in ONNX Runtime's BeamSearch op) instead of the loop."""
-        from .ort_backend import OrtBackend
-        from .ort_search import OrtSearchBackend, has_search_step
-        from .session import require_device
-        options = dataclasses.replace(session_options, device=device)
-        require_device(options)
-        if generate:
-            from .generate_backend import GenerateBackend
-            search = GenerateBackend.open(model, options)
-            return cls.for_directory(model, search.manifest, search, search.config, vocab=vocab)
-        manifest = read_manifest(model)
-        if device == "cpu" and options.search_graph and has_search_step(manifest):
-            searching = OrtSearchBackend.open(model, options)
-            return cls.for_directory(model, searching.manifest, searching, searching.config, vocab=vocab)
-        backend = OrtBackend.open(model, options)
-        if device == "cuda":  # keep the cache on the GPU: IO binding over torch CUDA tensors
-            from .iobinding_backend import OrtBoundBackend
-            return cls.for_directory(model, backend.manifest, OrtBoundBackend(backend, "cuda"), backend.config,
-                                     vocab=vocab)
-        return cls.for_directory(model, backend.manifest, backend, backend.config, vocab=vocab)
-
-    @classmethod
-    def for_directory(cls, directory: Path, manifest: dict, backend: StepBackend, config: ModelConfig,
-                      limits: dict[str, int] | None = None, vocab: Sequence[Path] = ()) -> Translator:
-        """A model or engine directory's Translator over any backend: the one place its tokenizers, token rules,
-        languages and generation defaults are read, for `tfm-run` and the Triton models alike."""
-        return cls(backend, _directory_vocab(directory, manifest, vocab), config, limits, _rules(directory, manifest))
+    def for_directory(cls, source: ModelDir | EngineDir, backend: StepBackend,
+                      limits: dict[str, int] | None = None) -> Translator:
+        """A model or engine directory's Translator over any backend: its tokenizers, token rules, languages and
+        generation defaults read as tfm-run reads them, for the Triton models too."""
+        return cls(backend, source.vocabulary(), source.config, limits, source.rules)
 
     def bounded(self, max_rows: int) -> Translator:
         """This translator decoding at most `max_rows` rows (sentences x beams) at a time (a server's batch)."""
@@ -266,19 +192,3 @@ class Translator:
 
 def _filled(alternatives: list[Alternative], n_best: int) -> tuple[Alternative, ...]:
     return (*alternatives, *[NO_HYPOTHESIS] * (n_best - len(alternatives)))
-
-
-def _default_backend(model: Path) -> str:
-    if model.is_dir():
-        return "tensorrt" if is_engine_dir(model) else "onnxruntime"
-    return "torch"
-
-
-def _rules(directory: Path, manifest: dict) -> TokenRules:
-    return token_rules(manifest, directory / MANIFEST)
-
-
-def _directory_vocab(directory: Path, manifest: dict, given: Sequence[Path]) -> Vocabulary:
-    if given:
-        raise TfmExportError("--vocab is only for checkpoints; a model directory carries its own tokenizer")
-    return load_vocabulary(directory, manifest)

@@ -15,10 +15,9 @@ from typing import Any
 
 import numpy as np
 
-from ..artifacts.engine_dir import read_engine_manifest
+from ..artifacts.engine_dir import EngineDir
 from ..artifacts.manifest import ENGINE_FORMAT, manifest_format
-from ..artifacts.model_dir import read_manifest
-from ..core.config import ModelConfig
+from ..artifacts.model_dir import ModelDir
 from ..core.errors import TfmExportError
 from ..core.graph_spec import Graph
 from ..runtime.ort_backend import OrtBackend
@@ -84,8 +83,8 @@ def bls_translator(directory: Path, parameters: dict[str, str], pb_utils: Any, g
     """The model directory's Translator (as `tfm-run` builds it) whose backend runs the decoding loop over the
     repository's native models."""
     engines = manifest_format(directory) == ENGINE_FORMAT
-    manifest = read_engine_manifest(directory) if engines else read_manifest(directory)
-    config, graphs = ModelConfig.from_dict(manifest["model"]), native_graphs(manifest)
+    source = EngineDir.read(directory) if engines else ModelDir.read(directory)
+    graphs = native_graphs(source.manifest)
     encoder, decoder = (TritonGraph(pb_utils, parameters[f"{g.value}_model"], graphs[g], gpu) for g in Graph)
-    backend = OrtBackend(encoder, decoder, config, manifest)
-    return Translator.for_directory(directory, manifest, backend, config, manifest["limits"])
+    backend = OrtBackend(encoder, decoder, source.config)
+    return Translator.for_directory(source, backend, source.limits)

@@ -114,8 +114,8 @@ def graph_backends(directory: Path) -> dict[str, GraphBackend]:
     decoder_step_search and its fused twin (what `tfm-run translate` runs on the CPU) where the directory has them."""
     backends: dict[str, GraphBackend] = {"": OrtBackend.open(directory)}
     for graph in (SEARCH, FUSED):
-        if graph.value in backends[""].manifest["graphs"] and (graph is SEARCH or runs_fused_graphs()):
-            backends[f", {graph.value}"] = OrtSearchBackend.open(directory, graph=graph)
+        if backends[""].model_dir.has(graph) and (graph is SEARCH or runs_fused_graphs()):
+            backends[f", {graph.value}"] = OrtSearchBackend.from_dir(backends[""].model_dir, graph=graph)
     return backends
 
 

@@ -152,7 +152,7 @@ def compare_precision(directory: Path, parent: Path, texts: Sequence[str], refer
         raise TfmExportError("--input: has no non-empty lines to compare on; give sentences in the source language")
     texts = [texts[i] for i in rows]
     references = [references[i] for i in rows] if references is not None else None
-    precision = model.backend.manifest["precision"]
+    precision = model.backend.model_dir.precision
     # tensor errors on the contract's graphs; the decodes below run what `tfm-run translate` runs (on the CPU,
     # decoder_step_search where the directories have it)
     errors = graph_errors(OrtBackend.open(directory), OrtBackend.open(parent), texts, reference.vocab.source)
