@@ -26,14 +26,13 @@ from ..artifacts.manifest import ENGINE_FORMAT, ENGINE_FORMAT_VERSION, write_man
 from ..artifacts.model_dir import (
     PRECISIONS,
     TOKEN_RULES,
+    ModelDir,
     copy_tokenizers,
     file_hashes,
     graph_path,
-    load_vocabulary,
     read_manifest,
 )
 from ..artifacts.staging import check_output, staged_directory
-from ..core.config import ModelConfig
 from ..core.errors import TfmExportError
 from ..core.files import file_sha256, write_atomically
 from ..core.graph_spec import Graph, graph_specs
@@ -105,17 +104,16 @@ def build_engines(model_dir: Path, output: Path, precision: str | None = None, l
                   force: bool = False, progress: bool = True, target: str = TENSORRT) -> dict[str, Any]:
     """Write the engine directory; returns its manifest."""
     check_target_options(target, weak_typing, timing_cache)
-    manifest = read_manifest(model_dir)
-    config = ModelConfig.from_dict(manifest["model"])
+    directory = ModelDir.read(model_dir)
+    config, manifest = directory.config, directory.manifest
     limits = (limits or ShapeLimits()).resolved(config.n_position)
-    precision = precision or manifest["precision"]
-    source_precision, mode = manifest["precision"], manifest.get("int8", {}).get("mode")
+    precision = precision or directory.precision
+    source_precision, mode = directory.precision, directory.int8_mode
     plan_build(source_precision, mode, precision, 10, weak_typing)  # the request's own mistakes first
     keep = (model_dir, *([timing_cache] if timing_cache else []))
     check_output(output, force, keep)
-    load_vocabulary(model_dir, manifest)  # the directory is whole (every file as hashed) before TensorRT is sought
-    for graph in manifest["graphs"]:  # engines are built from the contract's two; optional graphs are checked too
-        graph_path(model_dir, manifest, graph)
+    directory.vocabulary()  # the directory is whole (every file as hashed) before TensorRT is sought
+    directory.verified_graphs()  # engines are built from the contract's two; optional graphs are checked too
     platform = build_platform(target)
     plan = plan_build(source_precision, mode, precision, platform.tensorrt_major, weak_typing)
     specs = graph_specs(config)

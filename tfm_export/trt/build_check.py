@@ -12,8 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..artifacts.engine_dir import RTX, TARGET_NAMES, TENSORRT
-from ..artifacts.model_dir import graph_path, read_manifest
-from ..core.config import ModelConfig
+from ..artifacts.model_dir import ModelDir
 from ..core.graph_spec import tensorrt_specs
 from ..runtime.tensorrt_platform import TensorRTUnavailable, import_tensorrt, missing_reason
 from .builder import BuildError, build_engine
@@ -68,15 +67,14 @@ def available_builder() -> tuple[str | None, str]:
 def check_builds(model_dir: Path) -> BuildReport:
     """Build every TensorRT-ready graph of the directory with the builder available here; a graph the builder
     refuses is a failed build with the builder's own words, not an exception."""
-    manifest = read_manifest(model_dir)
-    config = ModelConfig.from_dict(manifest["model"])
+    directory = ModelDir.read(model_dir)
     target, others = available_builder()
     if target is None:
         return BuildReport(None, others, ())
-    limits = ShapeLimits().resolved(config.n_position)
+    limits = ShapeLimits().resolved(directory.config.n_position)
     builds = []
-    for graph, spec in tensorrt_specs(config, manifest["graphs"]).items():
-        path = graph_path(model_dir, manifest, graph.value)
+    for graph, spec in tensorrt_specs(directory.config, directory.graphs).items():
+        path = directory.graph_path(graph)
         try:
             built = build_engine(target, path, profile_shapes(spec, limits))
         except BuildError as exc:

@@ -16,8 +16,7 @@ from pathlib import Path
 import onnx
 from onnx import numpy_helper
 
-from ..artifacts.model_dir import graph_path, load_vocabulary, read_manifest
-from ..core.config import ModelConfig
+from ..artifacts.model_dir import ModelDir
 from ..core.graph_spec import GraphSpec, tensorrt_specs
 from ..graphs.onnx_io import load_graph
 from .parser_ops import RELEASES, ParserRelease
@@ -83,15 +82,15 @@ class _Graph:
 
 
 def check_model_dir(model_dir: Path) -> CompatReport:
-    manifest = read_manifest(model_dir)
-    load_vocabulary(model_dir, manifest)  # a directory that cannot translate is not ready for engines either
-    specs = tensorrt_specs(ModelConfig.from_dict(manifest["model"]), manifest["graphs"])
+    directory = ModelDir.read(model_dir)
+    directory.vocabulary()  # a directory that cannot translate is not ready for engines either
+    specs = tensorrt_specs(directory.config, directory.graphs)
     findings = []
-    for name in [g for g in manifest["graphs"] if g not in {graph.value for graph in specs}]:
-        graph_path(model_dir, manifest, name)  # not TensorRT's to check, but a damaged directory is refused
+    for name in [g for g in directory.graphs if g not in {graph.value for graph in specs}]:
+        directory.graph_path(name)  # not TensorRT's to check, but a damaged directory is refused
     for graph, spec in specs.items():
-        findings += graph_findings(load_graph(model_dir, manifest, graph.value), spec)
-    return CompatReport(model_dir, manifest["precision"], tuple(findings), tuple(r.name for r in RELEASES))
+        findings += graph_findings(load_graph(model_dir, directory.manifest, graph.value), spec)
+    return CompatReport(model_dir, directory.precision, tuple(findings), tuple(r.name for r in RELEASES))
 
 
 def graph_findings(proto: onnx.ModelProto, spec: GraphSpec) -> list[Finding]:

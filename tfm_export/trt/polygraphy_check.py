@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import onnx
 
-from ..artifacts.model_dir import graph_path, read_manifest
+from ..artifacts.model_dir import ModelDir
 from ..core.config import ModelConfig
 from ..core.errors import TfmExportError, first_line
 from ..core.graph_spec import (
@@ -136,12 +136,12 @@ def _polygraphy_run(runners: list[Any], data: list[dict[str, np.ndarray]]):
 def check_onnxruntime(model_dir: Path, trt: bool = False) -> list[CheckResult]:
     """Every graph on every case through ONNX Runtime; with trt, through Polygraphy's TensorRT and ONNX-Runtime
     runners, compared."""
-    manifest = read_manifest(model_dir)
-    config = ModelConfig.from_dict(manifest["model"])
+    directory = ModelDir.read(model_dir)
+    config = directory.config
     results = []
-    for graph, spec in tensorrt_specs(config, manifest["graphs"]).items():
-        path = graph_path(model_dir, manifest, graph.value)
-        types = _input_types(model_dir, manifest, graph)
+    for graph, spec in tensorrt_specs(config, directory.graphs).items():
+        path = directory.graph_path(graph)
+        types = _input_types(model_dir, directory.manifest, graph)
         vocab = config.src_vocab_size if graph is Graph.ENCODER else config.trg_vocab_size
         case_list = cases(config)
         data = [feeds(spec, c, types, vocab, seed=i) for i, c in enumerate(case_list)]
@@ -152,7 +152,7 @@ def check_onnxruntime(model_dir: Path, trt: bool = False) -> list[CheckResult]:
                 problem = _contract_problem(spec, case, {k: np.asarray(v) for k, v in out.items()})
                 results.append(CheckResult(graph.value, runner_name, case.label(graph), problem))
         if trt:
-            results += _compare(graph, run_results, case_list, manifest["precision"])
+            results += _compare(graph, run_results, case_list, directory.precision)
     return results
 
 
