@@ -22,6 +22,7 @@ from tfm_export.model.cache import ConcatCache
 from tfm_export.model.checkpoint import load_checkpoint
 from tfm_export.model.positions import relative_buckets
 from tfm_export.model.synthetic import random_checkpoint
+from tfm_export.model.transformer import Transformer
 
 SRC = np.array([[2, 5, 6, 7, 8, 9, 10, 3], [2, 8, 4, 3, 1, 1, 1, 1]])
 TRG = np.array([[2, 4, 9, 5, 11, 12, 6, 7, 8, 10], [2, 6, 12, 1, 1, 1, 1, 1, 1, 1]])
@@ -226,3 +227,19 @@ def test_classic_checkpoint_json_has_no_variant_fields(tmp_path):
     data = torch.load(random_checkpoint(tiny_config(), tmp_path), weights_only=True)
     assert not set(CLASSIC) & set(data["config"])
     assert json.loads(json.dumps(data["config"])) == tiny_config().to_dict()
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_the_torch_backend_makes_every_tensor_on_its_models_device(preset):
+    """`tfm-run translate --backend torch --device cuda` failed ("expected self and mask to be on the same device"):
+    a step made its masks and position indices on the default device. With the default device set to one the
+    model is not on (meta), any tensor made without its inputs' device fails here as it would on a GPU."""
+    from tfm_export.runtime import decoding
+    from tfm_export.runtime.torch_backend import TorchBackend
+    torch.manual_seed(0)
+    backend = TorchBackend(Transformer(tiny_config(n_position=24, **PRESETS[preset])).eval())
+    src = np.array([[2, 5, 6, 7, 3], [2, 8, 3, 1, 1]])
+    want = [decoding.greedy(backend, src, 6), decoding.beam_search(backend, src, 3, 6)]
+    with torch.device("meta"):
+        got = [decoding.greedy(backend, src, 6), decoding.beam_search(backend, src, 3, 6)]
+    assert got == want

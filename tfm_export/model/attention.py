@@ -34,11 +34,12 @@ def get_subsequent_mask(seq: Tensor) -> Tensor:
     return (1 - torch.triu(ones, diagonal=1)).bool()
 
 
-def step_mask(start: int | Tensor, new_len: int | Tensor, key_len: int | Tensor) -> Tensor:
-    """(1, T, K) bool: new token i (at position start+i) sees the keys at positions 0..start+i of the K the
-    cache holds (a buffer of fixed capacity holds more keys than are filled: those stay hidden)."""
-    keys = torch.arange(key_len)[None, :]
-    queries = start + torch.arange(new_len)[:, None]
+def step_mask(start: int | Tensor, new_len: int | Tensor, key_len: int | Tensor,
+              device: torch.device | None = None) -> Tensor:
+    """(1, T, K) bool on `device`: new token i (at position start+i) sees the keys at positions 0..start+i of the K
+    the cache holds (a buffer of fixed capacity holds more keys than are filled: those stay hidden)."""
+    keys = torch.arange(key_len, device=device)[None, :]
+    queries = start + torch.arange(new_len, device=device)[:, None]
     return (keys <= queries).unsqueeze(0)
 
 

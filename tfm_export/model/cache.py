@@ -86,7 +86,9 @@ class BufferCache(StepCache):
     def __init__(self, buffers: list[KV], length: Tensor) -> None:
         self.buffers, self.present, self.start = buffers, [], length
         rows, heads = buffers[0][0].shape[:2]
-        grid = torch.stack(torch.meshgrid(torch.arange(rows), torch.arange(heads), indexing="ij"), dim=-1)
+        device = length.device
+        grid = torch.stack(torch.meshgrid(torch.arange(rows, device=device), torch.arange(heads, device=device),
+                                          indexing="ij"), dim=-1)
         self.index = torch.cat([grid, length.view(1, 1, 1).expand(rows, heads, 1)], dim=-1)[:, :, None]  # (N, nh, 1, 3)
 
     def key_length(self, new_len: int | Tensor) -> int | Tensor:

@@ -49,7 +49,7 @@ def table_rows(table: Tensor, start: int | Tensor, length: int | Tensor) -> Tens
     from its inputs' shapes (the contract's past length), a Gather where it is a data input (decoder_step_search's
     cache_length: TensorRT takes no data values as Slice bounds)."""
     if isinstance(start, Tensor):
-        return table.index_select(0, start + torch.arange(length))
+        return table.index_select(0, start + torch.arange(length, device=table.device))
     return table[start:start + length]
 
 
@@ -142,7 +142,8 @@ class RelativePositionBias(nn.Module):
 
     def forward(self, start: int | Tensor, q_len: int | Tensor, k_len: int | Tensor) -> Tensor:
         """(1, nh, Tq, Tk) bias for queries at start..start+Tq-1 against keys at 0..Tk-1."""
-        queries = start + torch.arange(q_len)[:, None]
-        keys = torch.arange(k_len)[None, :]
+        device = self.buckets.device
+        queries = start + torch.arange(q_len, device=device)[:, None]
+        keys = torch.arange(k_len, device=device)[None, :]
         bucket = self.buckets[keys - queries + self.offset]  # (Tq, Tk)
         return F.embedding(bucket, self.weight).permute(2, 0, 1).unsqueeze(0)

@@ -112,7 +112,7 @@ class Decoder(Embedder):
         step leaves it (model.cache: grown by concatenation, or buffers written in place)."""
         start, keys = cache.start, cache.key_length(trg_new.size(1))
         x = self._embed(trg_new, self.trg_word_emb, start=start)
-        mask = step_mask(start, trg_new.size(1), keys)
+        mask = step_mask(start, trg_new.size(1), keys, trg_new.device)
         bias, rotary = self._positions(x, start, keys)
         for i, (layer, (ek, ev)) in enumerate(zip(self.layer_stack, cross, strict=True)):
             x = layer.step(x, cache, i, ek, ev, mask, src_mask, bias, rotary)
