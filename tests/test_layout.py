@@ -98,6 +98,17 @@ def test_importing_the_runtime_loads_neither_torch_nor_onnx():
     assert not _modules_after("import tfm_export.runtime; from tfm_export import Translator") & {"torch", "onnx"}
 
 
+def test_the_device_runtime_loads_neither_torch_nor_onnx(demo_onnx):
+    """The GPU path (`tfm-run translate --device cuda` opens OrtDeviceBackend) decodes with no PyTorch and no onnx:
+    run here on CPU OrtValues, the same code."""
+    code = (f"import numpy as np\nfrom tfm_export.runtime import decoding\n"
+            f"from tfm_export.runtime.ort_device import OrtDeviceBackend\n"
+            f"backend = OrtDeviceBackend.open({str(demo_onnx)!r})\n"
+            f"assert decoding.beam_search(backend, np.array([[2, 30, 31, 3]]), 2, 5)")
+    loaded = _modules_after(code)
+    assert "onnxruntime" in loaded and not loaded & {"torch", "onnx"}
+
+
 def test_translate_on_a_model_directory_loads_neither_torch_nor_onnx(demo_onnx):
     code = (f"from tfm_export.cli.run_cli import main\n"
             f"main(['translate', '--model', {str(demo_onnx)!r}, 'forty-two'], standalone_mode=False)")

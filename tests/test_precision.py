@@ -363,14 +363,16 @@ def test_fp16_logits_are_not_rounded_to_fp16(variants):
     assert cast.op_type != "Cast" or producers[cast.input[0]].op_type != "Cast"
 
 
-def test_io_bound_backend_runs_fp16_caches_on_cpu_tensors(variants):
+def test_the_device_backend_runs_fp16_caches(variants):
+    """The GPU path's backend (all memory in OrtValues, here on the CPU) with an fp16 cache: as the contract's step."""
     from tfm_export.graphs.inputs import random_sources
-    from tfm_export.runtime.iobinding_backend import OrtBoundBackend
     from tfm_export.runtime.ort_backend import OrtBackend
+    from tfm_export.runtime.ort_device import OrtDeviceBackend
     src = random_sources(88, 3, 8, seed=1)
-    plain = OrtBackend.open(variants["fp16"])
-    bound = OrtBoundBackend(plain, "cpu")
-    assert [h.tokens for h in decoding.greedy(bound, src, 10)] == [h.tokens for h in decoding.greedy(plain, src, 10)]
+    plain, device = OrtBackend.open(variants["fp16"]), OrtDeviceBackend.open(variants["fp16"])
+    assert device.cache_dtype == np.float16
+    for search in (decoding.greedy, lambda b, s, n: [h[0] for h in decoding.beam_search(b, s, 3, n)]):
+        assert [h.tokens for h in search(device, src, 10)] == [h.tokens for h in search(plain, src, 10)]
 
 
 def test_unwritable_output_leaves_nothing(demo_onnx, tmp_path):

@@ -24,8 +24,8 @@ from tfm_export.model import reference_decoding
 from tfm_export.model.checkpoint import load_checkpoint, save_checkpoint
 from tfm_export.model.synthetic import random_checkpoint
 from tfm_export.runtime import decoding, ort_search
-from tfm_export.runtime.iobinding_backend import OrtBoundBackend
 from tfm_export.runtime.ort_backend import OrtBackend
+from tfm_export.runtime.ort_device import OrtDeviceBackend
 from tfm_export.runtime.ort_search import (
     CAPACITY_STEP,
     FUSED,
@@ -42,9 +42,10 @@ from tfm_export.runtime.torch_backend import TorchBackend
 MAX_LENGTH = 12
 ONE = decoding.StepRule(TokenRules(banned=()), 1)  # a step whose logits are compared: nothing masked
 # search: decoder_step_search's own candidates; -growing: its cache buffers fill up and grow every 3 steps;
-# -logits: its logits reduced in NumPy, as for beams wider than the graph's K; fused: decoder_step_search_fused
-BACKENDS = ("torch", "onnxruntime", "iobinding", "search", "search-growing", "search-logits", "fused",
-            "fused-growing", "tensorrt-cache-handling")
+# -logits: its logits reduced in NumPy, as for beams wider than the graph's K; fused: decoder_step_search_fused;
+# device: decoder_step_search with all its memory in OrtValues (the GPU path, on the CPU)
+BACKENDS = ("torch", "onnxruntime", "search", "search-growing", "search-logits", "fused",
+            "fused-growing", "device", "device-growing", "tensorrt-cache-handling")
 
 
 def _sources(vocab: int, count: int, seed: int) -> np.ndarray:
@@ -122,8 +123,9 @@ def open_backend(name: str, ckpt, directory):
         return TorchBackend(ckpt.model)
     if name == "onnxruntime":
         return OrtBackend.open(directory)
-    if name == "iobinding":
-        return OrtBoundBackend(OrtBackend.open(directory), "cpu")
+    if name.startswith("device"):
+        return OrtDeviceBackend.open(directory, capacity_step=3 if name.endswith("-growing") else CAPACITY_STEP,
+                                     graph=SEARCH)
     if name.startswith(("search", "fused")):
         graph = FUSED if name.startswith("fused") else SEARCH
         backend = OrtSearchBackend.open(directory, capacity_step=3 if name.endswith("-growing") else CAPACITY_STEP,

@@ -187,14 +187,15 @@ def test_session_options_reach_onnxruntime(demo_onnx):
     assert translator.translate(["eighty"])[0].text == "quatre-vingts"
 
 
-def test_io_binding_backend_matches_plain_arrays(demo_onnx):
-    """The IO-binding path used for CUDA, run here on CPU tensors: same tokens and scores."""
+def test_the_device_backend_decodes_the_demo_as_plain_arrays_do(demo_onnx):
+    """The GPU path's backend (decoder_step_search with all memory in OrtValues, here on the CPU): the same tokens
+    as the contract's decoder_step over NumPy arrays, 48 demo sentences, greedy and beam 4."""
     from tfm_export.core.batching import pad_batch
     from tfm_export.core.tokenizer import BOS_ID, EOS_ID
     from tfm_export.runtime.decoding import beam_search, greedy
-    from tfm_export.runtime.iobinding_backend import OrtBoundBackend
+    from tfm_export.runtime.ort_device import OrtDeviceBackend
     plain = OrtBackend.open(demo_onnx)
-    bound = OrtBoundBackend(OrtBackend.open(demo_onnx), "cpu")
+    bound = OrtDeviceBackend.open(demo_onnx)
     tok = Translator.load(demo_onnx).vocab.source
     src = pad_batch([[BOS_ID, *tok.encode(t), EOS_ID] for t in TEXTS[:48]])
     assert [h.tokens for h in greedy(plain, src, 40)] == [h.tokens for h in greedy(bound, src, 40)]

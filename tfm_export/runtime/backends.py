@@ -86,18 +86,17 @@ def _of_directory(backend: StepBackend, source: ModelDir | EngineDir, limits: di
 
 @register_backend("onnxruntime")
 def _onnxruntime(model: Path, device: str, options: SessionOptions, vocab: Sequence[Path]) -> Opened:
-    """On the CPU, decoder_step_search (or its fused twin) where the directory has it; else the contract's step."""
+    """decoder_step_search (on the CPU its fused twin, where the directory has it) with the cache in host arrays,
+    or on the GPU all in device memory; the contract's decoder_step where the directory has no search step."""
     from .ort_backend import OrtBackend
+    from .ort_device import OrtDeviceBackend
     from .ort_search import SEARCH, OrtSearchBackend
     options = _on_device(options, device)
     model_dir = _model_dir(model, vocab)
-    if device == "cpu" and options.search_graph and model_dir.has(SEARCH):
-        return _of_directory(OrtSearchBackend.from_dir(model_dir, options), model_dir)
-    backend = OrtBackend.from_dir(model_dir, options)
-    if device == "cuda":  # keep the cache on the GPU: IO binding over torch CUDA tensors
-        from .iobinding_backend import OrtBoundBackend
-        return _of_directory(OrtBoundBackend(backend, "cuda"), model_dir)
-    return _of_directory(backend, model_dir)
+    if options.search_graph and model_dir.has(SEARCH):
+        kind = OrtSearchBackend if device == "cpu" else OrtDeviceBackend
+        return _of_directory(kind.from_dir(model_dir, options), model_dir)
+    return _of_directory(OrtBackend.from_dir(model_dir, options), model_dir)
 
 
 @register_backend("onnxruntime-generate")
