@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# On a machine with an NVIDIA GPU and TensorRT (10.x or 11.x): build the demo model's fp16 and int8 engines,
-# compare them with ONNX Runtime (Polygraphy) and with fp32 PyTorch on the 1,000 held-out numbers, then time
-# them beside the other backends; then the same parity for TensorRT-RTX engines where the GPU is one that
-# TensorRT-RTX runs on. Exits non-zero when a check fails.
+# On a machine with an NVIDIA GPU: first ONNX Runtime CUDA (onnxruntime-gpu), decoder_step_search with its
+# whole cache on the device and no PyTorch, against the CPU on the 1,000 held-out numbers; then, where TensorRT
+# (10.x or 11.x) is installed, build the demo model's fp16 and int8 engines, compare them with ONNX Runtime
+# (Polygraphy) and with fp32 PyTorch, time them beside the other backends, and the same parity for TensorRT-RTX
+# engines where the GPU is one that TensorRT-RTX runs on. Exits non-zero when a check fails.
 #
 # What CPU machines prove without this script: TensorRT-RTX (the rtx extra, installed by `make setup`) parses
 # every TensorRT-ready graph into a strongly typed network and builds it at `tfm-export trt`'s profiles
@@ -48,6 +49,36 @@ step "graphs: fp32 export, fp16 and int8 static (calibrated) variants"
 "$BIN/tfm-export" quantize --model "$OUT/onnx" --precision fp16 --output "$OUT/fp16" --force
 "$BIN/tfm-export" quantize --model "$OUT/onnx" --precision int8 --calibration calibration/demo.en.txt \
     --output "$OUT/int8" --force
+
+step "ONNX Runtime CUDA: the held-out numbers on the GPU against the CPU (fp32 greedy and beam 4, fp16 greedy)"
+if [ "$("$BIN/python" -c "from tfm_export.runtime.session import has_cuda_provider; print(int(has_cuda_provider()))")" != 1 ]; then
+    echo "this onnxruntime has no CUDAExecutionProvider: ONNX Runtime CUDA not checked"
+else
+    for beam in 1 4; do
+        "$BIN/tfm-run" translate --model "$OUT/onnx" --beam-size $beam --input "$HELDOUT" --output "$OUT/cpu-b$beam.txt"
+        TIMEFORMAT="cuda fp32 beam $beam: %R s for 1,000 numbers, process start included"
+        time "$BIN/tfm-run" translate --model "$OUT/onnx" --device cuda --beam-size $beam --input "$HELDOUT" \
+            --output "$OUT/cuda-b$beam.txt"
+        cmp "$OUT/cpu-b$beam.txt" "$OUT/cuda-b$beam.txt" && echo "cuda fp32 beam $beam: identical to the CPU"
+    done
+    "$BIN/tfm-run" translate --model "$OUT/fp16" --device cuda --input "$HELDOUT" --output "$OUT/cuda-fp16.txt"
+    "$BIN/python" - "$OUT" <<'PY'
+import sys
+from pathlib import Path
+out = Path(sys.argv[1])
+from tfm_export.graphs.parity import MIN_AGREEMENT
+got, want = ((out / n).read_text(encoding="utf-8").splitlines() for n in ("cuda-fp16.txt", "cpu-b1.txt"))
+same = sum(g == w for g, w in zip(got, want, strict=True))
+print(f"cuda fp16: {same}/{len(want)} identical to fp32 on the CPU (floor {100 * MIN_AGREEMENT['fp16']:.1f}%)")
+sys.exit(same / len(want) < MIN_AGREEMENT["fp16"])
+PY
+fi
+
+missing=$("$BIN/python" -c "from tfm_export.runtime.tensorrt_platform import missing_reason; print(missing_reason() or '')")
+if [ -n "$missing" ]; then
+    echo "TensorRT not checked: $missing"
+    exit 0
+fi
 
 step "Polygraphy: TensorRT against ONNX Runtime on generated inputs, per graph and precision"
 for dir in onnx fp16 int8; do
