@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from ..core.errors import first_line
+from ..core.files import umask
 from .manifest import ENGINE_FORMAT, MODEL_FORMAT, REPOSITORY_FORMAT, ModelDirError, manifest_format
 
 ARTIFACT_FORMATS = (MODEL_FORMAT, ENGINE_FORMAT, REPOSITORY_FORMAT)  # what --force may replace
@@ -108,9 +109,7 @@ def staged_directory(output: Path, force: bool, keep: tuple[Path, ...] = ()) -> 
                             "choose a writable --output") from None
     try:
         yield staging
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(staging, 0o777 & ~umask)  # mkdtemp makes it private; a model directory is meant to be shared
+        os.chmod(staging, 0o777 & ~umask())  # mkdtemp makes it private; a model directory is meant to be shared
         _check_replaceable(output, force)
         _swap_into_place(staging, target)
     except OSError as exc:  # a full disk or a vanished directory while writing

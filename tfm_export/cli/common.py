@@ -14,7 +14,7 @@ from typing import Any
 import click
 
 from ..core.errors import TfmExportError
-from .entry import handle_signals
+from .entry import handle_signals, interrupted
 
 
 class OneLineUsageError(click.ClickException):
@@ -65,9 +65,8 @@ class ErrorReportingGroup(click.Group):
         except click.UsageError as exc:
             command = f" (see {exc.ctx.command_path} --help)" if exc.ctx is not None else ""
             raise OneLineUsageError(exc.format_message() + command) from None
-        except KeyboardInterrupt:
-            click.echo("interrupted", err=True)
-            sys.exit(130)
+        except KeyboardInterrupt as exc:
+            interrupted(exc)
 
 
 def _drop_unwritable_stdout() -> None:

@@ -19,6 +19,12 @@ def handle_signals() -> None:
         signal.signal(signum, terminated)
 
 
+def interrupted(exc: KeyboardInterrupt) -> None:
+    """One line (with what was kept, when the interrupted command says) and exit 130."""
+    print(f"interrupted: {exc}" if str(exc) else "interrupted", file=sys.stderr)
+    sys.exit(130)
+
+
 def _run(command: str) -> None:
     handle_signals()
     try:
@@ -27,12 +33,12 @@ def _run(command: str) -> None:
         else:
             from .run_cli import main
         main(prog_name=command)
-    except KeyboardInterrupt:
-        _interrupted()
+    except KeyboardInterrupt as exc:
+        interrupted(exc)
     except ImportError as exc:  # some extension modules (onnxruntime's) turn an interrupted import into this
         if not _caused_by_interrupt(exc):
             raise
-        _interrupted()
+        interrupted(KeyboardInterrupt())
 
 
 def _caused_by_interrupt(exc: BaseException | None) -> bool:
@@ -43,11 +49,6 @@ def _caused_by_interrupt(exc: BaseException | None) -> bool:
         seen.add(id(exc))
         exc = exc.__cause__ or exc.__context__
     return False
-
-
-def _interrupted() -> None:
-    print("interrupted", file=sys.stderr)
-    sys.exit(130)
 
 
 def export_main() -> None:

@@ -10,7 +10,7 @@ import copy
 import dataclasses
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,8 +42,9 @@ class Translation:
     ids: tuple[int, ...]  # generated target ids, without <s> and </s>
     tokens: tuple[str, ...]
     score: float  # summed log-probability
-    time_ms: float  # its batch's decode time divided by the batch size
+    time_ms: float  # its batch's decode time divided by the batch size (not this sentence's own latency)
     n_best: tuple[tuple[str, float], ...] = ()  # (text, score), best first, when more than one was asked for
+    truncated: bool = False  # cut by the length limit (--max-length or the model's) before </s>
 
 
 MAX_BEAM = 64
@@ -171,22 +172,53 @@ class Translator:
                   progress: Callable[[int], None] | None = None) -> list[Translation]:
         """Translations in input order; empty lines give empty translations without touching the model."""
         options = self.with_defaults(options)
+        results: dict[int, Translation] = {}
+        for batch in self._batches(texts, options, self._check(options)):
+            results.update(batch)
+            if progress:
+                progress(len(batch))
+        return [results[i] for i in range(len(texts))]
+
+    def translate_stream(self, chunks: Iterable[Sequence[str]], options: DecodeOptions = DecodeOptions(),
+                         progress: Callable[[int], None] | None = None) -> Iterator[list[tuple[str, Translation]]]:
+        """(source, translation) pairs in input order, given out as soon as every line before them is done:
+        each chunk (the lines that have arrived) is bucketed by length and decoded batch by batch, so the
+        first translations come out after the batch that holds them, not after the whole input."""
+        options = self.with_defaults(options)
         batch_size = self._check(options)
-        sources = encode_lines(self.vocab.source, texts, self.max_source, truncate=options.truncate)
-        results = {i: Translation("", (), (), 0.0, 0.0) for i in range(len(texts)) if i not in sources}
-        if progress and results:
-            progress(len(results))
+        first = 0  # index of the chunk's first line in the whole input
+        for texts in chunks:
+            done: dict[int, Translation] = {}
+            given = 0
+            for batch in self._batches(texts, options, batch_size, first):
+                done.update(batch)
+                if progress:
+                    progress(len(batch))
+                ready = given
+                while ready in done:
+                    ready += 1
+                if ready > given:
+                    yield [(texts[i], done.pop(i)) for i in range(given, ready)]
+                    given = ready
+            first += len(texts)
+
+    def _batches(self, texts: Sequence[str], options: DecodeOptions, batch_size: int,
+                 first: int = 0) -> Iterator[dict[int, Translation]]:
+        """Translations by index, a batch at a time: the empty lines first (without touching the model), then
+        the others bucketed by length. `first`: the index of texts[0] in the whole input (for messages)."""
+        sources = encode_lines(self.vocab.source, texts, self.max_source, truncate=options.truncate,
+                               first=first + 1)
+        empty = {i: Translation("", (), (), 0.0, 0.0) for i in range(len(texts)) if i not in sources}
+        if empty:
+            yield empty
         keys = list(sources)
         for bucket in length_buckets([len(sources[k]) for k in keys], batch_size):
             batch = [keys[i] for i in bucket]
             start = time.perf_counter()
             nbests = self._decode(pad_batch([sources[k] for k in batch], self.config.src_pad_idx), options)
             per_sentence = 1000 * (time.perf_counter() - start) / len(batch)
-            for key, nbest in zip(batch, nbests, strict=True):
-                results[key] = self._result(nbest, per_sentence, options.n_best > 1)
-            if progress:
-                progress(len(batch))
-        return [results[i] for i in range(len(texts))]
+            yield {key: self._result(nbest, per_sentence, options.n_best > 1)
+                   for key, nbest in zip(batch, nbests, strict=True)}
 
     def with_defaults(self, options: DecodeOptions) -> DecodeOptions:
         """`options` with the model's beam size and length penalty where they say None."""
@@ -229,7 +261,8 @@ class Translator:
         target, best = self.vocab.target, nbest[0]
         tokens = tuple(target.tokenizer.id_to_token(i) for i in best.tokens)
         alternatives = tuple((target.decode(h.tokens), h.score) for h in nbest) if keep_alternatives else ()
-        return Translation(target.decode(best.tokens), best.tokens, tokens, best.score, time_ms, alternatives)
+        return Translation(target.decode(best.tokens), best.tokens, tokens, best.score, time_ms, alternatives,
+                           truncated=not best.finished)
 
 
 def _default_backend(model: Path) -> str:
