@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from ..core.config import ModelConfig
+from ..core.config import SIZE_LIMITS, ModelConfig
 from ..core.errors import TfmExportError
 from ..core.files import contained_file, file_sha256
 from ..core.graph_spec import Graph, variant_specs
@@ -54,7 +54,7 @@ MODEL_DIR = DirectoryKind(
               "graphs.encoder.sha256", "graphs.decoder_step.file", "graphs.decoder_step.sha256", "files",
               "source_checkpoint.sha256", "optimizations"),
     checks={"model": lambda v: isinstance(v, dict), "precision": lambda v: v in PRECISIONS,
-            "opset": _positive, "optimizations": lambda v: isinstance(v, list),
+            "opset": _positive, "optimizations": lambda v: isinstance(v, list) and all(map(_text, v)),
             "tokenizer.source": _text, "tokenizer.target": _text,
             "graphs.encoder.file": _text, "graphs.decoder_step.file": _text,
             "graphs.encoder.sha256": _sha, "graphs.decoder_step.sha256": _sha,
@@ -90,7 +90,11 @@ def read_manifest(directory: Path) -> dict[str, Any]:
 
 
 def check_model_fields(manifest: dict[str, Any], path: Path, remake: str) -> ModelConfig:
-    """The model config and the length limits a model or engine manifest declares, consistent with each other."""
+    """The model config and the length limits a model or engine manifest declares, consistent with each other.
+    The sizes the graphs were built with must be there: a default would describe some other model."""
+    missing = [f"model.{key}" for key in SIZE_LIMITS if key not in manifest["model"]]
+    if missing:
+        raise ModelDirError(f"{path}: lacks {', '.join(missing)}; {remake}")
     try:
         config = ModelConfig.from_dict(manifest["model"])
     except TfmExportError as exc:

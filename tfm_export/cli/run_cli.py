@@ -11,6 +11,7 @@ from pathlib import Path
 import click
 from tqdm import tqdm
 
+from .. import __version__
 from ..core.errors import InputTextError, TfmExportError
 from ..core.files import check_output_path, streamed_text
 from ..core.machine import MAX_THREADS
@@ -30,6 +31,7 @@ from .common import ErrorReportingGroup, setup_logging, vocab_option
 
 @click.group(cls=ErrorReportingGroup)
 @click.option("-v", "--verbose", is_flag=True, help="Log progress and warnings.")
+@click.version_option(__version__, message="%(prog)s %(version)s")
 def main(verbose: bool) -> None:
     """Run exported or PyTorch translation models."""
     setup_logging(verbose)

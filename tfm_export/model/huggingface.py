@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from ..artifacts.manifest import HF_CONFIG_FILE as CONFIG_FILE
 from ..core.config import ModelConfig
 from ..core.errors import CheckpointError, first_line
 from ..core.files import contained_file, file_sha256, read_json
@@ -36,7 +37,6 @@ from ..core.token_rules import (
     is_token_id,
 )
 from ..core.variants import GATED_ACTIVATIONS
-from .checkpoint import HF_CONFIG_FILE as CONFIG_FILE
 from .checkpoint import HUGGINGFACE, Checkpoint, build_model, read_checkpoint_file, validate_state_dict
 from .hf_tokenizer import hf_vocabulary, with_languages
 from .positions import fairseq_sinusoid_table, halves_sinusoid_table

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from ..artifacts.engine_dir import is_engine_dir
-from ..artifacts.manifest import MANIFEST
+from ..artifacts.manifest import MANIFEST, not_exported
 from ..artifacts.model_dir import load_vocabulary, read_manifest, token_rules
 from ..core.batching import length_buckets, pad_batch
 from ..core.config import ModelConfig
@@ -101,6 +101,9 @@ class Translator:
         if model.is_file():
             raise TfmExportError(f"{model}: is a checkpoint; the onnxruntime backend takes a model directory "
                                  "(make one with `tfm-export onnx`), or use --backend torch")
+        if not (model / MANIFEST).exists():
+            raise TfmExportError(not_exported(model, "model directory", "translate with it directly (--backend "
+                                                                         "torch)"))
         return cls._load_onnxruntime(model, vocab, device, session_options, backend == "onnxruntime-generate")
 
     @classmethod
@@ -108,9 +111,9 @@ class Translator:
         require_extra("export", "--backend torch")
         import torch  # only this backend needs PyTorch
 
-        from ..model.checkpoint import is_hf_directory, load_checkpoint
+        from ..model.checkpoint import load_checkpoint
         from .torch_backend import TorchBackend
-        if model.is_dir() and not is_hf_directory(model):
+        if (model / MANIFEST).is_file():
             raise TfmExportError(f"{model}: is a model directory; the torch backend takes a checkpoint file or a "
                                  "Hugging Face model directory")
         if check_threads(threads):
