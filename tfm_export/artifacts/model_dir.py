@@ -201,6 +201,12 @@ def tokenizer_file(directory: Path, manifest: dict[str, Any], side: str) -> Path
     return verified_file(directory, name, manifest["files"].get(name), f"{side} tokenizer")
 
 
+def tokenizer_paths(directory: Path, manifest: dict[str, Any]) -> list[Path]:
+    """The tokenizer files as --vocab takes them: one when shared, else source then target (checked)."""
+    source, target = (tokenizer_file(directory, manifest, side) for side in ("source", "target"))
+    return [source] if source == target else [source, target]
+
+
 def copy_tokenizers(directory: Path, manifest: dict[str, Any], target: Path) -> list[str]:
     """The directory's tokenizer files (checked) copied into `target`; returns their names."""
     names = []
