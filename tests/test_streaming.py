@@ -23,8 +23,10 @@ WAIT_S = 120  # generous: a shared machine may load the model slowly; a pass nev
 
 
 def start(*args: str) -> subprocess.Popen:
+    """The command as a user's shell runs it: stdout a pipe, so block-buffered unless the command flushes."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
     return subprocess.Popen([str(TFM_RUN), "translate", *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, env={**os.environ, "TFM_THREADS": "1"}, bufsize=0)
+                            stderr=subprocess.PIPE, env={**env, "TFM_THREADS": "1"}, bufsize=0)
 
 
 def read_line(proc: subprocess.Popen) -> bytes:
