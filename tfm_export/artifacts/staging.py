@@ -81,13 +81,18 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def _stagings(output: Path) -> Iterator[tuple[Path, int]]:
+    """The staging directories beside `output` and the process each belongs to."""
+    for staging in output.parent.glob(f".{glob.escape(output.name)}.*{STAGING_SUFFIX}"):
+        pid = _owner(staging)
+        if pid is not None and staging.is_dir():
+            yield staging, pid
+
+
 def _claim(output: Path) -> None:
     """Remove staging directories of earlier runs that died (SIGKILL, power loss) and refuse while a live
     process is writing the same output."""
-    for staging in output.parent.glob(f".{glob.escape(output.name)}.*{STAGING_SUFFIX}"):
-        pid = _owner(staging)
-        if pid is None or not staging.is_dir():
-            continue
+    for staging, pid in _stagings(output):
         if pid != os.getpid() and _alive(pid):
             raise ModelDirError(f"{output}: another tfm-export (process {pid}) is writing it now; wait for it to "
                                 "finish or choose another --output")
@@ -107,6 +112,11 @@ def staged_directory(output: Path, force: bool, keep: tuple[Path, ...] = ()) -> 
     except OSError as exc:
         raise ModelDirError(f"{target.parent}: cannot create the output ({exc.strerror}); "
                             "choose a writable --output") from None
+    except BaseException:  # Ctrl-C after mkdtemp made the directory but before it returned its name
+        for staging, pid in _stagings(target):
+            if pid == os.getpid():
+                shutil.rmtree(staging, ignore_errors=True)
+        raise
     try:
         yield staging
         os.chmod(staging, 0o777 & ~umask())  # mkdtemp makes it private; a model directory is meant to be shared

@@ -26,7 +26,7 @@ from ..runtime.translator import (
     Translator,
 )
 from .bench_cli import bench
-from .common import ErrorReportingGroup, setup_logging, vocab_option
+from .common import ErrorReportingGroup, drop_unwritable_stdout, setup_logging, vocab_option
 
 
 @click.group(cls=ErrorReportingGroup)
@@ -81,7 +81,8 @@ def output_stream(output: Path | None) -> Iterator[Callable[[list[str]], None]]:
             sys.stdout.flush()  # TfmExportError (common.ClosedStdout)
         except BrokenPipeError:
             raise  # the reader left (`| head`): the command group ends quietly
-        except (OSError, ValueError) as exc:
+        except (OSError, ValueError) as exc:  # a full device: what is buffered would fail again at exit
+            drop_unwritable_stdout()
             raise TfmExportError(f"cannot write the translations to stdout ({getattr(exc, 'strerror', None) or exc}"
                                  "); pass --output FILE") from None
     yield write
