@@ -10,6 +10,8 @@ STAMP  := $(VENV)/.installed
 setup: $(STAMP)
 
 # torch first (the CPU build), so the package's `torch>=2.6` is already met and no CUDA wheels are pulled.
+# dev includes the rtx extra: TensorRT-RTX (~90 MB of wheels), a TensorRT builder that needs no GPU, which
+# `tfm-export check` and the tests build every graph with.
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet $(TORCH)

@@ -4,6 +4,7 @@ backend, directory, refusals and tokenizer."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 
@@ -125,7 +126,7 @@ def test_written_tokenizer_wraps_sources_in_bos_and_eos(demo_generate):
     shipped = load_tokenizer(DEMO_CKPT.parent / "tokenizer.json")
     library = Tokenizer.from_file(str(demo_generate / "tokenizer.json"))
     texts = HELD_OUT[:300] + ["  Forty-Two ", "one thousand, one", "ÉCOLE été", "unknown words"]
-    assert [library.encode(t).ids for t in texts] == [source_ids(shipped, t) for t in texts]
+    assert [library.encode(t).ids for t in texts] == [[2, *shipped.encode(t), 3] for t in texts]  # <s> ... </s>
     assert [ours.encode(t) for t in texts] == [shipped.encode(t) for t in texts]
 
 
@@ -164,14 +165,31 @@ def test_bad_directories_are_one_line_errors(demo_onnx, tmp_path):
     assert result.exit_code == 1 and "has no generate.onnx; make one with `tfm-export generate" in result.output
 
 
+@pytest.mark.parametrize("name", ["generate.onnx", "decoder_step.onnx", "decoder_step_buffered.onnx.data",
+                                  "tokenizer.json"])
+def test_a_damaged_file_of_a_generate_directory_is_refused(demo_generate, tmp_path, name):
+    """generate.onnx holds its own copy of the graphs, yet the directory is refused whole, as the loop's backends
+    refuse it: a damaged graph it does not run, or the tokenizer, is one line too."""
+    model = tmp_path / "model"
+    shutil.copytree(demo_generate, model)
+    data = bytearray((model / name).read_bytes())
+    data[-1] ^= 1
+    (model / name).write_bytes(bytes(data))
+    result = CliRunner().invoke(run_main, ["translate", "--model", str(model), "--backend", "onnxruntime-generate",
+                                           "forty-two"])
+    assert result.exit_code == 1 and result.output.strip().splitlines() == [
+        f"Error: {model / name}: sha256 differs from manifest.json (file changed or damaged); export the model again "
+        "with `tfm-export onnx`"]
+
+
 def test_max_length_and_n_best_follow_the_loop(demo_generate):
     texts = HELD_OUT[:12]
     generate, loop = (Translator.load(demo_generate, backend=b) for b in ("onnxruntime-generate", "onnxruntime"))
     short = DecodeOptions(max_length=3)
     assert [r.ids for r in generate.translate(texts, short)] == [r.ids for r in loop.translate(texts, short)]
     best = generate.translate(texts, DecodeOptions(beam_size=4, n_best=3))
-    assert all(len(r.n_best) == 3 and r.n_best[0] == (r.text, r.score) for r in best)
-    assert all(len({text for text, _ in r.n_best}) == 3 for r in best)  # three different hypotheses
+    assert all(len(r.n_best) == 3 and (r.n_best[0].text, r.n_best[0].log_prob) == (r.text, r.score) for r in best)
+    assert all(len({a.text for a in r.n_best}) == 3 for r in best)  # three different hypotheses
 
 
 def test_inputs_go_one_per_call_unless_made_with_early_stopping(demo_onnx, tmp_path):

@@ -2,7 +2,8 @@
 
 The oracle is `transformers` itself: tiny models of each family built from configs with random weights (no
 download), saved with save_pretrained, read back by tfm-export without transformers. Full-sequence logits and 30
-cached decoding steps (PyTorch and the exported ONNX graphs) must match the transformers forward within 1e-4.
+cached decoding steps (PyTorch and the exported ONNX graphs) must match the transformers forward within 1e-4;
+the exported graphs must build in a real TensorRT builder.
 """
 
 from __future__ import annotations
@@ -17,10 +18,12 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 import torch
+from builder_support import assert_exported_graphs_build, needs_builder
 from hf_oracle import retarget_stop
 
 from tfm_export.core.batching import pad_batch
 from tfm_export.core.errors import CheckpointError
+from tfm_export.core.graph_spec import Graph
 from tfm_export.graphs.export import export_all
 from tfm_export.model.huggingface import FAMILIES, load_hf_directory
 from tfm_export.model.transformer import Transformer
@@ -143,15 +146,22 @@ def test_cached_steps_match_transformers(hf_case) -> None:
             torch.testing.assert_close(model.project(out)[:, 0], reference[:, t], atol=TOLERANCE, rtol=0)
 
 
-def test_onnx_graphs_match_transformers_over_cached_steps(hf_case) -> None:
+@pytest.fixture(scope="module")
+def hf_export(hf_case) -> dict:
+    """The case's graphs as `tfm-export onnx` exports them (opset 17), made once for the tests that read them."""
+    model, _ = _ours(hf_case[1])
+    return export_all(model, 17)
+
+
+def test_onnx_graphs_match_transformers_over_cached_steps(hf_case, hf_export) -> None:
     """The exported encoder and decoder_step graphs in ONNX Runtime, 30 cached steps."""
     name, directory = hf_case
     model, loaded = _ours(directory)
     rules = loaded.rules
     src, trg = _inputs(rules.pad, rules.start)
     reference = _reference(directory, src, trg, rules.pad).numpy()
-    sessions = {graph.filename: ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
-                for graph, proto in export_all(model, 17, variants=False).items()}
+    sessions = {graph.filename: ort.InferenceSession(hf_export[graph].SerializeToString(),
+                                                     providers=["CPUExecutionProvider"]) for graph in Graph}
     encoder, step = sessions["encoder.onnx"], sessions["decoder_step.onnx"]
     mask = (src != rules.pad).long().numpy()
     enc = dict(zip([o.name for o in encoder.get_outputs()],
@@ -168,6 +178,13 @@ def test_onnx_graphs_match_transformers_over_cached_steps(hf_case) -> None:
         np.testing.assert_allclose(out["logits"][:, 0], reference[:, t], atol=TOLERANCE, rtol=0)
         feeds |= {f"past_key_values.{i}.decoder.{kv}": out[f"present.{i}.decoder.{kv}"]
                   for i in range(cfg.n_layers) for kv in ("key", "value")}
+
+
+@needs_builder
+def test_graphs_build_in_a_real_tensorrt_builder(hf_case, hf_export, tmp_path) -> None:
+    """Every graph of the export with standard operators only, parsed and built at `tfm-export trt`'s profiles
+    (by TensorRT-RTX on machines without a GPU)."""
+    assert_exported_graphs_build(hf_export, load_hf_directory(hf_case[1]).config, tmp_path)
 
 
 def test_every_family_is_covered() -> None:

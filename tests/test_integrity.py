@@ -4,6 +4,7 @@ silent wrong answer."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -16,7 +17,7 @@ from click.testing import CliRunner
 from conftest import DEMO_CKPT, listing, tiny_config
 from seed_oracle import save_seed_checkpoint, seed_settings, seed_state_dict
 
-from tfm_export.artifacts.manifest import write_manifest
+from tfm_export.artifacts.manifest import ModelDirError, write_manifest
 from tfm_export.artifacts.model_dir import SHARED, read_manifest
 from tfm_export.cli.export_cli import main as export_main
 from tfm_export.cli.run_cli import main as run_main
@@ -26,6 +27,9 @@ from tfm_export.graphs.onnx_io import save_graph
 from tfm_export.graphs.pipeline import export_model_dir
 from tfm_export.model.checkpoint import load_checkpoint
 from tfm_export.model.synthetic import random_checkpoint
+from tfm_export.runtime.ort_backend import OrtBackend
+from tfm_export.runtime.ort_buffered import OrtBufferedBackend
+from tfm_export.runtime.ort_fused import OrtFusedBackend
 from tfm_export.runtime.translator import Translator
 
 
@@ -55,8 +59,14 @@ def one_line_error(result, *fragments: str) -> None:
         assert fragment in result.output, result.output
 
 
-READERS = [["translate", "w5"], ["quantize", "--precision", "int8", "--mode", "dynamic", "--output", "{out}"],
-           ["check"], ["inspect"], ["verify"], ["trt", "--fp16", "--output", "{out}"]]
+QUANTIZE = ["quantize", "--precision", "int8", "--mode", "dynamic", "--output", "{out}"]
+READERS = [["translate", "w5"], ["translate", "--no-fused", "w5"], QUANTIZE, ["check"], ["inspect"], ["verify"],
+           ["trt", "--fp16", "--output", "{out}"], ["triton", "--output", "{out}"],
+           ["triton", "--layout", "bls", "--output", "{out}"], ["generate", "--output", "{out}"]]
+
+
+def reader_id(args: list[str]) -> str:
+    return " ".join(a for a in args if a not in ("--output", "{out}"))
 
 
 def run_reader(args: list[str], model: Path, out: Path):
@@ -69,7 +79,7 @@ def run_reader(args: list[str], model: Path, out: Path):
 
 # --- integrity: every listed file hashed, checked by every reader ------------------------------------------------
 
-@pytest.mark.parametrize("reader", READERS, ids=lambda a: a[0])
+@pytest.mark.parametrize("reader", READERS, ids=reader_id)
 def test_a_swapped_tokenizer_is_refused_by_every_reader(tiny, tmp_path, reader):
     """Same size, other words: without the hash it would translate with exit 0, into the wrong words."""
     model = copy_of(tiny[1], tmp_path)
@@ -82,10 +92,11 @@ def test_a_swapped_tokenizer_is_refused_by_every_reader(tiny, tmp_path, reader):
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.parametrize("reader", READERS, ids=lambda a: a[0])
-def test_damaged_external_weights_are_refused_by_every_reader(tiny, tmp_path, reader):
-    """Graphs above 2 GB keep their weights in `*.onnx.data`; zeroed weights there must not translate."""
-    model = copy_of(tiny[1], tmp_path)
+@pytest.fixture(scope="module")
+def external(tiny, tmp_path_factory) -> Path:
+    """The tiny model directory with decoder_step's weights in decoder_step.onnx.data, as graphs above 2 GB keep
+    them: `files` then lists a contract graph's external weights beside the tokenizer and the shared tables."""
+    model = copy_of(tiny[1], tmp_path_factory.mktemp("external"))
     manifest = read_manifest(model)
     proto = onnx.load(str(model / "decoder_step.onnx"))
     written = save_graph(proto, model / "decoder_step.onnx", external_above=0)
@@ -94,10 +105,67 @@ def test_damaged_external_weights_are_refused_by_every_reader(tiny, tmp_path, re
     manifest["files"]["decoder_step.onnx.data"] = file_sha256(model / "decoder_step.onnx.data")
     write_manifest(model, manifest)
     assert len(Translator.load(model).translate(["w5 w6"])) == 1  # consistent: it runs
+    return model
+
+
+@pytest.mark.parametrize("reader", READERS, ids=reader_id)
+def test_damaged_external_weights_are_refused_by_every_reader(external, tmp_path, reader):
+    """Zeroed weights in a graph's `*.onnx.data` must not translate."""
+    model = copy_of(external, tmp_path)
     data = model / "decoder_step.onnx.data"
     data.write_bytes(bytes(data.stat().st_size))
     one_line_error(run_reader(reader, model, tmp_path / "out"),
                    "decoder_step.onnx.data: sha256 differs from manifest.json")
+
+
+def damage(path: Path) -> None:
+    """A change every reader would take without the hash: two words of a tokenizer swapped, one weight bit flipped."""
+    if path.suffix == ".json":
+        vocab = json.loads(path.read_text())
+        words = vocab["model"]["vocab"]
+        words["w1"], words["w2"] = words["w2"], words["w1"]
+        path.write_text(json.dumps(vocab))
+    else:
+        data = bytearray(path.read_bytes())
+        data[-1] ^= 1  # the last weight's last byte: the graph still parses
+        path.write_bytes(bytes(data))
+
+
+# The runtime's backends read a directory's graphs (all of them) and external weights; Translator.load the tokenizers
+BACKENDS = (OrtBackend.open, OrtBufferedBackend.open, OrtFusedBackend.open)
+
+
+def edit_hash(manifest: dict, keys: tuple[str, ...], edit: str) -> None:
+    *parents, key = keys
+    entry = functools.reduce(dict.__getitem__, parents, manifest)
+    if edit == "removed":
+        del entry[key]
+    else:
+        entry[key] = None if edit == "null" else 7
+
+
+@pytest.mark.parametrize("edit", ["removed", "null", "number"])
+def test_a_damaged_file_the_manifest_does_not_hash_is_refused_by_every_reader(external, tmp_path, edit):
+    """Each file the manifest hashes (every graph, every external-weights file, the tokenizer), damaged, with its
+    sha256 taken out of the manifest, null or a number: nothing reads a file it cannot check. Every reader refuses
+    in one line; no output is written."""
+    manifest = read_manifest(external)
+    entries = {name: ("files", name) for name in manifest["files"]}
+    entries |= {entry["file"]: ("graphs", graph, "sha256") for graph, entry in manifest["graphs"].items()}
+    assert len(entries) == 8, entries  # 4 graphs, 3 external weights files, the tokenizer
+    for name, keys in entries.items():
+        model = copy_of(external, tmp_path, name)
+        edit_manifest(model, functools.partial(edit_hash, keys=keys, edit=edit))
+        damage(model / name)
+        for reader in READERS:
+            result = run_reader(reader, model, tmp_path / "out")
+            assert result.exit_code != 0, (name, edit, reader, result.output)
+            one_line_error(result, "manifest.json")
+            assert not (tmp_path / "out").exists()
+        for open_ in (Translator.load, *(BACKENDS if name.endswith((".onnx", ".data")) else ())):
+            with pytest.raises(ModelDirError, match="manifest.json") as error:
+                open_(model)
+            assert "\n" not in str(error.value), (name, edit)
 
 
 @pytest.mark.parametrize("name", ["../outside.json", "/etc/passwd", "sub/tokenizer.json", "", None, 7,
@@ -151,7 +219,7 @@ VARIANTS = ("decoder_step_buffered", "decoder_step_fused")
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
-@pytest.mark.parametrize("reader", READERS, ids=lambda a: a[0])
+@pytest.mark.parametrize("reader", READERS, ids=reader_id)
 def test_a_damaged_buffered_decoder_is_refused_by_every_reader(tiny, tmp_path, reader, variant):
     """The optional decoders are hashed like the contract's graphs; tfm-run translate runs decoder_step_fused
     on the CPU, and refuses a damaged decoder_step_buffered too (whichever decoder runs)."""
@@ -166,7 +234,7 @@ def test_a_damaged_buffered_decoder_is_refused_by_every_reader(tiny, tmp_path, r
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
-@pytest.mark.parametrize("reader", READERS, ids=lambda a: a[0])
+@pytest.mark.parametrize("reader", READERS, ids=reader_id)
 def test_damaged_shared_weights_are_refused_by_every_reader(tiny, tmp_path, reader, variant):
     """The tied table both sessions read lives in the decoder's .onnx.data: hashed like the graphs."""
     model = copy_of(tiny[1], tmp_path)
@@ -235,12 +303,19 @@ def test_a_damaged_contract_decoder_is_refused_even_where_the_buffered_one_runs(
     (lambda m: m["limits"].update(max_source_length=10 ** 6), "outside 1..16"),
     (lambda m: m.pop("files"), "lacks files"),
     (lambda m: m.update(format_version=1), "format version 1 is not supported"),
+    # optional fields and list items read without a type check (AttributeError, TypeError tracebacks before)
+    (lambda m: m.update(int8="static"), "invalid int8"), (lambda m: m.update(int8=None), "invalid int8"),
+    (lambda m: m.update(optimizations=[7]), "invalid optimizations"),
+    (lambda m: m.update(optimizations_not_applied=[]), "invalid optimizations_not_applied"),
+    (lambda m: m["source_checkpoint"].update(file=7), "invalid source_checkpoint.file"),
+    (lambda m: m["source_checkpoint"].update(sha256=None), "invalid source_checkpoint.sha256"),
 ])
 def test_damaged_manifest_fields_are_one_line_for_every_reader(tiny, tmp_path, edit, fragment):
     model = copy_of(tiny[1], tmp_path)
     edit_manifest(model, edit)
-    for reader in (["translate", "w5"], ["check"], ["inspect"]):
+    for reader in READERS:
         one_line_error(run_reader(reader, model, tmp_path / "out"), fragment)
+        assert not (tmp_path / "out").exists()
 
 
 def test_a_manifest_config_the_graphs_do_not_have_is_one_line(tiny, tmp_path):
@@ -256,7 +331,7 @@ def test_a_manifest_config_the_graphs_do_not_have_is_one_line(tiny, tmp_path):
 def test_hostile_manifest_json_is_one_line(tiny, tmp_path, content):
     model = copy_of(tiny[1], tmp_path)
     (model / "manifest.json").write_bytes(content)
-    for reader in (["translate", "w5"], ["check"], ["inspect"], READERS[1]):
+    for reader in (["translate", "w5"], ["check"], ["inspect"], QUANTIZE):
         one_line_error(run_reader(reader, model, tmp_path / "out"), "manifest.json")
 
 

@@ -11,8 +11,10 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+import torch
 from click.testing import CliRunner
 from conftest import CALIBRATION, REPO, listing, tiny_config, unwritable_dir
+from hf_oracle import randomize
 from onnx import numpy_helper
 
 from tfm_export.artifacts.model_dir import SHARED, read_manifest
@@ -20,9 +22,13 @@ from tfm_export.cli.export_cli import main as export_main
 from tfm_export.core.config import ModelConfig
 from tfm_export.core.graph_spec import Graph
 from tfm_export.demo import numbers as demo_numbers
+from tfm_export.graphs.export import export_all
 from tfm_export.graphs.pipeline import export_model_dir
 from tfm_export.model.checkpoint import load_checkpoint
+from tfm_export.model.huggingface import load_hf_directory
 from tfm_export.model.synthetic import random_checkpoint
+from tfm_export.model.transformer import Transformer
+from tfm_export.precision.fp16 import to_fp16
 from tfm_export.precision.int8 import logits_nodes, quantize_dynamic_graph
 from tfm_export.precision.pipeline import Calibration, quantize_model_dir
 from tfm_export.runtime import decoding
@@ -341,6 +347,9 @@ def test_verify_refuses_a_manifest_without_parent(variants, tmp_path):
     result = CliRunner().invoke(export_main, ["verify", "--model", str(copy), "--input",
                                               str(REPO / "models/demo/samples.en.txt")])
     assert result.exit_code == 1 and "names no fp32 parent" in result.output
+    result = _quantize(["--model", str(copy), "--precision", "int8", "--output", str(tmp_path / "o")])
+    assert result.exit_code == 1 and result.output.strip().splitlines() == [
+        f"Error: {copy}: is already fp16; quantize the fp32 model directory (its fp32 parent) instead"]
 
 
 def test_fp16_logits_are_not_rounded_to_fp16(variants):
@@ -557,3 +566,136 @@ def test_calibration_keeps_a_uniform_sample_of_the_calls():
     traces.add(Graph.DECODER_STEP, feed)
     feed["x"][0] = 5
     assert traces.feeds[Graph.DECODER_STEP][0]["x"][0] == 0
+
+
+def _adds_into_norms(proto: onnx.ModelProto) -> list[str]:
+    """An fp32 graph's Adds whose sum a norm reads (a LayerNormalization, or an RMSNorm's mean of squares, Pow),
+    found by the graph's structure rather than by the converter's own rule."""
+    readers: dict[str, set[str]] = {}
+    for node in proto.graph.node:
+        for name in node.input:
+            readers.setdefault(name, set()).add(node.op_type)
+    return [n.name for n in proto.graph.node
+            if n.op_type == "Add" and readers.get(n.output[0], set()) & {"LayerNormalization", "Pow"}]
+
+
+def _pre_norm_model(case: str, directory: Path) -> Transformer:
+    """A tiny pre-norm model: of the variant family (RMSNorm), or read from a random mBART directory (LayerNorm,
+    embedding norm, final norms)."""
+    if case == "pre-norm rmsnorm":
+        torch.manual_seed(0)
+        return Transformer(tiny_config(placement="pre", norm="rmsnorm")).eval()
+    transformers = pytest.importorskip("transformers", reason="the mBART model needs the hf extra")
+    torch.manual_seed(0)
+    sizes = dict(d_model=16, encoder_layers=2, decoder_layers=2, encoder_attention_heads=2, decoder_attention_heads=2,
+                 encoder_ffn_dim=32, decoder_ffn_dim=32, max_position_embeddings=32, vocab_size=50)
+    hf_model = randomize(transformers.MBartForConditionalGeneration(transformers.MBartConfig(**sizes)), 1.0)
+    hf_model.save_pretrained(directory)
+    loaded = load_hf_directory(directory)
+    model = Transformer(loaded.config)
+    model.load_state_dict(loaded.state)
+    return model.eval()
+
+
+@pytest.mark.parametrize("case", ["pre-norm rmsnorm", "mbart"])
+def test_fp16_keeps_every_residual_add_into_a_pre_norm_float(case, tmp_path):
+    """In a pre-norm stack each residual sum feeds the next sublayer's norm and the next residual Add: every Add a
+    norm reads computes in fp32 from fp32 inputs (by ONNX shape inference on the fp16 graph), and there are at
+    least one per sublayer plus one (the embedding sum, or the last sum into the final norm)."""
+    model = _pre_norm_model(case, tmp_path / "hf")
+    assert model.config.placement == "pre" and model.config.n_layers == 2
+    for graph, proto in export_all(model, 17, variants=False).items():
+        names = _adds_into_norms(proto)
+        sublayers = 2 if graph is Graph.ENCODER else 3
+        assert len(names) >= sublayers * model.config.n_layers + 1, (graph, names)
+        converted = onnx.shape_inference.infer_shapes(to_fp16(proto, keep_io_types=False)[0])
+        types = {v.name: v.type.tensor_type.elem_type for v in [*converted.graph.input, *converted.graph.value_info,
+                                                                 *converted.graph.output]}
+        types.update({i.name: i.data_type for i in converted.graph.initializer})
+        nodes = {n.name: n for n in converted.graph.node}
+        for name in names:
+            node = nodes[name]
+            assert [types[t] for t in [*node.input, *node.output]] == [onnx.TensorProto.FLOAT] * 3, (graph, name)
+
+
+def _parent_weights(parent: onnx.ModelProto) -> dict[str, np.ndarray]:
+    """The fp32 parent's MatMuls by a constant weight: node name -> the (in, out) matrix it multiplies by (an
+    initializer, or a Transpose of one: the tied projection)."""
+    inits, producers = {i.name: i for i in parent.graph.initializer}, _producers(parent)
+    weights = {}
+    for node in [n for n in parent.graph.node if n.op_type == "MatMul"]:
+        transpose = producers.get(node.input[1])
+        if node.input[1] in inits:
+            weights[node.name] = numpy_helper.to_array(inits[node.input[1]])
+        elif transpose is not None and transpose.op_type == "Transpose" and transpose.input[0] in inits:
+            perm = next((list(a.ints) for a in transpose.attribute if a.name == "perm"), None)
+            weights[node.name] = np.transpose(numpy_helper.to_array(inits[transpose.input[0]]), perm)
+    return weights
+
+
+def _assert_per_output_channel(q: np.ndarray, scale: np.ndarray, weight: np.ndarray, what: str) -> None:
+    """int8 `q` x `scale` (one per column j) is symmetric per-output-channel int8 of `weight` (in, out):
+    scale[j] = max |W[:, j]| / 127, and every value within half a step."""
+    assert q.dtype == np.int8 and q.shape == weight.shape and scale.shape == (weight.shape[1],), what
+    np.testing.assert_allclose(scale, np.abs(weight).max(axis=0) / 127, rtol=1e-6, err_msg=what)
+    assert (np.abs(q * scale - weight) <= scale / 2 + 1e-7).all(), what
+
+
+def test_int8_static_weights_are_per_output_channel_of_the_fp32_weights(variants):
+    """Every MatMul weight (the tied projection's included) is DequantizeLinear(W_int8, scale, axis 1): one scale
+    per output column of x @ W, as the design fixes, with scales and values held to the fp32 parent directory's
+    own initializers."""
+    for graph in Graph:
+        weights = _parent_weights(_graph(variants["fp32"], graph))
+        proto = _graph(variants["int8-static"], graph)
+        producers, inits = _producers(proto), {i.name: numpy_helper.to_array(i) for i in proto.graph.initializer}
+        nodes = {n.name: n for n in proto.graph.node}
+        assert len(weights) == 3 * (6 + 2) + (graph is Graph.DECODER_STEP)  # demo: 3 layers of 6 + FFN 2 (+ logits)
+        for name, weight in weights.items():
+            dq = producers[nodes[name].input[1]]
+            assert dq.op_type == "DequantizeLinear" and [a.i for a in dq.attribute if a.name == "axis"] == [1], name
+            _assert_per_output_channel(inits[dq.input[0]], inits[dq.input[1]], weight, f"{graph.value} {name}")
+
+
+def test_int8_dynamic_weights_are_per_output_channel_of_the_fp32_weights(variants):
+    """MatMulInteger(x_int8, W_int8) x (x_scale x W_scale): W_scale has one entry per output column, from the fp32
+    parent's initializers as above."""
+    for graph in Graph:
+        weights = _parent_weights(_graph(variants["fp32"], graph))
+        proto = _graph(variants["int8-dynamic"], graph)
+        producers, inits = _producers(proto), {i.name: numpy_helper.to_array(i) for i in proto.graph.initializer}
+        nodes = {n.name: n for n in proto.graph.node}
+        readers: dict[str, list[onnx.NodeProto]] = {}
+        for node in proto.graph.node:
+            for name in node.input:
+                readers.setdefault(name, []).append(node)
+        for name, weight in weights.items():
+            node = nodes[f"{name}_quant"]  # ONNX Runtime's name for the quantized MatMul
+            [cast] = readers[node.output[0]]
+            [scaled] = readers[cast.output[0]]
+            scales = producers[next(i for i in scaled.input if i != cast.output[0])]
+            assert node.op_type == "MatMulInteger" and producers[scales.input[0]].op_type == "DynamicQuantizeLinear"
+            _assert_per_output_channel(inits[node.input[1]], inits[scales.input[1]], weight, f"{graph.value} {name}")
+
+
+@pytest.mark.parametrize("mode", ["int8-static", "int8-dynamic"])
+def test_int8_embeddings_are_the_fp32_rows_within_half_a_step(variants, mode):
+    """What each graph's embedding lookup computes (the `embedding` tensor, run alone in ONNX Runtime on 6 ids) is
+    the fp32 parent's within half a step of its row's scale, max |row| / 127: whichever axis a graph gathers along
+    (the decoder step reads the tied projection's W^T), its scales follow the rows."""
+    for graph in [g for g in read_manifest(variants[mode])["graphs"] if g != "decoder_step_fused"]:
+        embedded = []
+        for directory in (variants["fp32"], variants[mode]):
+            part = onnx.utils.Extractor(onnx.load(str(directory / f"{graph}.onnx"))).extract_model(["input_ids"],
+                                                                                                  ["embedding"])
+            session = ort.InferenceSession(part.SerializeToString())
+            ids = np.array([4, 60, 87, 2, 5, 4]).reshape((6, 1) if session.get_inputs()[0].shape[1] == 1 else (2, 3))
+            embedded.append(session.run(None, {"input_ids": ids})[0])
+        parent = onnx.load(str(variants["fp32"] / f"{graph}.onnx"))
+        gather = _producers(parent)["embedding"]
+        table = next(numpy_helper.to_array(i) for i in parent.graph.initializer if i.name == gather.input[0])
+        assert gather.op_type == "Gather" and embedded[0].shape == embedded[1].shape == (*ids.shape, table.shape[1])
+        np.testing.assert_array_equal(embedded[0], table[ids])
+        step = np.abs(table).max(axis=1)[ids][..., None] / 127
+        assert (np.abs(embedded[1] - embedded[0]) <= step / 2 + 1e-6).all(), graph
+        assert not np.array_equal(embedded[1], embedded[0]), graph  # int8 indeed

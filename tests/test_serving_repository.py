@@ -4,12 +4,15 @@ Triton's own protobuf), one-line errors that write nothing, and the request hand
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
+import onnxruntime as ort
 import pytest
 import yaml
 from click.testing import CliRunner
@@ -22,8 +25,16 @@ from tfm_export.artifacts.model_dir import read_manifest
 from tfm_export.cli.export_cli import main as export_main
 from tfm_export.core.errors import InputTextError
 from tfm_export.core.files import file_sha256
+from tfm_export.core.token_rules import SEED_RULES
 from tfm_export.runtime.translator import DecodeOptions, Translator
-from tfm_export.serving.requests import TextRequest, decode_options, decode_texts, translate_requests
+from tfm_export.serving.requests import (
+    TextRequest,
+    decode_options,
+    decode_texts,
+    request_parameters,
+    translate_requests,
+)
+from tfm_export.serving.triton_model import load_translator
 
 TYPES = {"int64": mc.TYPE_INT64, "int32": mc.TYPE_INT32, "float32": mc.TYPE_FP32, "float16": mc.TYPE_FP16}
 
@@ -56,7 +67,7 @@ def test_translator_layout_holds_the_model_directory_and_a_config(demo_onnx, tmp
     config = read_config(tmp_path / "repo/translator/config.pbtxt")
     assert (config.name, config.backend, config.max_batch_size) == ("translator", "python", 16)
     assert _tensors(config.input) == [("TEXT", mc.TYPE_STRING, [1])]
-    assert [t.name for t in config.output] == ["TRANSLATION", "SCORE", "N_BEST", "N_BEST_SCORES"]
+    assert [t.name for t in config.output] == ["TRANSLATION", "SCORE", "N_BEST", "N_BEST_SCORES", "N_BEST_COUNT"]
     assert config.HasField("dynamic_batching")
     assert [(g.count, g.kind) for g in config.instance_group] == [(2, mc.ModelInstanceGroup.KIND_CPU)]
     assert {k: v.string_value for k, v in config.parameters.items()} == {
@@ -101,10 +112,10 @@ def _engine_dir(directory: Path, demo_onnx: Path, tensorrt: str = "10.3.0", prec
     shutil.copyfile(demo_onnx / "tokenizer.json", directory / "tokenizer.json")
     (directory / "manifest.json").write_text(json.dumps({
         "format": ENGINE_FORMAT, "format_version": ENGINE_FORMAT_VERSION, "model": manifest["model"],
-        "tokenizer": manifest["tokenizer"], "files": manifest["files"],
+        "tokenizer": manifest["tokenizer"], "files": manifest["files"], "special_tokens": manifest["special_tokens"],
         "limits": {"max_batch": 16, "max_source_length": 100, "max_target_length": 120}, "precision": precision,
-        "tensorrt": {"tensorrt": tensorrt, "gpu": "Orin", "compute_capability": "8.7"}, "engines": engines,
-        "source": {}}))
+        "tensorrt": {"target": "tensorrt", "tensorrt": tensorrt, "gpu": "Orin", "compute_capability": "8.7"},
+        "engines": engines, "source": {}}))
     return directory
 
 
@@ -147,7 +158,19 @@ def _bad_inputs(demo_onnx: Path, tmp_path: Path) -> dict[str, tuple[list, str]]:
     swapped = _engine_dir(tmp_path / "swapped", demo_onnx)
     (swapped / "encoder.plan").write_bytes(b"another plan")
     out = str(tmp_path / "repo")
-    return {
+    edited = {  # engine manifest fields read without a type check (AttributeError, ValueError) or not at all
+        "int8": ({"int8": "static"}, "invalid int8"),
+        "tensorrt version": ({"tensorrt": {"target": "tensorrt", "tensorrt": "x.y"}}, "invalid tensorrt.tensorrt"),
+        "max_batch": ({"limits": {"max_batch": True, "max_source_length": 100, "max_target_length": 120}},
+                      "invalid limits.max_batch"),
+        "special_tokens": ({"special_tokens": [1]}, "special_tokens differ from the seed layout"),
+        "token_rules": ({"token_rules": "seed"}, "token_rules must have exactly the fields")}
+    for name, (fields, _) in edited.items():
+        directory = _engine_dir(tmp_path / f"engines {name}", demo_onnx)
+        manifest = json.loads((directory / "manifest.json").read_text())
+        (directory / "manifest.json").write_text(json.dumps({**manifest, **fields}))
+    return {**{f"engine manifest {name}": (["--model", tmp_path / f"engines {name}", "--output", out, "--layout",
+                                            "bls"], message) for name, (_, message) in edited.items()},
         "not a directory": (["--model", REPO / "models/demo/ckpt.pt", "--output", out], "is a file, not a model"),
         "missing": (["--model", tmp_path / "nowhere", "--output", out], "model directory not found"),
         "no manifest": (["--model", tmp_path / "empty", "--output", out], "this is not a tfm-export model directory"),
@@ -197,16 +220,22 @@ def test_server_side_modules_load_neither_torch_nor_onnx():
 
 # --- the request handling of the server-side model, against the Translator called directly ---------------------
 
-def test_request_texts_and_parameters_are_checked():
+def test_request_texts_and_parameters_are_checked(demo_onnx):
+    translator = Translator.load(demo_onnx).bounded(32)
     assert decode_texts(np.array([[b"forty-two"], [b"eighty"]], dtype=object)) == (
         "forty-two", "eighty")
-    options = decode_options('{"beam_size": 4, "n_best": 2, "length_penalty": 1, "max_length": 50}', 32, 200)
+    given = request_parameters('{"beam_size": 4, "n_best": 2, "length_penalty": 1, "max_length": 50}')
+    options = decode_options(given, translator)
     assert options == DecodeOptions(beam_size=4, length_penalty=1.0, max_length=50, batch_size=32, n_best=2)
-    for parameters, message in (({"beam_size": True}, "must be a number"), ({"length_penalty": float("nan")},
-                                                                           "length_penalty must be finite"),
+    assert decode_options({}, translator) == DecodeOptions(beam_size=1, length_penalty=1.0, batch_size=32)
+    for parameters, message in (({"beam_size": True}, "beam_size must be a whole number, got True"),
+                                ({"n_best": 1.5}, "n_best must be a whole number, got 1.5"),
+                                ({"target_lang": 5}, "target_lang must be a language code (a string), got 5"),
+                                ({"length_penalty": float("nan")}, "length_penalty nan is outside -10..10"),
+                                ({"length_penalty": 11}, "length_penalty 11 is outside -10..10"),
                                 ({"max_length": 201}, "max_length 201 is outside 1..200")):
-        with pytest.raises(InputTextError, match=message):
-            decode_options(parameters, 32, 200)
+        with pytest.raises(InputTextError, match=re.escape(message)):
+            decode_options(request_parameters(parameters), translator)
 
 
 def test_grouped_requests_equal_one_translator_call_each(demo_onnx):
@@ -222,6 +251,46 @@ def test_grouped_requests_equal_one_translator_call_each(demo_onnx):
         if isinstance(request, TextRequest):
             own = translator.translate(request.texts, request.options)
             assert [_untimed(t) for t in result] == [_untimed(t) for t in own]
+
+
+def _local_bls(repository: Path) -> SimpleNamespace:
+    """What the bls layout's Python model asks of Triton (pb_utils: Tensor, InferenceRequest.exec,
+    get_output_tensor_by_name), each native model answered by an ONNX Runtime session of the graph the repository
+    holds for it: the bls decoding loop runs without a server."""
+    sessions = {path.parents[1].name: ort.InferenceSession(str(path)) for path in repository.glob("*/1/*.onnx")}
+
+    def tensor(name: str, value: np.ndarray) -> SimpleNamespace:
+        return SimpleNamespace(name=name, is_cpu=lambda: True, as_numpy=lambda: value)
+
+    def request(model_name: str, requested_output_names: list[str], inputs: list) -> SimpleNamespace:
+        def run() -> SimpleNamespace:
+            names = list(requested_output_names)
+            values = sessions[model_name].run(names, {t.name: t.as_numpy() for t in inputs})
+            return SimpleNamespace(has_error=lambda: False, values=dict(zip(names, values, strict=True)))
+        return SimpleNamespace(exec=run)
+    return SimpleNamespace(Tensor=tensor, InferenceRequest=request,
+                           get_output_tensor_by_name=lambda response, name: tensor(name, response.values[name]))
+
+
+@pytest.mark.parametrize("layout", ["translator", "bls"])
+def test_both_layouts_decode_by_the_directorys_token_rules(demo_onnx, tmp_path, layout):
+    """A directory's token_rules (a pretrained model's ids and generation defaults; here a default length of 2
+    tokens) reach the served Translator in either layout as Translator.load reads them: both layouts dropped them
+    and decoded with the seed's rules. The server-side model is loaded as Triton loads it, from its config."""
+    model = tmp_path / "model"
+    shutil.copytree(demo_onnx, model)
+    manifest = json.loads((model / "manifest.json").read_text())
+    manifest["token_rules"] = {**SEED_RULES.to_dict(), "max_new_tokens": 2}
+    (model / "manifest.json").write_text(json.dumps(manifest))
+    assert triton("--model", model, "--output", tmp_path / "repo", "--layout", layout).exit_code == 0
+    config = read_config(tmp_path / "repo/translator/config.pbtxt")
+    parameters = {k: v.string_value for k, v in config.parameters.items()}
+    served = load_translator(tmp_path / "repo/translator/1" / parameters["model_directory"], parameters,
+                             config.max_batch_size, _local_bls(tmp_path / "repo"), None)
+    texts = ["seven hundred and seventy-one", "forty-two", "eighty thousand and one"]
+    want = [t.ids for t in Translator.load(model).translate(texts)]
+    assert [t.ids for t in served.translate(texts)] == want and {len(ids) for ids in want} == {2}
+    assert want != [t.ids for t in Translator.load(demo_onnx).translate(texts)]
 
 
 def _untimed(translation) -> tuple:

@@ -83,18 +83,23 @@ def test_heldout_beam4_over_grpc_equals_tfm_run(translator_server, oracle):
 
 
 def test_n_best_and_scores(translator_server, demo_onnx):
-    """N_BEST lists beam hypotheses best first with their scores, as `tfm-run translate --n-best` does."""
+    """N_BEST lists beam hypotheses best first with the scores that rank them, as `tfm-run translate --n-best`
+    does, exactly n_best per sentence: where the beams finished fewer (the held-out numbers have such inputs),
+    the rest are "" with score -inf, and N_BEST_COUNT says how many are real."""
     client = http.InferenceServerClient(translator_server.http_url)
-    result = client.infer("translator", [text_input(http, [b"forty-two", b"eighty"])],
+    texts = LINES[:32]  # the repository's --max-batch
+    result = client.infer("translator", [text_input(http, [t.encode() for t in texts])],
                           parameters={"beam_size": 4, "n_best": 3, "length_penalty": 0.6})
     local = CliRunner().invoke(run_main, ["translate", "--model", str(demo_onnx), "--beam-size", "4", "--n-best",
-                                          "3", "--length-penalty", "0.6", "--format", "jsonl", "forty-two", "eighty"])
+                                          "3", "--length-penalty", "0.6", "--format", "jsonl", *texts])
     expected = [json.loads(line) for line in local.output.splitlines()]
-    assert result.as_numpy("N_BEST").shape == (2, 3)
+    assert result.as_numpy("N_BEST").shape == result.as_numpy("N_BEST_SCORES").shape == (32, 3)
+    assert sum(want["n_best_count"] < 3 for want in expected) >= 3
     for row, want in enumerate(expected):
         assert [t.decode() for t in result.as_numpy("N_BEST")[row]] == [h["translation"] for h in want["n_best"]]
-        assert result.as_numpy("N_BEST_SCORES")[row].tolist() == pytest.approx([h["score"] for h in want["n_best"]],
-                                                                             abs=1e-5)
+        scores = [-np.inf if h["score"] is None else h["score"] for h in want["n_best"]]
+        assert result.as_numpy("N_BEST_SCORES")[row].tolist() == pytest.approx(scores, abs=1e-5)
+        assert result.as_numpy("N_BEST_COUNT")[row, 0] == want["n_best_count"]
         assert result.as_numpy("TRANSLATION")[row, 0].decode() == want["translation"]
         assert result.as_numpy("SCORE")[row, 0] == pytest.approx(want["score"], abs=1e-5)
 
@@ -108,7 +113,9 @@ BAD_REQUESTS = {  # request -> what its error must say
     "n_best > beam": ([b"forty-two"], {"beam_size": 2, "n_best": 3}, "n_best 3 is outside 1..2"),
     "max_length 0": ([b"forty-two"], {"max_length": 0}, "max_length 0 is outside 1..200"),
     "unknown parameter": ([b"forty-two"], {"beam": 4}, "unknown request parameter(s) beam"),
-    "string beam": ([b"forty-two"], {"beam_size": "4"}, "beam_size must be a number"),
+    "string beam": ([b"forty-two"], {"beam_size": "4"}, "beam_size must be a whole number"),
+    "penalty out of range": ([b"forty-two"], {"length_penalty": -11.5}, "length_penalty -11.5 is outside -10..10"),
+    "language on a model without": ([b"forty-two"], {"target_lang": "fr"}, "this model takes no language codes"),
 }
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from tokenizers import Tokenizer
 
 from tfm_export.core.errors import VocabularyError
 from tfm_export.core.tokenizer import SPECIAL_TOKENS, load_tokenizer, train_word_tokenizer
@@ -18,6 +19,20 @@ def demo_tok():
 
 def test_special_tokens_have_seed_ids(demo_tok):
     assert [demo_tok.tokenizer.token_to_id(t) for t in SPECIAL_TOKENS] == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize("text", ["forty-two", "quatre-vingt-dix", "  Forty-Two ", "unknown words", ""])
+def test_seed_sources_are_framed_by_bos_2_and_eos_3(demo_tok, tmp_path, text):
+    """<s> = 2 and </s> = 3 (the seed's vocabularies) around the text's ids: as framed by this class, by a saved and
+    reloaded tokenizer, by a plain vocabulary's, and by the `tokenizers` library reading the saved JSON alone
+    (what other languages' bindings do)."""
+    demo_tok.save(tmp_path / "tokenizer.json")
+    (tmp_path / "vocab.txt").write_text("\n".join(["<unk>", "<blank>", "<s>", "</s>", "forty-two"]))
+    for tok in (demo_tok, load_tokenizer(tmp_path / "tokenizer.json"), load_tokenizer(tmp_path / "vocab.txt")):
+        plain = tok.encode(text)
+        assert plain or not text.strip()
+        assert tok.encode(text, framed=True) == [2, *plain, 3], tok.origin
+    assert Tokenizer.from_file(str(tmp_path / "tokenizer.json")).encode(text).ids == [2, *demo_tok.encode(text), 3]
 
 
 @pytest.mark.parametrize("n", [0, 21, 71, 80, 200, 1001, 1100, 80000, 371080, 999999])

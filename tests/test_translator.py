@@ -223,11 +223,44 @@ def test_n_best_lists_distinct_hypotheses_best_first(demo_onnx, torch_translator
     scores = [alt["score"] for alt in row["n_best"]]
     assert row["n_best"][0]["translation"] == row["translation"] == "soixante et onze"
     assert len(row["n_best"]) == 3 and len({alt["translation"] for alt in row["n_best"]}) == 3
-    assert scores[0] == row["score"] and all(s < 0 for s in scores)
+    assert row["n_best"][0]["log_prob"] == row["score"] and scores == sorted(scores, reverse=True)
+    assert all(s < 0 for s in scores) and row["n_best_count"] == 3
     [same] = torch_translator.translate(["seventy-one"], DecodeOptions(beam_size=4, n_best=3))
-    assert [text for text, _ in same.n_best] == [alt["translation"] for alt in row["n_best"]]
+    assert [a.text for a in same.n_best] == [alt["translation"] for alt in row["n_best"]]
     bad = CliRunner().invoke(run_main, ["translate", "--model", str(demo_onnx), "--n-best", "2", "x"])
     assert bad.exit_code == 1 and "--n-best 2 needs --beam-size >= 2" in bad.output
+
+
+def test_n_best_is_filled_up_where_the_beams_finish_fewer(demo_onnx):
+    """Beam 4, n_best 3 on held-out numbers: where the reference beam search (PyTorch) finishes fewer than 3
+    hypotheses, tfm-run still lists exactly 3, the real ones as the reference ranks and scores them, then empty
+    entries with score null (jsonl) or -inf (text), and says how many are real."""
+    import torch
+
+    from tfm_export.model import reference_decoding
+    from tfm_export.model.checkpoint import load_checkpoint
+    texts = [en for en, _ in demo_numbers.held_out_pairs()[:40]]
+    ckpt = load_checkpoint(DEMO_CKPT)
+    options = ["--model", str(demo_onnx), "--beam-size", "4", "--n-best", "3", "--length-penalty", "0.6"]
+    rows = [json.loads(line) for line in CliRunner().invoke(run_main, ["translate", *options, "--format", "jsonl",
+                                                                        *texts]).output.splitlines()]
+    lines = CliRunner().invoke(run_main, ["translate", *options, *texts]).output.splitlines()
+    assert len(rows) == len(texts) and len(lines) == 3 * len(texts)
+    short = 0
+    for number, (text, row) in enumerate(zip(texts, rows, strict=True)):
+        src = torch.tensor([ckpt.vocab.source.encode(text, framed=True)])
+        want = reference_decoding.beam_search(ckpt.model, src, 4, ckpt.config.n_position, 0.6, n_best=3)[0]
+        short += len(want) < 3
+        assert row["n_best_count"] == len(want) and len(row["n_best"]) == 3
+        for alt, hyp in zip(row["n_best"], want, strict=False):
+            assert alt["translation"] == ckpt.vocab.target.decode(hyp.tokens)
+            assert (alt["score"], alt["log_prob"]) == pytest.approx((hyp.normalized_score, hyp.score), abs=1e-4)
+        assert row["n_best"][len(want):] == [{"translation": "", "score": None, "log_prob": None}] * (3 - len(want))
+        shown = [line.split("\t") for line in lines[3 * number:3 * number + 3]]
+        assert [(float(score), text) for score, text in shown] == [
+            (pytest.approx(a["score"], abs=1e-6) if a["score"] is not None else -np.inf, a["translation"])
+            for a in row["n_best"]]
+    assert short >= 3  # inputs where the beams really finished fewer than n_best
 
 
 @pytest.mark.parametrize("vocab_size", [12, 97])

@@ -1,7 +1,8 @@
 """Every variant through the pipeline: ONNX graphs under the same contract, parity with PyTorch's
 full-sequence forward over 30 cached steps, greedy and beam 4 token-identical to the reference decoders,
-TensorRT 8.6/10.3/11 compatibility, and fp16 / int8 static / int8 dynamic graphs that keep their float
-parts float and quantize every matrix (a gated FFN's three included)."""
+TensorRT 8.6/10.3/11 compatibility (and the combinations built by a real TensorRT builder), and fp16 / int8
+static / int8 dynamic graphs that keep their float parts float and quantize every matrix (a gated FFN's three
+included)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import numpy as np
 import onnx
 import pytest
 import torch
+from builder_support import assert_every_graph_builds, needs_builder
 from test_onnx_export import assert_stepwise_parity
 from variant_cases import CASES, COMBINATIONS, case_config, save_varied_checkpoint
 
@@ -183,6 +185,16 @@ def test_int8_graphs_run_end_to_end(exported, quantized):
         backend = OrtBackend.open(quantized[name])
         assert all(np.isfinite(d.max_abs) for d in compare_stepwise(ckpt.model, backend, src, trg, steps=4)), name
         assert len(decoding.greedy(backend, src, 12)) == len(decoding.beam_search(backend, src, 2, 12)) == 3
+
+
+@needs_builder
+@pytest.mark.parametrize("exported", list(COMBINATIONS), indirect=True)
+def test_combinations_build_in_a_real_tensorrt_builder(exported, quantized):
+    """The four combinations (the modern and t5 presets among them): each TensorRT-ready graph of the fp32, fp16
+    and int8 static directories parsed and built (by TensorRT-RTX on machines without a GPU)."""
+    _, _, fp32 = exported
+    for directory in (fp32, quantized["fp16"], quantized["int8-static"]):
+        assert_every_graph_builds(directory)
 
 
 @pytest.mark.slow

@@ -16,7 +16,7 @@ import onnx
 import pytest
 import torch
 from click.testing import CliRunner
-from conftest import DEMO_CKPT, tiny_config
+from conftest import DEMO_CKPT, REPO, tiny_config
 from onnx import numpy_helper
 from seed_oracle import save_seed_checkpoint, seed_settings, seed_state_dict, seed_vocab
 
@@ -90,13 +90,13 @@ def test_a_beam_output_is_a_near_tie_only_when_the_reference_scores_it_as_high(t
 
 
 def _perturbed(directory: Path, target: Path) -> Path:
-    """The directory with the decoder step's largest weight scaled, and the manifest's hash updated: a graph
-    that loads and passes every integrity check but computes something else."""
+    """The directory with the rows of the decoder step's largest weight in reverse order, and the manifest's hash
+    updated: a graph that loads and passes every integrity check but computes something else."""
     shutil.copytree(directory, target)
     graph = target / "decoder_step.onnx"
     model = onnx.load(graph)
     weight = max(model.graph.initializer, key=lambda t: np.prod(t.dims))
-    weight.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(weight) * 1.5, weight.name))
+    weight.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(weight)[::-1].copy(), weight.name))
     onnx.save(model, graph)
     manifest = json.loads((target / "manifest.json").read_text())
     manifest["graphs"]["decoder_step"]["sha256"] = file_sha256(graph)
@@ -128,15 +128,18 @@ def test_verify_passes_a_random_base_size_t5_like_model(tmp_path):
 
 
 def test_int8_verify_names_the_sentences_that_differ(variants, tmp_path):
-    lines = ["three hundred and ninety thousand and seventeen", "forty-two", "seven hundred and one"]
-    (tmp_path / "in.txt").write_text("\n".join(lines) + "\n")
-    int8, fp32 = (Translator.load(variants[name]) for name in ("int8-dynamic", "fp32"))
-    ours, theirs = ([t.text for t in side.translate(lines, DecodeOptions(beam_size=1))] for side in (int8, fp32))
+    """On the 1,000 held-out numbers, int8 and fp32 translate a few differently (each directory translated on its
+    own through Translator, 64 sentences a batch as verify decodes them); verify names exactly those."""
+    held_out = REPO / "models" / "demo" / "heldout.en.txt"
+    lines = held_out.read_text().splitlines()
+    options = DecodeOptions(beam_size=1, batch_size=64)
+    ours, theirs = ([t.text for t in Translator.load(variants[name]).translate(lines, options)]
+                    for name in ("int8-static", "fp32"))
     differing = [(s, o, t) for s, o, t in zip(lines, ours, theirs, strict=True) if o != t]
-    assert differing, "no line differs between int8 and fp32 any more: choose another"
-    result = CliRunner().invoke(export_main, ["verify", "--model", str(variants["int8-dynamic"]), "--input",
-                                              str(tmp_path / "in.txt"), "--beam-size", "1", "--min-agreement", "0"])
+    assert 0 < len(differing) <= 5, "choose an input where int8 differs from fp32 on 1..5 lines"
+    result = CliRunner().invoke(export_main, ["verify", "--model", str(variants["int8-static"]), "--input",
+                                              str(held_out), "--beam-size", "1"])
     assert result.exit_code == 0, result.output
     assert f"greedy: differs from fp32 on {len(differing)} sentence(s):" in result.output
-    for source, mine, reference in differing:
-        assert f"  {source!r} -> {mine!r} (fp32 {reference!r})" in result.output
+    named = [line for line in result.output.splitlines() if line.startswith("  '")]
+    assert named == [f"  {source!r} -> {mine!r} (fp32 {reference!r})" for source, mine, reference in differing]

@@ -1,8 +1,8 @@
 """The TensorRT engine directory: `encoder.plan`, `decoder_step.plan`, `manifest.json`, the tokenizer.
 
 Like a model directory it is self-describing (model config, special tokens, limits, tokenizer) and
-written atomically; it adds what a plan is bound to (TensorRT version, GPU architecture), the
-optimisation profiles, the precision and the sha256 of the graphs each plan was built from.
+written atomically; it adds what a plan is bound to (the target library and its version, the GPU
+architecture), the optimisation profiles, the precision and the sha256 of the graphs each plan was built from.
 """
 
 from __future__ import annotations
@@ -17,10 +17,18 @@ from .manifest import (
     MANIFEST,
     DirectoryKind,
     ModelDirError,
+    is_file_hashes,
+    is_object,
+    is_positive,
+    is_text,
     manifest_format,
     read_declared,
 )
-from .model_dir import check_model_fields, verified_file
+from .model_dir import check_model_fields, token_rules, verified_file
+
+# Which library builds and runs the plans. A plan loads only in the library (and version) that built it.
+TENSORRT, RTX = "tensorrt", "rtx"
+TARGET_NAMES = {TENSORRT: "TensorRT", RTX: "TensorRT-RTX"}
 
 
 def plan_name(graph: Graph) -> str:
@@ -35,13 +43,15 @@ def is_engine_dir(directory: Path) -> bool:
 REBUILD = "build the engines again with `tfm-export trt`"
 ENGINE_DIR = DirectoryKind("engine directory", ENGINE_FORMAT, ENGINE_FORMAT_VERSION, REBUILD,
                            required=("model", "tokenizer.source", "tokenizer.target", "limits.max_batch",
-                                     "limits.max_source_length", "limits.max_target_length", "precision", "tensorrt",
-                                     "engines", "files", "source"),
-                           checks={"model": lambda v: isinstance(v, dict), "engines": lambda v: isinstance(v, dict),
-                                   "tensorrt": lambda v: isinstance(v, dict), "files": lambda v: isinstance(v, dict),
-                                   "limits.max_batch": lambda v: isinstance(v, int) and v > 0,
-                                   "limits.max_source_length": lambda v: isinstance(v, int),
-                                   "limits.max_target_length": lambda v: isinstance(v, int)})
+                                     "limits.max_source_length", "limits.max_target_length", "precision",
+                                     "tensorrt.target", "tensorrt.tensorrt", "engines", "files", "source",
+                                     "special_tokens"),
+                           checks={"model": is_object, "engines": is_object,
+                                   "tensorrt.target": lambda v: isinstance(v, str) and v in TARGET_NAMES,
+                                   "tensorrt.tensorrt": lambda v: is_text(v) and v.split(".")[0].isdigit(),
+                                   "files": is_file_hashes, "limits.max_batch": is_positive,
+                                   "limits.max_source_length": is_positive, "limits.max_target_length": is_positive,
+                                   "int8": is_object})  # optional, checked where present
 
 
 def read_engine_manifest(directory: Path) -> dict[str, Any]:
@@ -50,7 +60,13 @@ def read_engine_manifest(directory: Path) -> dict[str, Any]:
                 "onnxruntime; build engines from it with `tfm-export trt`)")
     manifest = read_declared(directory, ENGINE_DIR, wrong_format)
     check_model_fields(manifest, directory / MANIFEST, REBUILD)
+    token_rules(manifest, directory / MANIFEST, REBUILD)
     return manifest
+
+
+def engine_target(manifest: dict[str, Any]) -> str:
+    """TENSORRT or RTX: the library an engine directory's plans were built by (read_engine_manifest checked it)."""
+    return manifest["tensorrt"]["target"]
 
 
 def plan_path(directory: Path, manifest: dict[str, Any], graph: Graph) -> Path:

@@ -31,12 +31,35 @@ class DirectoryKind:
     version: int
     remake: str  # what to do about a damaged one
     required: tuple[str, ...]  # dotted keys
-    checks: dict[str, Callable[[Any], bool]] = field(default_factory=dict)  # dotted key -> valid value?
+    # dotted key -> valid value? (a required key always, an optional one where present)
+    checks: dict[str, Callable[[Any], bool]] = field(default_factory=dict)
+
+
+def is_positive(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def is_sha256(value: Any) -> bool:
+    return isinstance(value, str) and len(value) == 64
+
+
+def is_text(value: Any) -> bool:
+    return isinstance(value, str)
+
+
+def is_object(value: Any) -> bool:
+    return isinstance(value, dict)
+
+
+def is_file_hashes(value: Any) -> bool:
+    """A manifest's `files`: each file name with its sha256."""
+    return isinstance(value, dict) and all(is_text(k) and is_sha256(h) for k, h in value.items())
 
 
 # Version 2: `files` records the sha256 of every file besides graphs and plans (tokenizers, external weights).
 MODEL_FORMAT, MODEL_FORMAT_VERSION = "tfm-export-model", 2
-ENGINE_FORMAT, ENGINE_FORMAT_VERSION = "tfm-export-engines", 2
+# Engines version 3: `tensorrt.target` names the library that built the plans (TensorRT or TensorRT-RTX).
+ENGINE_FORMAT, ENGINE_FORMAT_VERSION = "tfm-export-engines", 3
 # A Triton model repository (tritonserver reads only its subdirectories; the manifest marks the repository ours).
 REPOSITORY_FORMAT, REPOSITORY_FORMAT_VERSION = "tfm-export-triton-repository", 1
 
@@ -101,7 +124,7 @@ def read_declared(directory: Path, kind: DirectoryKind, wrong_format: Callable[[
     missing = [key for key in kind.required if not _has(manifest, key)]
     if missing:
         raise ModelDirError(f"{path}: lacks {', '.join(missing)}; {kind.remake}")
-    wrong = [key for key, ok in kind.checks.items() if not ok(_get(manifest, key))]
+    wrong = [key for key, ok in kind.checks.items() if _has(manifest, key) and not ok(_get(manifest, key))]
     if wrong:
         raise ModelDirError(f"{path}: has an invalid {', '.join(wrong)}; {kind.remake}")
     return manifest

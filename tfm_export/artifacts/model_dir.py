@@ -30,6 +30,11 @@ from .manifest import (
     MODEL_FORMAT_VERSION,
     DirectoryKind,
     ModelDirError,
+    is_file_hashes,
+    is_object,
+    is_positive,
+    is_sha256,
+    is_text,
     read_declared,
 )
 
@@ -44,23 +49,22 @@ FLOAT_EMBEDDINGS = "float (--float-embeddings)"  # an int8 manifest's int8.embed
 PRECISIONS = ("fp32", "fp16", "int8")
 INT8_MODES = ("static", "dynamic")  # manifest int8.mode: calibrated Q/DQ graphs, or run-time activation ranges
 REMAKE = "export the model again with `tfm-export onnx`"
-_positive = lambda v: isinstance(v, int) and not isinstance(v, bool) and v > 0  # noqa: E731
-_sha = lambda v: isinstance(v, str) and len(v) == 64  # noqa: E731
-_text = lambda v: isinstance(v, str)  # noqa: E731
 MODEL_DIR = DirectoryKind(
     "model directory", MODEL_FORMAT, MODEL_FORMAT_VERSION, REMAKE,
     required=("model", "tokenizer.source", "tokenizer.target", "limits.max_source_length",
               "limits.max_target_length", "special_tokens", "precision", "opset", "graphs.encoder.file",
               "graphs.encoder.sha256", "graphs.decoder_step.file", "graphs.decoder_step.sha256", "files",
               "source_checkpoint.sha256", "optimizations"),
-    checks={"model": lambda v: isinstance(v, dict), "precision": lambda v: v in PRECISIONS,
-            "opset": _positive, "optimizations": lambda v: isinstance(v, list) and all(map(_text, v)),
-            "tokenizer.source": _text, "tokenizer.target": _text,
-            "graphs.encoder.file": _text, "graphs.decoder_step.file": _text,
-            "graphs.encoder.sha256": _sha, "graphs.decoder_step.sha256": _sha,
-            "files": lambda v: isinstance(v, dict) and all(isinstance(k, str) and _sha(h) for k, h in v.items()),
-            "limits.max_source_length": _positive, "limits.max_target_length": _positive,
-            "special_tokens": lambda v: isinstance(v, dict) and all(map(is_token_id, v.values()))})
+    checks={"model": is_object, "precision": lambda v: v in PRECISIONS,
+            "opset": is_positive, "optimizations": lambda v: isinstance(v, list) and all(map(is_text, v)),
+            "tokenizer.source": is_text, "tokenizer.target": is_text,
+            "graphs.encoder.file": is_text, "graphs.decoder_step.file": is_text,
+            "graphs.encoder.sha256": is_sha256, "graphs.decoder_step.sha256": is_sha256, "files": is_file_hashes,
+            "limits.max_source_length": is_positive, "limits.max_target_length": is_positive,
+            "special_tokens": lambda v: isinstance(v, dict) and all(map(is_token_id, v.values())),
+            "source_checkpoint.sha256": is_sha256,
+            # optional, checked where present (verify checks `parent` itself, saying what it must hold)
+            "source_checkpoint.file": is_text, "int8": is_object, "optimizations_not_applied": is_object})
 
 
 def read_manifest(directory: Path) -> dict[str, Any]:
@@ -77,8 +81,8 @@ def read_manifest(directory: Path) -> dict[str, Any]:
     graphs = manifest["graphs"]
     known = {g.value for g in (*Graph, *variant_specs(config))}  # the optional graphs this architecture has
     for name, entry in graphs.items():  # the optional graphs (decoder_step_buffered) are held to the same form
-        if name not in known or not isinstance(entry, dict) or not _text(entry.get("file")) \
-                or not _sha(entry.get("sha256")):
+        if name not in known or not isinstance(entry, dict) or not is_text(entry.get("file")) \
+                or not is_sha256(entry.get("sha256")):
             raise ModelDirError(f"{directory / MANIFEST}: has an invalid graphs.{name}; {REMAKE}")
     files = [entry["file"] for entry in graphs.values()]
     twice = next((f for f in files if files.count(f) > 1), None)
@@ -130,7 +134,9 @@ def verified_file(directory: Path, name: object, expected: object, what: str, re
     """A file the manifest names: inside the directory, and with the sha256 the manifest records for it (a
     swapped or damaged file is refused on every read)."""
     path = contained_file(directory, name, ModelDirError, what, remake)
-    if not isinstance(expected, str) or file_sha256(path) != expected:
+    if not is_sha256(expected):  # a file the manifest does not hash is read by nobody
+        raise ModelDirError(f"{path}: {MANIFEST} records no sha256 for it (file added or manifest edited); {remake}")
+    if file_sha256(path) != expected:
         raise ModelDirError(f"{path}: sha256 differs from {MANIFEST} (file changed or damaged); {remake}")
     return path
 
@@ -190,7 +196,7 @@ def shared_dtype(manifest: dict[str, Any], table: tuple[int, int]) -> str | None
 
 
 def _shared_entry(entry: object, table: dict[str, Any]) -> bool:
-    return (isinstance(entry, dict) and _text(entry.get("name")) and entry.get("dtype") == table["dtype"]
+    return (isinstance(entry, dict) and is_text(entry.get("name")) and entry.get("dtype") == table["dtype"]
             and entry.get("shape") == table["shape"] and isinstance(entry.get("offset"), int)
             and not isinstance(entry["offset"], bool) and entry["offset"] >= 0)
 

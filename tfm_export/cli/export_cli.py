@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from .. import __version__
+from ..artifacts.engine_dir import TARGET_NAMES, TENSORRT
 from ..artifacts.model_dir import INT8_MODES, PRECISIONS
 from ..core.config import TrainSettings
 from ..core.errors import TfmExportError
@@ -25,7 +26,15 @@ from ..graphs.parity import (
     STEPS,
 )
 from ..runtime.translator import MAX_BEAM, RUNTIME_BACKENDS
-from ..serving.contract import DEFAULT_MAX_BATCH, DEFAULT_NAME, DEVICES, LAYOUTS
+from ..serving.contract import (
+    DEFAULT_MAX_BATCH,
+    DEFAULT_NAME,
+    DEVICES,
+    LAYOUTS,
+    SERVE_HOST,
+    SERVE_PORTS,
+    SERVING_VENV,
+)
 from .common import ErrorReportingGroup, FiniteFloatRange, setup_logging, vocab_option
 from .generate_cli import generate
 from .variant_options import variant_from_flags, variant_options
@@ -239,31 +248,36 @@ def inspect_cmd(model_dir: Path) -> None:
 @click.option("--model", "model_dir", type=click.Path(path_type=Path), required=True,
               help="A model directory (fp32, fp16 or int8) from `tfm-export onnx` or `quantize`.")
 @click.option("--trt", "with_trt", is_flag=True,
-              help="Also build each graph in TensorRT (Polygraphy) and compare it with ONNX Runtime (needs a GPU).")
+              help="Also run each graph in TensorRT (Polygraphy) and compare it with ONNX Runtime (needs TensorRT "
+                   "and a GPU).")
 def check_cmd(model_dir: Path, with_trt: bool) -> None:
     """Will these graphs build in TensorRT? A static report for TensorRT 8.6 (JetPack 6.0), 10.3 (JetPack
-    6.1/6.2) and 11, then a Polygraphy run of every graph on generated inputs (past length 0 included). Exit 1
-    on any problem."""
+    6.1/6.2) and 11; a real build of every TensorRT-ready graph (TensorRT where it can build here, else
+    TensorRT-RTX, which needs no GPU); then a Polygraphy run of every graph on generated inputs (past length 0
+    included). Exit 1 on any problem."""
     require_extra("export", "tfm-export check")
     from ..artifacts.model_dir import read_manifest
+    from ..trt.build_check import check_builds
     from ..trt.compat import check_model_dir
     from ..trt.polygraphy_check import check_onnxruntime
     if with_trt:
         from ..runtime.tensorrt_platform import current_platform
         read_manifest(model_dir)  # a wrong directory first: TensorRT would not help with that
-        platform = current_platform()
-        click.echo(f"TensorRT {platform.tensorrt} on {platform.gpu} (compute capability {platform.compute_capability})")
+        click.echo(current_platform().describe())
     report = check_model_dir(model_dir)
     for line in report.lines():
+        click.echo(line)
+    builds = check_builds(model_dir)
+    for line in builds.lines():
         click.echo(line)
     runs = check_onnxruntime(model_dir, trt=with_trt)
     click.echo(f"Polygraphy runs on generated inputs ({len(runs)} checks):")
     for run in runs:
         click.echo(f"  {run.graph:21} {run.runner:26} {run.case:34} {run.problem or 'ok'}")
     failed = [r for r in runs if r.problem]
-    if report.errors() or failed:
-        raise click.ClickException(f"{model_dir}: {len(report.errors())} compatibility problem(s), {len(failed)} "
-                                   "failed run(s); see above")
+    if report.errors() or builds.failures() or failed:
+        raise click.ClickException(f"{model_dir}: {len(report.errors())} compatibility problem(s), "
+                                   f"{len(builds.failures())} failed build(s), {len(failed)} failed run(s); see above")
     click.echo("check OK")
 
 
@@ -293,17 +307,22 @@ def check_cmd(model_dir: Path, with_trt: bool) -> None:
               help="Builder workspace limit in MiB (default: TensorRT's, the whole GPU memory).")
 @click.option("--weak-typing", is_flag=True,
               help="TensorRT 10 only: build with builder precision flags instead of from the typed graphs.")
+@click.option("--target", type=click.Choice(list(TARGET_NAMES)), default=TENSORRT, show_default=True,
+              help="tensorrt: TensorRT, on this machine's GPU, for this GPU. rtx: TensorRT-RTX (pip install "
+                   "'tfm-export[rtx]'), built on any machine without a GPU; the engines run on GPUs of compute "
+                   "capability 8.0, 8.6, 8.9 and 12.0+ (not Hopper, not Jetson).")
 @click.option("--force", is_flag=True, help="Replace a non-empty output directory.")
 def trt_cmd(model_dir: Path, fp16: bool, int8: bool, output: Path, max_batch: int, max_source_length: int | None,
             max_target_length: int | None, opt_batch: int | None, opt_source_length: int | None,
             opt_past_length: int | None, timing_cache: Path | None, workspace_mib: int | None, weak_typing: bool,
-            force: bool) -> None:
-    """Build TensorRT engines (one optimisation profile per graph) from a model directory.
+            target: str, force: bool) -> None:
+    """Build TensorRT (or TensorRT-RTX) engines, one optimisation profile per graph, from a model directory.
 
     Precision comes from the graphs: fp32 by default, --fp16 (the fp16 graphs, made from an fp32 directory
     if needed) or --int8 (an int8 static directory). Run with `tfm-run translate --model OUTPUT`.
     """
     require_extra("export", "tfm-export trt")
+    from ..runtime.tensorrt_platform import Platform
     from ..trt.build import build_engines
     from ..trt.profiles import ShapeLimits
     if fp16 and int8:
@@ -313,17 +332,17 @@ def trt_cmd(model_dir: Path, fp16: bool, int8: bool, output: Path, max_batch: in
     limits = ShapeLimits(max_batch, max_source_length, max_target_length, opt_batch, opt_source_length,
                          opt_past_length)
     manifest = build_engines(model_dir, output, precision, limits, timing_cache, workspace_mib, weak_typing, force,
-                             progress=sys.stderr.isatty())
+                             progress=sys.stderr.isatty(), target=target)
     info = manifest["tensorrt"]
-    click.echo(f"wrote {output}: {manifest['precision']} engines ({info['precision_source']}), TensorRT "
-               f"{info['tensorrt']}, {info['gpu']} (compute capability {info['compute_capability']})")
+    click.echo(f"wrote {output}: {manifest['precision']} engines ({info['precision_source']}), "
+               f"{Platform.from_dict(info).describe()}")
 
 
 @main.command("triton")
 @click.option("--model", "model_dir", type=click.Path(path_type=Path), required=True,
               help="A model directory (tfm-export onnx/quantize) or an engine directory (tfm-export trt).")
 @click.option("--output", type=click.Path(path_type=Path, file_okay=False), required=True,
-              help="Model repository to create (serve it with tritonserver --model-repository OUTPUT).")
+              help="Model repository to create (serve it here with tfm-export serve --repository OUTPUT).")
 @click.option("--name", default=DEFAULT_NAME, show_default=True,
               help="Model name clients call; the bls layout adds NAME_encoder and NAME_decoder_step.")
 @click.option("--layout", type=click.Choice(LAYOUTS), default=LAYOUTS[0], show_default=True,
@@ -349,7 +368,40 @@ def triton_cmd(model_dir: Path, output: Path, name: str, layout: str, max_batch:
     deployment = repository.deployment
     click.echo(f"wrote {output}: {layout} layout, models {', '.join(repository.models)} (max batch "
                f"{deployment.max_batch} rows, {deployment.instances} instance(s) on {deployment.device}); serve it "
-               f"with tritonserver --model-repository {output}")
+               f"on this machine with: tfm-export serve --repository {output}")
+
+
+@main.command("serve")
+@click.option("--repository", type=click.Path(path_type=Path, file_okay=False), required=True,
+              help="A model repository written by tfm-export triton.")
+@click.option("--host", default=SERVE_HOST, show_default=True, help="Address to listen on (0.0.0.0: all).")
+@click.option("--http-port", type=click.IntRange(0, 65535), default=SERVE_PORTS[0], show_default=True,
+              help="0: any free port.")
+@click.option("--grpc-port", type=click.IntRange(0, 65535), default=SERVE_PORTS[1], show_default=True,
+              help="0: any free port.")
+@click.option("--metrics-port", type=click.IntRange(0, 65535), default=SERVE_PORTS[2], show_default=True,
+              help="0: any free port.")
+@click.option("--serving-python", type=click.Path(path_type=Path, dir_okay=False), default=None,
+              envvar="TFM_SERVING_PYTHON", help="The Python of an environment with nvidia-pytriton and tfm-export, "
+              "whose tritonserver runs the repository. Default: this Python if it has nvidia-pytriton, else "
+              f"{SERVING_VENV}/bin/python beside this environment (make serving-env). Env: TFM_SERVING_PYTHON.")
+def serve_cmd(repository: Path, host: str, http_port: int, grpc_port: int, metrics_port: int,
+              serving_python: Path | None) -> None:
+    """Serve a model repository on this machine until Ctrl-C, with the tritonserver that nvidia-pytriton bundles
+    (CPU, Python backend; no Docker)."""
+    require_extra("serving", "tfm-export serve")
+    from ..serving.local_server import serving
+    try:
+        with serving(repository, serving_python, host, (http_port, grpc_port, metrics_port)) as (server, models):
+            click.echo(f"serving {repository} (models {', '.join(models)}) with {server.env.python}'s tritonserver\n"
+                       f"  HTTP     http://{server.http_url}/v2/models/{models[0]}/infer\n"
+                       f"  gRPC     {server.grpc_url}\n"
+                       f"  metrics  http://{server.metrics_url}/metrics\n"
+                       f"  log      {server.log_path}\n"
+                       "Ctrl-C stops it.")
+            server.wait()
+    except KeyboardInterrupt:
+        click.echo("stopped")
 
 
 main.add_command(generate)

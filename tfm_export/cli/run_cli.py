@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -53,13 +54,23 @@ def read_chunks(input_file: Path | None, texts: tuple[str, ...], batch_size: int
 
 
 def format_line(source: str, result: Translation, fmt: str) -> str:
+    """One input's output: its translation (text), or a JSON object (jsonl). With --n-best above 1, text gives
+    n_best lines of SCORE<TAB>TRANSLATION and jsonl an n_best list, best first, each scored by what ranks them;
+    entries the beams did not finish are empty with score -inf (text) or null (jsonl: JSON has no infinity)."""
+    alternatives = result.n_best if len(result.n_best) > 1 else ()
     if fmt == "text":
-        return result.text
+        return "\n".join(f"{a.score:.6f}\t{a.text}" for a in alternatives) if alternatives else result.text
     row = {"source": source, "translation": result.text, "tokens": list(result.tokens), "ids": list(result.ids),
            "score": round(result.score, 6), "time_ms": round(result.time_ms, 3), "truncated": result.truncated}
-    if result.n_best:
-        row["n_best"] = [{"translation": text, "score": round(score, 6)} for text, score in result.n_best]
-    return json.dumps(row, ensure_ascii=False)
+    if alternatives:
+        row["n_best"] = [{"translation": a.text, "score": _json_score(a.score), "log_prob": _json_score(a.log_prob)}
+                         for a in alternatives]
+        row["n_best_count"] = result.n_best_count
+    return json.dumps(row, ensure_ascii=False, allow_nan=False)
+
+
+def _json_score(score: float) -> float | None:
+    return round(score, 6) if math.isfinite(score) else None
 
 
 @contextlib.contextmanager
@@ -106,7 +117,10 @@ def output_stream(output: Path | None) -> Iterator[Callable[[list[str]], None]]:
 @click.option("--max-length", type=click.IntRange(min=1), default=None,
               help="Most tokens to generate (default: the model's positions).")
 @click.option("--n-best", type=click.IntRange(min=1), default=1, show_default=True,
-              help="With --format jsonl, list this many best hypotheses per line (needs --beam-size >= it).")
+              help="Show this many best hypotheses per input, best first, scored by what ranks them (log-prob / "
+                   "length ** length-penalty; needs --beam-size >= it): text gives that many lines "
+                   "SCORE<TAB>TRANSLATION per input, jsonl an n_best list and n_best_count. Where the beams "
+                   "finished fewer, the rest are empty, with score -inf (text) or null (jsonl).")
 @click.option("--batch-size", type=click.IntRange(min=1), default=32, show_default=True,
               help="Sentences decoded together (grouped by length; output order is kept).")
 @click.option("--source-lang", default=None,

@@ -7,6 +7,7 @@ follow Hugging Face Optimum.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import Enum
 
@@ -185,3 +186,11 @@ def variant_specs(cfg: ModelConfig) -> dict[GraphVariant, GraphSpec]:
     if cfg.d_k == cfg.d_v and cfg.d_k % FUSED_HEAD_MULTIPLE == 0:
         specs[GraphVariant.DECODER_STEP_FUSED] = fused_step_spec(cfg)
     return specs
+
+
+def tensorrt_specs(cfg: ModelConfig, listed: Iterable[str]) -> dict[Graph | GraphVariant, GraphSpec]:
+    """The specs of the graphs among `listed` (a directory's graph names) that TensorRT takes: standard ONNX
+    operators only. Every TensorRT check and build iterates over these, so a new graph is checked once it is listed."""
+    listed = set(listed)
+    return {graph: spec for graph, spec in {**graph_specs(cfg), **variant_specs(cfg)}.items()
+            if graph.value in listed and graph.standard_ops}

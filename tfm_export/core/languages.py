@@ -12,27 +12,29 @@ from .token_rules import TokenRules
 from .tokenizer import Vocabulary
 
 SHOWN_CODES = 8  # codes an error lists before "..."
+CLI_NAMES = ("--source-lang", "--target-lang")  # how errors name the two choices (a server names its parameters)
 
 
-def choose_languages(vocab: Vocabulary, rules: TokenRules, source: str | None = None,
-                     target: str | None = None) -> tuple[Vocabulary, TokenRules]:
+def choose_languages(vocab: Vocabulary, rules: TokenRules, source: str | None = None, target: str | None = None,
+                     names: tuple[str, str] = CLI_NAMES) -> tuple[Vocabulary, TokenRules]:
     """The tokenizers and rules that translate from `source` into `target` (None: as the model directory says).
     A model whose target language is its first generated token and which names none needs `target`."""
+    source_name, target_name = names
     if source is None and target is None:
         if rules.language_rule == "forced_bos" and rules.forced_bos is None:
             raise InputTextError(f"this model translates into {len(rules.languages)} languages and its generation "
-                                 f"config names none; pass --target-lang ({_sample(rules)})")
+                                 f"config names none; pass {target_name} ({_sample(rules)})")
         return vocab, rules
     if not rules.languages:
-        raise InputTextError("--source-lang/--target-lang: this model takes no language codes; drop them")
-    for flag, code in (("--source-lang", source), ("--target-lang", target)):
+        raise InputTextError(f"{source_name}/{target_name}: this model takes no language codes; drop them")
+    for name, code in ((source_name, source), (target_name, target)):
         if code is not None and code not in rules.languages:
-            raise InputTextError(f"{flag} {code!r} is not one of the model's {len(rules.languages)} language "
+            raise InputTextError(f"{name} {code!r} is not one of the model's {len(rules.languages)} language "
                                  f"codes ({_sample(rules)})")
     tokenizer = vocab.source
     if source is not None:
         if not tokenizer.framing_codes(rules.languages):
-            raise InputTextError("--source-lang: this model's sources carry no language code (it reads any "
+            raise InputTextError(f"{source_name}: this model's sources carry no language code (it reads any "
                                  "language it knows); drop it")
         tokenizer = tokenizer.with_code(source, rules.languages)
     if target is not None:

@@ -96,7 +96,8 @@ def check_request(manifest: dict[str, Any], directory: Path, precision: str, mod
         raise TfmExportError(f"--calibration-max-length {calibration.max_length} is beyond the model's {positions} "
                              "target positions; give at most that")
     if manifest["precision"] != "fp32":
-        parent = manifest.get("parent", {}).get("path", "its fp32 parent")
+        recorded = manifest.get("parent")
+        parent = recorded.get("path", "its fp32 parent") if isinstance(recorded, dict) else "its fp32 parent"
         raise TfmExportError(f"{directory}: is already {manifest['precision']}; quantize the fp32 model directory "
                              f"({parent}) instead")
     if precision == "int8" and mode not in INT8_MODES:

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from ..artifacts.model_dir import read_manifest, verified_file
+from ..artifacts.model_dir import read_manifest, verified_file, verified_graphs
 from ..core.config import ModelConfig
 from ..core.errors import InputTextError, TfmExportError
 from ..core.generate_spec import GENERATE_FILE, MIN_ONNXRUNTIME, OP_MAX_LENGTH, op_lengths
@@ -45,6 +45,7 @@ class GenerateBackend:
             raise TfmExportError(f"{directory}: has no {GENERATE_FILE}; make one with `tfm-export generate --model "
                                  f"{directory} --output DIR` and run that directory")
         path = verified_file(Path(directory), entry.get("file"), entry.get("sha256"), f"graph file of {GENERATE}")
+        verified_graphs(Path(directory), manifest)  # not run here, but a damaged directory is refused whole
         if tuple(int(p) for p in ort.__version__.split(".")[:2]) < MIN_ONNXRUNTIME:
             raise TfmExportError(f"{path}: needs ONNX Runtime {'.'.join(map(str, MIN_ONNXRUNTIME))} or later (this is "
                                  f"{ort.__version__}, whose BeamSearch takes an older subgraph format); upgrade "

@@ -1,5 +1,7 @@
 """The TensorRT backend: the engines of `tfm-export trt` behind the same encode/step/reorder interface.
 
+TensorRT and TensorRT-RTX engines run alike (the same runtime API); the engine manifest names the library.
+
 Every tensor is a torch CUDA tensor whose address goes to `set_tensor_address`, and the engines run
 with `execute_async_v3` on the backend's own CUDA stream (current while it works), so TensorRT and the
 cache gathers stay ordered without host synchronisation; only the logits come back to the host. The decoder
@@ -18,13 +20,13 @@ from typing import Any
 
 import numpy as np
 
-from ..artifacts.engine_dir import plan_path, read_engine_manifest
+from ..artifacts.engine_dir import RTX, engine_target, plan_path, read_engine_manifest
 from ..core.config import ModelConfig
 from ..core.errors import InputTextError, TfmExportError
 from ..core.graph_spec import Graph, cache_head_sizes, cache_names
 from ..core.sources import check_source_length, check_target_length
 from .cache import CacheState
-from .tensorrt_platform import current_platform, engine_mismatch, import_tensorrt
+from .tensorrt_platform import check_gpu_supported, current_platform, engine_mismatch, import_tensorrt
 
 ENGINE_SOURCE_LIMIT = "the engines' profile (--max-source-length)"
 ENGINE_TARGET_LIMIT = "the engines' profile: rebuild with a larger --max-target-length"
@@ -56,14 +58,19 @@ class TrtBackend:
     """decoding.StepBackend on an engine directory."""
 
     def __init__(self, directory: Path) -> None:
-        import torch
         manifest = read_engine_manifest(directory)
-        problem = engine_mismatch(manifest["tensorrt"], current_platform())
+        plans = {g: plan_path(directory, manifest, g) for g in Graph}  # a damaged directory is refused anywhere
+        target = engine_target(manifest)
+        here = current_platform(target)
+        check_gpu_supported(here)
+        problem = engine_mismatch(manifest["tensorrt"], here)
         if problem:
-            raise TfmExportError(f"{directory}: engines {problem}; rebuild them here with `tfm-export trt`")
-        trt = import_tensorrt()
+            rebuild = " --target rtx" if target == RTX else ""
+            raise TfmExportError(f"{directory}: engines {problem}; rebuild them here with `tfm-export trt{rebuild}`")
+        import torch
+        trt = import_tensorrt(target)
         runtime = trt.Runtime(trt.Logger(trt.Logger.ERROR))
-        self.engines = {g: self._load(trt, runtime, plan_path(directory, manifest, g)) for g in Graph}
+        self.engines = {g: self._load(trt, runtime, path, here.library) for g, path in plans.items()}
         self.contexts = {g: e.create_execution_context() for g, e in self.engines.items()}
         dtypes = {g: {name: _torch_dtype(trt, torch, e.get_tensor_dtype(name)) for name in _names(e)}
                   for g, e in self.engines.items()}
@@ -83,11 +90,11 @@ class TrtBackend:
         self.step_calls = 0
 
     @staticmethod
-    def _load(trt, runtime, path: Path):
+    def _load(trt, runtime, path: Path, library: str):
         engine = runtime.deserialize_cuda_engine(path.read_bytes())
         if engine is None:
-            raise TfmExportError(f"{path}: TensorRT cannot load this engine (built by another TensorRT version or for "
-                                 "another GPU?); rebuild it here with `tfm-export trt`")
+            raise TfmExportError(f"{path}: {library} cannot load this engine (damaged, built by another version or "
+                                 "library, or for another GPU?); rebuild it here with `tfm-export trt`")
         return engine
 
     def _execute(self, graph: Graph, inputs: dict[str, Any], outputs: dict[str, Any]) -> None:

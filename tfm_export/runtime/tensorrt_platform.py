@@ -1,42 +1,99 @@
-"""Where TensorRT and a GPU are: the lazy import, the platform's facts, and whether engines fit here.
+"""Where TensorRT (or TensorRT-RTX) and a GPU are: the lazy import, the platform's facts, and whether engines fit here.
 
 TensorRT's native libraries come from NVIDIA's own package index, never with a plain install of this
 package, so every TensorRT command starts here and fails in one line when something is missing.
-Engines (plans) are tied to the TensorRT version that built them and to the GPU's compute
-capability; the engine manifest records both and `engine_mismatch` compares them before loading.
+TensorRT for RTX is TensorRT's builder API and ONNX parser in a library of its own, on PyPI: its builder
+needs no GPU (an ahead-of-time build), and its engines run only on compute capability 8.0, 8.6, 8.9 and
+12.0 or later (RTX and A100-class cards; not Hopper, not Jetson).
+Engines (plans) are tied to the library version that built them and to the GPU's compute capability
+(TensorRT) or the set a TensorRT-RTX build targets; the engine manifest records both and `engine_mismatch`
+compares them before loading.
 """
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass
 from types import ModuleType
+from typing import Any
 
+from ..artifacts.engine_dir import RTX, TARGET_NAMES, TENSORRT
 from ..core.errors import TfmExportError
 
 INSTALL_HINT = ("on a machine with an NVIDIA GPU, `pip install tfm-export[gpu]` with NVIDIA's package index "
                 "added (TensorRT's installation guide names it), or JetPack 6 on Jetson")
+RTX_INSTALL_HINT = "pip install 'tfm-export[rtx]' (TensorRT for RTX, from PyPI; builds without a GPU)"
 MIN_COMPUTE_CAPABILITY = (7, 5)  # TensorRT 10/11 build for Turing and newer (Jetson Orin is 8.7)
-SUPPORTED_MAJORS = (10, 11)
+# What a default TensorRT-RTX build runs on: these, and RTX_NEWER_FROM and later. Turing (7.5) needs a build of its
+# own; Hopper (9.0) and Blackwell data-centre cards (10.x) are refused.
+RTX_COMPUTE_CAPABILITIES = ((8, 0), (8, 6), (8, 9))
+RTX_NEWER_FROM = (12, 0)
+
+
+@dataclass(frozen=True)
+class Library:
+    """One builder/runtime library: its import name and the major versions whose API this package uses."""
+
+    target: str
+    module: str
+    majors: tuple[int, ...]
+    supported: str  # what to use instead, for the version gate's message
+    install_hint: str
+
+    @property
+    def name(self) -> str:
+        return TARGET_NAMES[self.target]
+
+
+LIBRARIES = {TENSORRT: Library(TENSORRT, "tensorrt", (10, 11), "use TensorRT 10.x (JetPack 6 ships 10.3) or 11.x",
+                               INSTALL_HINT),
+             RTX: Library(RTX, "tensorrt_rtx", (1,), "use TensorRT-RTX 1.x", RTX_INSTALL_HINT)}
 
 
 class TensorRTUnavailable(TfmExportError):
     """TensorRT, CUDA or a GPU is missing, or the engines were built for another platform."""
 
 
+def _cc_text(cc: tuple[int, int]) -> str:
+    return f"{cc[0]}.{cc[1]}"
+
+
+RTX_RUNS_ON = [*map(_cc_text, RTX_COMPUTE_CAPABILITIES), f"{_cc_text(RTX_NEWER_FROM)}+"]
+
+
 @dataclass(frozen=True)
 class Platform:
-    """What an engine is bound to: the exact TensorRT version and the GPU architecture."""
+    """What an engine is bound to: the library and its exact version, and the GPU it was built on (None for a
+    TensorRT-RTX build, which needs none) or, at run time, the GPU here."""
 
-    tensorrt: str  # e.g. "10.3.0.30"
-    gpu: str  # e.g. "NVIDIA H100 80GB HBM3"
-    compute_capability: str  # e.g. "9.0"
+    tensorrt: str  # the library's version, e.g. "10.3.0.30" or "1.7.1.116"
+    gpu: str | None  # e.g. "NVIDIA H100 80GB HBM3"
+    compute_capability: str | None  # e.g. "9.0"
+    target: str = TENSORRT
+
+    @classmethod
+    def from_dict(cls, recorded: dict[str, Any]) -> Platform:
+        """The platform an engine manifest's `tensorrt` section records."""
+        return cls(recorded["tensorrt"], recorded.get("gpu"), recorded.get("compute_capability"), recorded["target"])
 
     @property
     def tensorrt_major(self) -> int:
         return major_version(self.tensorrt)
 
-    def to_dict(self) -> dict[str, str]:
-        return {"tensorrt": self.tensorrt, "gpu": self.gpu, "compute_capability": self.compute_capability}
+    @property
+    def library(self) -> str:
+        return f"{TARGET_NAMES[self.target]} {self.tensorrt}"
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {"target": self.target, "tensorrt": self.tensorrt, "gpu": self.gpu,
+               "compute_capability": self.compute_capability}
+        return {**out, "runs_on_compute_capabilities": RTX_RUNS_ON} if self.target == RTX else out
+
+    def describe(self) -> str:
+        if self.gpu is None:
+            return (f"{self.library}, built without a GPU (its engines run on compute capability "
+                    f"{', '.join(RTX_RUNS_ON)})")
+        return f"{self.library} on {self.gpu} (compute capability {self.compute_capability})"
 
 
 def major_version(version: str) -> int:
@@ -46,62 +103,99 @@ def major_version(version: str) -> int:
         raise TensorRTUnavailable(f"cannot read TensorRT's version {version!r}") from None
 
 
-def import_tensorrt() -> ModuleType:
-    """The tensorrt module, or one line saying what to install. The PyPI `tensorrt` placeholder installs
+def import_tensorrt(target: str = TENSORRT) -> ModuleType:
+    """The library's module, or one line saying what to install. The PyPI `tensorrt` placeholder installs
     without the libraries, so a module without `Builder` counts as missing too."""
+    library = LIBRARIES[target]
     try:
-        import tensorrt as trt
+        trt = importlib.import_module(library.module)
     except (ImportError, OSError) as exc:
-        raise TensorRTUnavailable(f"TensorRT is not installed ({type(exc).__name__}: {exc}); {INSTALL_HINT}") from None
+        raise TensorRTUnavailable(f"{library.name} is not installed ({type(exc).__name__}: {exc}); "
+                                  f"{library.install_hint}") from None
     if not hasattr(trt, "Builder"):
-        raise TensorRTUnavailable(f"the tensorrt package here has no native libraries (a placeholder); {INSTALL_HINT}")
-    if major_version(trt.__version__) not in SUPPORTED_MAJORS:
-        raise TensorRTUnavailable(f"TensorRT {trt.__version__} is not supported; use TensorRT 10.x (JetPack 6 ships "
-                                  "10.3) or 11.x")
+        raise TensorRTUnavailable(f"the {library.module} package here has no native libraries (a placeholder); "
+                                  f"{library.install_hint}")
+    if major_version(trt.__version__) not in library.majors:
+        raise TensorRTUnavailable(f"{library.name} {trt.__version__} is not supported; {library.supported}")
     return trt
 
 
-def gpu_facts() -> tuple[str, str]:
-    """(name, compute capability) of GPU 0, read through PyTorch's CUDA runtime."""
-    import torch
+def gpu_facts(target: str = TENSORRT) -> tuple[str, str]:
+    """(name, compute capability) of GPU 0, read through PyTorch's CUDA runtime (the backend's device buffers are
+    PyTorch tensors too)."""
+    try:
+        import torch
+    except ImportError:
+        raise TensorRTUnavailable("the TensorRT backend needs PyTorch with CUDA for its device buffers; pip install "
+                                  "torch") from None
     if not torch.cuda.is_available():
-        raise TensorRTUnavailable("no CUDA GPU is visible (PyTorch: torch.cuda.is_available() is False); TensorRT "
-                                  f"engines are built and run on an NVIDIA GPU: {INSTALL_HINT}")
+        where = ("TensorRT engines are built and run on an NVIDIA GPU: " + INSTALL_HINT if target == TENSORRT else
+                 f"TensorRT-RTX engines run on an NVIDIA GPU of compute capability {', '.join(RTX_RUNS_ON)} (they "
+                 "build without one)")
+        raise TensorRTUnavailable(f"no CUDA GPU is visible (PyTorch: torch.cuda.is_available() is False); {where}")
     major, minor = torch.cuda.get_device_capability(0)
     return torch.cuda.get_device_name(0), f"{major}.{minor}"
 
 
-def current_platform() -> Platform:
-    trt = import_tensorrt()
-    return Platform(trt.__version__, *gpu_facts())
+def current_platform(target: str = TENSORRT) -> Platform:
+    """The library and the GPU here, for running engines (and for building TensorRT ones)."""
+    trt = import_tensorrt(target)
+    return Platform(trt.__version__, *gpu_facts(target), target)
 
 
-def missing_reason() -> str | None:
-    """Why TensorRT engines cannot be built or run here (the first clause of the error), or None."""
+def build_platform(target: str) -> Platform:
+    """What engines built here are bound to: TensorRT builds for this GPU (which it needs); TensorRT-RTX
+    builds without one, for the compute capabilities its engines run on."""
+    if target == RTX:
+        return Platform(import_tensorrt(RTX).__version__, None, None, RTX)
+    platform = current_platform(TENSORRT)
+    check_gpu_supported(platform)
+    return platform
+
+
+def missing_reason(target: str = TENSORRT) -> str | None:
+    """Why engines of `target` cannot be built and run here (the first clause of the error), or None."""
     try:
-        current_platform()
+        check_gpu_supported(current_platform(target))
     except TensorRTUnavailable as exc:
         return str(exc).split(";")[0]
     return None
 
 
+def _capability(text: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in text.split("."))
+
+
+def rtx_runs_on(compute_capability: str) -> bool:
+    cc = _capability(compute_capability)
+    return cc in RTX_COMPUTE_CAPABILITIES or cc >= RTX_NEWER_FROM
+
+
 def check_gpu_supported(platform: Platform) -> None:
-    """Engines for a GPU TensorRT 10/11 has no kernels for would fail deep inside the build; say so first.
-    Every supported GPU has fast fp16 and int8, so a requested precision is never silently dropped here."""
-    have = tuple(int(x) for x in platform.compute_capability.split("."))
-    if have < MIN_COMPUTE_CAPABILITY:
-        need = ".".join(map(str, MIN_COMPUTE_CAPABILITY))
+    """Engines for a GPU the library has no kernels for would fail deep inside the build or the load; say so
+    first. Every supported GPU has fast fp16 and int8, so a requested precision is never silently dropped here."""
+    if platform.target == RTX:
+        if not rtx_runs_on(platform.compute_capability):
+            raise TensorRTUnavailable(f"{platform.gpu} (compute capability {platform.compute_capability}): "
+                                      f"TensorRT-RTX does not run on it (its engines run on compute capability "
+                                      f"{', '.join(RTX_RUNS_ON)}); build TensorRT engines for this GPU instead "
+                                      "(`tfm-export trt --target tensorrt`)")
+        return
+    if _capability(platform.compute_capability) < MIN_COMPUTE_CAPABILITY:
+        need = _cc_text(MIN_COMPUTE_CAPABILITY)
         raise TensorRTUnavailable(f"{platform.gpu} (compute capability {platform.compute_capability}) is older than "
                                   f"TensorRT {platform.tensorrt} supports (needs {need} or newer)")
 
 
-def engine_mismatch(recorded: dict[str, str], here: Platform) -> str | None:
-    """Why engines built on `recorded` cannot run `here`, or None. A different GPU model of the same
-    architecture runs them (possibly slower); that is not a mismatch."""
+def engine_mismatch(recorded: dict[str, Any], here: Platform) -> str | None:
+    """Why engines built on `recorded` cannot run `here` (a GPU that check_gpu_supported passed), or None. A
+    different GPU model of the same architecture runs TensorRT engines (possibly slower); that is not a mismatch,
+    and TensorRT-RTX engines run on every GPU it supports."""
     if recorded.get("tensorrt") != here.tensorrt:
-        return (f"built with TensorRT {recorded.get('tensorrt')}, this machine has TensorRT {here.tensorrt} "
+        name = TARGET_NAMES[here.target]
+        return (f"built with {name} {recorded.get('tensorrt')}, this machine has {name} {here.tensorrt} "
                 "(plans only load in the exact version that built them)")
-    if recorded.get("compute_capability") != here.compute_capability:
+    if here.target == TENSORRT and recorded.get("compute_capability") != here.compute_capability:
         return (f"built for compute capability {recorded.get('compute_capability')} ({recorded.get('gpu')}), this "
                 f"GPU is {here.compute_capability} ({here.gpu})")
     return None

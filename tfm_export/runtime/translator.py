@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import logging
+import math
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -24,7 +25,7 @@ from ..core.config import ModelConfig
 from ..core.errors import InputTextError, TfmExportError
 from ..core.extras import require_extra
 from ..core.hypothesis import Hypothesis
-from ..core.languages import choose_languages
+from ..core.languages import CLI_NAMES, choose_languages
 from ..core.sources import encode_lines
 from ..core.token_rules import SEED_RULES, TokenRules
 from ..core.tokenizer import Vocabulary
@@ -37,14 +38,33 @@ log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
+class Alternative:
+    """One of an input's n best hypotheses."""
+
+    text: str
+    score: float  # what the hypotheses are ranked by: log_prob / length ** length_penalty (length: </s> included)
+    log_prob: float  # summed log-probability
+
+
+# Where the beams finished fewer distinct hypotheses than n_best, the list is filled up with this, keeping exactly
+# n_best entries per input (a hypothesis scores a finite log-probability, so -inf marks these alone).
+NO_HYPOTHESIS = Alternative("", -math.inf, -math.inf)
+
+
+@dataclass(frozen=True)
 class Translation:
     text: str
     ids: tuple[int, ...]  # generated target ids, without <s> and </s>
     tokens: tuple[str, ...]
     score: float  # summed log-probability
     time_ms: float  # its batch's decode time divided by the batch size (not this sentence's own latency)
-    n_best: tuple[tuple[str, float], ...] = ()  # (text, score), best first, when more than one was asked for
+    n_best: tuple[Alternative, ...] = ()  # exactly DecodeOptions.n_best entries, best first, NO_HYPOTHESIS last
     truncated: bool = False  # cut by the length limit (--max-length or the model's) before </s>
+
+    @property
+    def n_best_count(self) -> int:
+        """How many of the n_best entries are hypotheses (the rest are NO_HYPOTHESIS)."""
+        return sum(a.score > -math.inf for a in self.n_best)
 
 
 MAX_BEAM = 64
@@ -126,16 +146,13 @@ class Translator:
     @classmethod
     def _load_tensorrt(cls, model: Path, vocab: Sequence[Path], device: str) -> Translator:
         from .tensorrt_backend import TrtBackend
-        from .tensorrt_platform import current_platform
         if device != "cuda":
             raise TfmExportError("TensorRT engines run on the GPU; drop --device cpu (or use --backend onnxruntime)")
         if not is_engine_dir(model):
             raise TfmExportError(f"{model}: is not a TensorRT engine directory; build one with `tfm-export trt "
                                  "--model MODEL_DIR --output ENGINES`")
-        current_platform()  # what is missing, in one line, before any engine is read
-        backend = TrtBackend(model)
-        return cls(backend, _directory_vocab(model, backend.manifest, vocab), backend.config, backend.limits,
-                   _rules(model, backend.manifest))
+        backend = TrtBackend(model)  # the directory verified first, then what is missing here, in one line
+        return cls.for_directory(model, backend.manifest, backend, backend.config, backend.limits, vocab)
 
     @classmethod
     def _load_onnxruntime(cls, model: Path, vocab: Sequence[Path], device: str, session_options: SessionOptions,
@@ -150,25 +167,39 @@ class Translator:
         if generate:
             from .generate_backend import GenerateBackend
             search = GenerateBackend.open(model, options)
-            return cls(search, _directory_vocab(model, search.manifest, vocab), search.config)
+            return cls.for_directory(model, search.manifest, search, search.config, vocab=vocab)
         manifest = read_manifest(model)
         if device == "cpu" and has_buffered_decoder(manifest):  # the cache stays in place
             fused = options.fused and has_buffered_decoder(manifest, OrtFusedBackend.variant) and runs_fused_graphs()
             buffered = (OrtFusedBackend if fused else OrtBufferedBackend).open(model, options)
-            return cls(buffered, _directory_vocab(model, buffered.manifest, vocab), buffered.config,
-                       rules=_rules(model, buffered.manifest))
+            return cls.for_directory(model, buffered.manifest, buffered, buffered.config, vocab=vocab)
         backend = OrtBackend.open(model, options)
-        vocabulary, rules = _directory_vocab(model, backend.manifest, vocab), _rules(model, backend.manifest)
         if device == "cuda":  # keep the cache on the GPU: IO binding over torch CUDA tensors
             from .iobinding_backend import OrtBoundBackend
-            return cls(OrtBoundBackend(backend, "cuda"), vocabulary, backend.config, rules=rules)
-        return cls(backend, vocabulary, backend.config, rules=rules)
+            return cls.for_directory(model, backend.manifest, OrtBoundBackend(backend, "cuda"), backend.config,
+                                     vocab=vocab)
+        return cls.for_directory(model, backend.manifest, backend, backend.config, vocab=vocab)
 
-    def with_languages(self, source: str | None = None, target: str | None = None) -> Translator:
-        """This translator from language code `source` into `target` (None: as the model directory says); a
-        multilingual model that names no target language needs one (core.languages)."""
+    @classmethod
+    def for_directory(cls, directory: Path, manifest: dict, backend: StepBackend, config: ModelConfig,
+                      limits: dict[str, int] | None = None, vocab: Sequence[Path] = ()) -> Translator:
+        """A model or engine directory's Translator over any backend: the one place its tokenizers, token rules,
+        languages and generation defaults are read, for `tfm-run` and the Triton models alike."""
+        return cls(backend, _directory_vocab(directory, manifest, vocab), config, limits, _rules(directory, manifest))
+
+    def bounded(self, max_rows: int) -> Translator:
+        """This translator decoding at most `max_rows` rows (sentences x beams) at a time (a server's batch)."""
         chosen = copy.copy(self)
-        chosen.vocab, chosen.rules = choose_languages(self.vocab, self.rules, source, target)
+        chosen.max_rows = max_rows if self.max_rows is None else min(self.max_rows, max_rows)
+        return chosen
+
+    def with_languages(self, source: str | None = None, target: str | None = None,
+                       names: tuple[str, str] = CLI_NAMES) -> Translator:
+        """This translator from language code `source` into `target` (None: as the model directory says); a
+        multilingual model that names no target language needs one (core.languages; `names` name the two in
+        errors)."""
+        chosen = copy.copy(self)
+        chosen.vocab, chosen.rules = choose_languages(self.vocab, self.rules, source, target, names)
         return chosen
 
     def translate(self, texts: Sequence[str], options: DecodeOptions = DecodeOptions(),
@@ -211,17 +242,16 @@ class Translator:
         the others bucketed by length. `first`: the index of texts[0] in the whole input (for messages)."""
         sources = encode_lines(self.vocab.source, texts, self.max_source, truncate=options.truncate,
                                first=first + 1)
-        empty = {i: Translation("", (), (), 0.0, 0.0) for i in range(len(texts)) if i not in sources}
-        if empty:
-            yield empty
+        empty = Translation("", (), (), 0.0, 0.0, _filled([Alternative("", 0.0, 0.0)], options.n_best))
+        if len(sources) < len(texts):
+            yield {i: empty for i in range(len(texts)) if i not in sources}
         keys = list(sources)
         for bucket in length_buckets([len(sources[k]) for k in keys], batch_size):
             batch = [keys[i] for i in bucket]
             start = time.perf_counter()
             nbests = self._decode(pad_batch([sources[k] for k in batch], self.config.src_pad_idx), options)
             per_sentence = 1000 * (time.perf_counter() - start) / len(batch)
-            yield {key: self._result(nbest, per_sentence, options.n_best > 1)
-                   for key, nbest in zip(batch, nbests, strict=True)}
+            yield {key: self._result(nbest, per_sentence, options) for key, nbest in zip(batch, nbests, strict=True)}
 
     def with_defaults(self, options: DecodeOptions) -> DecodeOptions:
         """`options` with the model's beam size and length penalty where they say None."""
@@ -260,12 +290,17 @@ class Translator:
         return search(self.backend, src, options.beam_size, max_length, options.length_penalty, options.n_best,
                       rules=self.rules)
 
-    def _result(self, nbest: list[Hypothesis], time_ms: float, keep_alternatives: bool) -> Translation:
+    def _result(self, nbest: list[Hypothesis], time_ms: float, options: DecodeOptions) -> Translation:
         target, best = self.vocab.target, nbest[0]
         tokens = tuple(target.tokenizer.id_to_token(i) for i in best.tokens)
-        alternatives = tuple((target.decode(h.tokens), h.score) for h in nbest) if keep_alternatives else ()
-        return Translation(target.decode(best.tokens), best.tokens, tokens, best.score, time_ms, alternatives,
-                           truncated=not best.finished)
+        ranked = [dataclasses.replace(h, length_penalty=options.length_penalty) for h in nbest[:options.n_best]]
+        alternatives = [Alternative(target.decode(h.tokens), h.normalized_score, h.score) for h in ranked]
+        return Translation(target.decode(best.tokens), best.tokens, tokens, best.score, time_ms,
+                           _filled(alternatives, options.n_best), truncated=not best.finished)
+
+
+def _filled(alternatives: list[Alternative], n_best: int) -> tuple[Alternative, ...]:
+    return (*alternatives, *[NO_HYPOTHESIS] * (n_best - len(alternatives)))
 
 
 def _default_backend(model: Path) -> str:

@@ -17,7 +17,7 @@ import numpy as np
 
 from ..artifacts.engine_dir import read_engine_manifest
 from ..artifacts.manifest import ENGINE_FORMAT, manifest_format
-from ..artifacts.model_dir import load_vocabulary, read_manifest
+from ..artifacts.model_dir import read_manifest
 from ..core.config import ModelConfig
 from ..core.errors import TfmExportError
 from ..core.graph_spec import Graph
@@ -80,13 +80,12 @@ class TritonGraph:
         return device.cpu().numpy() if host else device.clone()
 
 
-def bls_translator(directory: Path, parameters: dict[str, str], max_rows: int, pb_utils: Any,
-                   gpu: int | None) -> Translator:
-    """A Translator whose backend runs the decoding loop over the repository's native models."""
+def bls_translator(directory: Path, parameters: dict[str, str], pb_utils: Any, gpu: int | None) -> Translator:
+    """The model directory's Translator (as `tfm-run` builds it) whose backend runs the decoding loop over the
+    repository's native models."""
     engines = manifest_format(directory) == ENGINE_FORMAT
     manifest = read_engine_manifest(directory) if engines else read_manifest(directory)
     config, graphs = ModelConfig.from_dict(manifest["model"]), native_graphs(manifest)
     encoder, decoder = (TritonGraph(pb_utils, parameters[f"{g.value}_model"], graphs[g], gpu) for g in Graph)
     backend = OrtBackend(encoder, decoder, config, manifest)
-    limits = {**manifest["limits"], "max_batch": max_rows}
-    return Translator(backend, load_vocabulary(directory, manifest), config, limits)
+    return Translator.for_directory(directory, manifest, backend, config, manifest["limits"])

@@ -2,10 +2,10 @@
 writer (outside the server) and the Python-backend model (inside it). It imports no tritonclient, so the CLI
 (for every command) and the server-side model (with the runtime-only install) can import it.
 
-The text models take `TEXT` and answer `TRANSLATION`, `SCORE`, `N_BEST` and `N_BEST_SCORES`. The native
-encoder/decoder_step models take what the graphs take: names and dtypes from a model directory's manifest
-(what the exported graphs declare), or, for TensorRT engines, the graph contract with the dtypes the engines
-were built with. Dims leave out the batch axis (Triton adds it) and write every dynamic axis as -1.
+The text models take `TEXT` and answer `TRANSLATION`, `SCORE`, `N_BEST`, `N_BEST_SCORES` and `N_BEST_COUNT`.
+The native encoder/decoder_step models take what the graphs take: names and dtypes from a model directory's
+manifest (what the exported graphs declare), or, for TensorRT engines, the graph contract with the dtypes the
+engines were built with. Dims leave out the batch axis (Triton adds it) and write every dynamic axis as -1.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from ..artifacts.engine_dir import TENSORRT, engine_target
 from ..artifacts.manifest import ENGINE_FORMAT
 from ..core.config import ModelConfig
 from ..core.graph_spec import Graph, graph_specs
@@ -21,10 +22,17 @@ LAYOUTS = ("translator", "bls")
 DEVICES = ("cpu", "gpu")
 DEFAULT_NAME = "translator"
 DEFAULT_MAX_BATCH = 64  # rows (sentences x beams) per execution, as for `tfm-export trt`
+# `tfm-export serve`: where it listens by default (tritonserver's own ports: HTTP, gRPC, metrics), and the serving
+# environment that `make serving-env` builds beside the checkout's .venv (its own, as pytriton pins numpy<2)
+SERVE_HOST, SERVE_PORTS = "127.0.0.1", (8000, 8001, 8002)
+SERVING_VENV = ".venv-serving"
 
 TEXT = "TEXT"  # (batch, 1) BYTES: one UTF-8 sentence per row
 TRANSLATION, SCORE = "TRANSLATION", "SCORE"  # (batch, 1) BYTES, FP32: the best hypothesis and its summed log-prob
-N_BEST, N_BEST_SCORES = "N_BEST", "N_BEST_SCORES"  # (batch, n_best) BYTES, FP32: best first
+# (batch, n_best) BYTES, FP32: best first, each scored by what ranks them (log-prob / length ** length_penalty);
+# where the beams finished fewer hypotheses than n_best, the last entries are "" with score -inf
+N_BEST, N_BEST_SCORES = "N_BEST", "N_BEST_SCORES"
+N_BEST_COUNT = "N_BEST_COUNT"  # (batch, 1) INT32: how many of the n_best entries are hypotheses
 
 
 @dataclass(frozen=True)
@@ -36,7 +44,8 @@ class TritonTensor:
 
 TEXT_INPUTS = (TritonTensor(TEXT, "bytes", (1,)),)
 TEXT_OUTPUTS = (TritonTensor(TRANSLATION, "bytes", (1,)), TritonTensor(SCORE, "float32", (1,)),
-                TritonTensor(N_BEST, "bytes", (-1,)), TritonTensor(N_BEST_SCORES, "float32", (-1,)))
+                TritonTensor(N_BEST, "bytes", (-1,)), TritonTensor(N_BEST_SCORES, "float32", (-1,)),
+                TritonTensor(N_BEST_COUNT, "int32", (1,)))
 
 
 @dataclass(frozen=True)
@@ -59,9 +68,10 @@ def native_graphs(manifest: dict[str, Any]) -> dict[Graph, NativeGraph]:
 
 
 def _engine_graphs(manifest: dict[str, Any]) -> dict[Graph, NativeGraph]:
-    """Engines take the contract's tensors. TensorRT before 10 narrows int64 ids to int32; fp16 engines (from
-    graphs made without --keep-io-types, the default) keep the cache and hidden state in fp16, logits in fp32."""
-    narrow_ids = int(str(manifest["tensorrt"].get("tensorrt", "10")).split(".")[0]) < 10
+    """Engines take the contract's tensors. TensorRT before 10 narrows int64 ids to int32 (TensorRT-RTX keeps
+    int64); fp16 engines (from graphs made without --keep-io-types, the default) keep the cache and hidden state in
+    fp16, logits in fp32."""
+    narrow_ids = engine_target(manifest) == TENSORRT and int(manifest["tensorrt"]["tensorrt"].split(".")[0]) < 10
     half = manifest["precision"] == "fp16"
 
     def dtype(name: str, declared: str) -> str:

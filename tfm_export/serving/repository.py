@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import __version__
-from ..artifacts.engine_dir import plan_path, read_engine_manifest
+from ..artifacts.engine_dir import RTX, engine_target, plan_path, read_engine_manifest
 from ..artifacts.manifest import (
     ENGINE_FORMAT,
     MANIFEST,
@@ -144,6 +144,9 @@ def _check_layout(request: RepositoryRequest, source: _Source, deployment: Deplo
     """What the native backends cannot run as the runtime does. Triton's onnxruntime backend has no setting to run
     int8 static (Q/DQ) graphs with their weights dequantized once, so on x86 CPUs it would run them ~15x slower
     than fp32; the translator layout runs them as `tfm-run` does."""
+    if request.layout == "bls" and source.engines and engine_target(source.manifest) == RTX:
+        raise ModelDirError(f"{source.directory}: TensorRT-RTX engines; Triton's TensorRT backend loads TensorRT "
+                            "plans only: use --layout translator (it runs them through tfm-export's runtime)")
     int8_mode = source.manifest.get("int8", {}).get("mode")
     if request.layout == "bls" and not source.engines and int8_mode == "static" and deployment.device == "cpu":
         raise ModelDirError(f"{source.directory}: int8 static (Q/DQ) graphs; Triton's onnxruntime backend cannot "
@@ -159,10 +162,12 @@ def _files(request: RepositoryRequest, source: _Source, deployment: Deployment) 
     """Every file of the repository: a source file to copy, or generated text."""
     name, version = Path(request.name), Path(request.name) / VERSION
     copied = [source.directory / MANIFEST, *source.tokenizer_files()]
-    if request.layout == "translator":
-        # the optional graphs too (decoder_step_buffered): the copied manifest lists them, and the runtime uses them
-        variants = [] if source.engines else [v for v in GraphVariant if v.value in source.manifest["graphs"]]
-        copied += [p for g in (*Graph, *variants) for p in source.graph_files(g)]
+    # every graph is checked, the optional ones (decoder_step_buffered) included, whichever the layout copies: a
+    # damaged directory is refused whole, as the runtime refuses it
+    variants = [] if source.engines else [v for v in GraphVariant if v.value in source.manifest["graphs"]]
+    graph_files = {g: source.graph_files(g) for g in (*Graph, *variants)}
+    if request.layout == "translator":  # the copied manifest lists them all, and the runtime uses them
+        copied += [p for paths in graph_files.values() for p in paths]
     files: dict[Path, Path | str] = {version / MODEL_SUBDIR / p.name: p for p in copied}
     files[version / "model.py"] = MODEL_PY
     parameters = {"layout": request.layout, "device": deployment.device, "model_directory": MODEL_SUBDIR,
@@ -171,7 +176,7 @@ def _files(request: RepositoryRequest, source: _Source, deployment: Deployment) 
         graphs = native_graphs(source.manifest)
         for graph, native in zip(Graph, _native_names(request.name), strict=True):
             parameters[f"{graph.value}_model"] = native
-            paths = source.graph_files(graph)
+            paths = graph_files[graph]
             files |= {Path(native) / VERSION / p.name: p for p in paths}
             files[Path(native) / "config.pbtxt"] = native_model(native, graphs[graph], deployment, paths[0].name,
                                                                 source.engines)

@@ -1,16 +1,18 @@
 """The Python-backend model of both layouts, loaded by the `model.py` that `tfm-export triton` writes.
 
 It is a thin layer: TEXT and request parameters in, checked per request (`requests`), one Translator call per
-group of requests that share options, TRANSLATION/SCORE/N_BEST out. The translator layout's Translator runs the
-copied model or engine directory as `tfm-run translate` does; the bls layout's runs the same decoding loop over
-the repository's native encoder/decoder_step models (`bls`). Only the runtime is imported, so the runtime-only
-install is enough inside the server.
+group of requests that share options and languages, TRANSLATION/SCORE/N_BEST out. The translator layout's
+Translator runs the copied model or engine directory as `tfm-run translate` does; the bls layout's runs the same
+decoding loop over the repository's native encoder/decoder_step models (`bls`). Both are built by
+`Translator.for_directory`, as `tfm-run`'s are. Only the runtime is imported, so the runtime-only install is enough
+inside the server.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -19,8 +21,8 @@ import numpy as np
 from .. import __version__
 from ..core.errors import InputTextError, TfmExportError
 from ..runtime.translator import Translation, Translator
-from .contract import N_BEST, N_BEST_SCORES, SCORE, TEXT, TRANSLATION
-from .requests import TextRequest, check_lengths, decode_options, decode_texts, translate_requests
+from .contract import N_BEST, N_BEST_COUNT, N_BEST_SCORES, SCORE, TEXT, TRANSLATION
+from .requests import TextRequest, TranslationFailed, parse_request, translate_requests
 
 
 class RequestCancelled(TfmExportError):
@@ -51,38 +53,37 @@ class TritonPythonModel:
         if request.is_cancelled():
             return RequestCancelled("request cancelled by the client")
         try:
-            texts = decode_texts(self.pb.get_input_tensor_by_name(request, TEXT).as_numpy())
-            options = decode_options(request.parameters(), self.max_rows, self.translator.max_target)
-            check_lengths(self.translator, texts)
+            return parse_request(self.translator, self.pb.get_input_tensor_by_name(request, TEXT).as_numpy(),
+                                 request.parameters())
         except TfmExportError as exc:
             return exc
-        return TextRequest(texts, options)
 
     def _response(self, result: list[Translation] | TfmExportError) -> Any:
         pb = self.pb
         if isinstance(result, TfmExportError):
             code = (pb.TritonError.INVALID_ARG if isinstance(result, InputTextError) else
                     pb.TritonError.CANCELLED if isinstance(result, RequestCancelled) else pb.TritonError.INTERNAL)
+            if isinstance(result, TranslationFailed):
+                pb.Logger.log_error("".join(traceback.format_exception(result.__cause__)))
             return pb.InferenceResponse(error=pb.TritonError(str(result), code))
-        best = [t.n_best or ((t.text, t.score),) for t in result]
         return pb.InferenceResponse([
             pb.Tensor(TRANSLATION, _strings([[t.text] for t in result])),
             pb.Tensor(SCORE, np.array([[t.score] for t in result], dtype=np.float32)),
-            pb.Tensor(N_BEST, _strings([[text for text, _ in b] for b in best])),
-            pb.Tensor(N_BEST_SCORES, np.array([[score for _, score in b] for b in best], dtype=np.float32))])
+            pb.Tensor(N_BEST, _strings([[a.text for a in t.n_best] for t in result])),
+            pb.Tensor(N_BEST_SCORES, np.array([[a.score for a in t.n_best] for t in result], dtype=np.float32)),
+            pb.Tensor(N_BEST_COUNT, np.array([[t.n_best_count] for t in result], dtype=np.int32))])
 
 
 def load_translator(directory: Path, parameters: dict[str, str], max_rows: int, pb_utils: Any,
                     gpu: int | None) -> Translator:
-    """The layout's Translator, bounded to `max_rows` rows (sentences x beams) per decode."""
+    """The layout's Translator, built from the model directory as `tfm-run` builds it (its tokenizers, token
+    rules, languages and generation defaults), bounded to `max_rows` rows (sentences x beams) per decode."""
     if parameters["layout"] == "bls":  # outputs stay on the GPU the native models answer on (Triton's numbering)
         from .bls import bls_translator
-        return bls_translator(directory, parameters, max_rows, pb_utils, gpu)
+        return bls_translator(directory, parameters, pb_utils, gpu).bounded(max_rows)
     if gpu is not None:  # each instance is its own process: "cuda" is then the GPU Triton placed it on
         os.environ["CUDA_VISIBLE_DEVICES"] = str(gpu)
-    base = Translator.load(directory, device="cuda" if gpu is not None else "cpu")
-    return Translator(base.backend, base.vocab, base.config, {"max_batch": max_rows, "max_source_length":
-                                                              base.max_source, "max_target_length": base.max_target})
+    return Translator.load(directory, device="cuda" if gpu is not None else "cpu").bounded(max_rows)
 
 
 def _strings(rows: list[list[str]]) -> np.ndarray:

@@ -1,6 +1,7 @@
-"""TensorRT: the static compatibility report per parser release, Polygraphy runs of the graphs, optimisation
-profiles, and engine builds into an engine directory (the runtime's TensorRT backend runs them). TensorRT
-itself is imported only when a build or check needs it.
+"""TensorRT: the static compatibility report per parser release, real builds of the graphs (TensorRT, or
+TensorRT-RTX without a GPU), Polygraphy runs of the graphs, optimisation profiles, and engine builds into an
+engine directory (the runtime's TensorRT backend runs them). TensorRT itself is imported only when a build or
+check needs it.
 
 May import: core, artifacts, runtime, graphs (ONNX-only modules), precision.
 """
@@ -11,5 +12,6 @@ __all__, __getattr__ = lazy_exports(__name__, {
     "compat": ("check_model_dir",),
     "polygraphy_check": ("check_onnxruntime",),
     "build": ("build_engines",),
+    "build_check": ("check_builds",),
     "profiles": ("ShapeLimits",),
 })

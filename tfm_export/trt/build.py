@@ -1,17 +1,17 @@
 """Model directory -> TensorRT engine directory: one plan per graph, one optimisation profile each.
 
 Precision is decided in the graph (README, "Precision"): the fp16 and int8 (Q/DQ)
-graphs of `tfm-export quantize` are built as strongly typed networks, the only way TensorRT 11
-takes precision. TensorRT 10 (JetPack 6 ships 10.3) may instead build the fp32 graph with builder
-flags (`weak_typing`); the engine is then inspected, and one with no layer in the requested precision
-is refused rather than shipped as a silent fp32 engine. Polygraphy's loaders do the TensorRT calls,
-so the build composes as NetworkFromOnnxPath -> CreateConfig -> EngineBytesFromNetwork.
+graphs of `tfm-export quantize` are built as strongly typed networks, the only way TensorRT 11 and
+TensorRT-RTX take precision. TensorRT 10 (JetPack 6 ships 10.3) may instead build the fp32 graph with
+builder flags (`weak_typing`); the engine is then inspected, and one with no layer in the requested
+precision is refused rather than shipped as a silent fp32 engine. The target names the library:
+TensorRT builds for the GPU here (which it needs); TensorRT-RTX builds on any machine, without a GPU,
+for the GPUs it runs on (compute capability 8.0, 8.6, 8.9, 12.0+).
 """
 
 from __future__ import annotations
 
 import json
-import logging
 import shutil
 import tempfile
 from dataclasses import dataclass
@@ -21,7 +21,7 @@ from typing import Any
 from tqdm import tqdm
 
 from .. import __version__
-from ..artifacts.engine_dir import plan_name, read_engine_manifest
+from ..artifacts.engine_dir import RTX, TARGET_NAMES, TENSORRT, plan_name, read_engine_manifest
 from ..artifacts.manifest import ENGINE_FORMAT, ENGINE_FORMAT_VERSION, write_manifest
 from ..artifacts.model_dir import (
     PRECISIONS,
@@ -34,14 +34,14 @@ from ..artifacts.model_dir import (
 )
 from ..artifacts.staging import check_output, staged_directory
 from ..core.config import ModelConfig
-from ..core.errors import TfmExportError, first_line
+from ..core.errors import TfmExportError
 from ..core.files import file_sha256, write_atomically
 from ..core.graph_spec import Graph, graph_specs
 from ..precision.pipeline import quantize_model_dir
-from ..runtime.tensorrt_platform import Platform, check_gpu_supported, current_platform, import_tensorrt
+from ..runtime.tensorrt_platform import Platform, build_platform, import_tensorrt
+from .builder import BuildSettings, Shapes, build_engine
 from .profiles import ShapeLimits, profile_shapes
 
-log = logging.getLogger(__name__)
 # What TensorRT's engine inspector calls the precisions (layer output formats).
 INSPECTOR_NAMES = {"fp16": ("half", "fp16"), "int8": ("int8",)}
 
@@ -88,10 +88,23 @@ def plan_build(source_precision: str, int8_mode: str | None, precision: str, ten
                          f"its precision behind your back: pass --{source_precision} or use an fp32 directory")
 
 
+def check_target_options(target: str, weak_typing: bool, timing_cache: Path | None) -> None:
+    """What a target's library cannot do, before anything is read."""
+    if target not in TARGET_NAMES:
+        raise TfmExportError(f"unknown target {target!r}; choose one of {', '.join(TARGET_NAMES)}")
+    if target == RTX and weak_typing:
+        raise TfmExportError("--weak-typing: TensorRT-RTX has no builder precision flags; precision comes from the "
+                             "graph (drop --weak-typing)")
+    if target == RTX and timing_cache:
+        raise TfmExportError("--timing-cache: TensorRT-RTX builds take none (it would make the build need a GPU, "
+                             "and its engines do not depend on it); drop --timing-cache")
+
+
 def build_engines(model_dir: Path, output: Path, precision: str | None = None, limits: ShapeLimits | None = None,
                   timing_cache: Path | None = None, workspace_mib: int | None = None, weak_typing: bool = False,
-                  force: bool = False, progress: bool = True) -> dict[str, Any]:
+                  force: bool = False, progress: bool = True, target: str = TENSORRT) -> dict[str, Any]:
     """Write the engine directory; returns its manifest."""
+    check_target_options(target, weak_typing, timing_cache)
     manifest = read_manifest(model_dir)
     config = ModelConfig.from_dict(manifest["model"])
     limits = (limits or ShapeLimits()).resolved(config.n_position)
@@ -103,27 +116,27 @@ def build_engines(model_dir: Path, output: Path, precision: str | None = None, l
     load_vocabulary(model_dir, manifest)  # the directory is whole (every file as hashed) before TensorRT is sought
     for graph in manifest["graphs"]:  # engines are built from the contract's two; optional graphs are checked too
         graph_path(model_dir, manifest, graph)
-    platform = current_platform()
+    platform = build_platform(target)
     plan = plan_build(source_precision, mode, precision, platform.tensorrt_major, weak_typing)
-    check_gpu_supported(platform)
     specs = graph_specs(config)
     with staged_directory(output, force, keep=keep) as staging, tempfile.TemporaryDirectory() as tmp, \
-            tqdm(total=len(Graph) + 1, desc=f"TensorRT {precision}", disable=not progress) as bar:
+            tqdm(total=len(Graph) + 1, desc=f"{TARGET_NAMES[target]} {precision}", disable=not progress) as bar:
         source = model_dir
         if plan.make_fp16:
             bar.set_postfix_str("fp16 graphs")
             source = Path(tmp) / "fp16"
             quantize_model_dir(model_dir, source, "fp16", progress=False)
         source_manifest = read_manifest(source)
-        cache = Path(tmp) / "timing.cache"
+        cache = Path(tmp) / "timing.cache" if timing_cache else None
         if timing_cache and timing_cache.is_file():
             shutil.copyfile(timing_cache, cache)
+        settings = BuildSettings(plan.strongly_typed, plan.flags, workspace_mib, cache)
         bar.update()
         engines = {}
         for graph in Graph:
             bar.set_postfix_str(graph.value)
             engines[graph.value] = _write_plan(graph, source, source_manifest, profile_shapes(specs[graph], limits),
-                                               plan, workspace_mib, cache, staging)
+                                               plan, settings, target, staging)
             bar.update()
         tokenizers = file_hashes(staging, copy_tokenizers(model_dir, manifest, staging))
         write_manifest(staging, _engine_manifest(manifest, model_dir, source_manifest, plan, platform, limits,
@@ -134,11 +147,13 @@ def build_engines(model_dir: Path, output: Path, precision: str | None = None, l
 
 
 def _write_plan(graph: Graph, source: Path, source_manifest: dict[str, Any],
-                shapes: dict[str, tuple[tuple[int, ...], ...]], plan: BuildPlan, workspace_mib: int | None,
-                timing_cache: Path, staging: Path) -> dict[str, Any]:
+                shapes: Shapes, plan: BuildPlan, settings: BuildSettings,
+                target: str, staging: Path) -> dict[str, Any]:
     """Build one graph's plan into the staging directory; returns its manifest entry."""
     onnx_path = graph_path(source, source_manifest, graph.value)
-    plan_bytes = build_engine_bytes(onnx_path, shapes, plan, workspace_mib, timing_cache)
+    plan_bytes = build_engine(target, onnx_path, shapes, settings).plan
+    if not plan.strongly_typed:
+        _check_precision_applied(import_tensorrt(target), plan_bytes, plan.precision, onnx_path, shapes)
     (staging / plan_name(graph)).write_bytes(plan_bytes)
     return {"file": plan_name(graph), "sha256": file_sha256(staging / plan_name(graph)),
             "source_graph": source_manifest["graphs"][graph.value]["file"],
@@ -146,34 +161,8 @@ def _write_plan(graph: Graph, source: Path, source_manifest: dict[str, Any],
             "profile": {name: [list(s) for s in min_opt_max] for name, min_opt_max in shapes.items()}}
 
 
-def build_engine_bytes(onnx_path: Path, shapes: dict[str, tuple[tuple[int, ...], ...]], plan: BuildPlan,
-               workspace_mib: int | None, timing_cache: Path) -> bytes:
-    """One serialized engine, through Polygraphy's loaders; TensorRT's own errors become one line."""
-    trt = import_tensorrt()
-    from polygraphy.backend.trt import CreateConfig, EngineBytesFromNetwork, NetworkFromOnnxPath, Profile
-    from polygraphy.logger import G_LOGGER
-    G_LOGGER.module_severity = G_LOGGER.INFO if log.isEnabledFor(logging.INFO) else G_LOGGER.ERROR
-    profile = Profile()
-    for name, (low, opt, high) in shapes.items():
-        profile.add(name, low, opt, high)
-    pools = {trt.MemoryPoolType.WORKSPACE: workspace_mib << 20} if workspace_mib else None
-    config = CreateConfig(fp16="fp16" in plan.flags, int8="int8" in plan.flags, tf32=False, profiles=[profile],
-                          load_timing_cache=str(timing_cache) if timing_cache.is_file() else None,
-                          memory_pool_limits=pools,
-                          profiling_verbosity=trt.ProfilingVerbosity.DETAILED)  # layer info for the inspector
-    network = NetworkFromOnnxPath(str(onnx_path), strongly_typed=plan.strongly_typed)
-    try:
-        engine = EngineBytesFromNetwork(network, config, save_timing_cache=str(timing_cache))()
-    except Exception as exc:  # Polygraphy raises PolygraphyException after logging TensorRT's errors
-        raise TfmExportError(f"{onnx_path}: TensorRT could not build an engine ({first_line(exc)}); `tfm-export -v "
-                             "trt ...` shows TensorRT's log") from None
-    if not plan.strongly_typed:
-        _check_precision_applied(trt, bytes(engine), plan.precision, onnx_path, shapes)
-    return bytes(engine)
-
-
 def _check_precision_applied(trt, plan_bytes: bytes, precision: str, onnx_path: Path,
-                             shapes: dict[str, tuple[tuple[int, ...], ...]]) -> None:
+                             shapes: Shapes) -> None:
     """Builder flags only allow a precision; an engine where TensorRT chose fp32 everywhere is refused.
     The inspector shows tensor formats only with an execution context whose input shapes are set."""
     engine = trt.Runtime(trt.Logger(trt.Logger.ERROR)).deserialize_cuda_engine(plan_bytes)

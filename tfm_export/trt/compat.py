@@ -18,7 +18,7 @@ from onnx import numpy_helper
 
 from ..artifacts.model_dir import graph_path, load_vocabulary, read_manifest
 from ..core.config import ModelConfig
-from ..core.graph_spec import GraphSpec, graph_specs, variant_specs
+from ..core.graph_spec import GraphSpec, tensorrt_specs
 from ..graphs.onnx_io import load_graph
 from .parser_ops import RELEASES, ParserRelease
 
@@ -56,7 +56,8 @@ class CompatReport:
                                                                                                       "contract"))]
 
     def lines(self) -> list[str]:
-        out = [f"{self.model_dir}: {self.precision} graphs, static TensorRT compatibility"]
+        out = [f"{self.model_dir}: {self.precision} graphs, static TensorRT compatibility (from the ONNX parsers' "
+               "documented operators and rules; no builder ran for these releases)"]
         for release in self.releases:
             verdict = "compatible" if not self.errors(release) else f"{len(self.errors(release))} problem(s)"
             out.append(f"  {release}: {verdict}")
@@ -83,14 +84,12 @@ class _Graph:
 def check_model_dir(model_dir: Path) -> CompatReport:
     manifest = read_manifest(model_dir)
     load_vocabulary(model_dir, manifest)  # a directory that cannot translate is not ready for engines either
-    config = ModelConfig.from_dict(manifest["model"])
-    specs = {**graph_specs(config), **variant_specs(config)}
+    specs = tensorrt_specs(ModelConfig.from_dict(manifest["model"]), manifest["graphs"])
     findings = []
-    for graph in [g for g in specs if g.value in manifest["graphs"] and not g.standard_ops]:
-        graph_path(model_dir, manifest, graph.value)  # not TensorRT's to check, but a damaged directory is refused
-    for graph in [g for g in specs if g.value in manifest["graphs"] and g.standard_ops]:  # TensorRT's graphs
-        proto = load_graph(model_dir, manifest, graph.value)
-        findings += graph_findings(proto, specs[graph])
+    for name in [g for g in manifest["graphs"] if g not in {graph.value for graph in specs}]:
+        graph_path(model_dir, manifest, name)  # not TensorRT's to check, but a damaged directory is refused
+    for graph, spec in specs.items():
+        findings += graph_findings(load_graph(model_dir, manifest, graph.value), spec)
     return CompatReport(model_dir, manifest["precision"], tuple(findings), tuple(r.name for r in RELEASES))
 
 

@@ -31,8 +31,7 @@ from ..core.graph_spec import (
     Graph,
     GraphSpec,
     GraphVariant,
-    graph_specs,
-    variant_specs,
+    tensorrt_specs,
 )
 from ..core.tokenizer import FIRST_TOKEN_ID
 from ..graphs.onnx_io import load_graph
@@ -133,10 +132,10 @@ def check_onnxruntime(model_dir: Path, trt: bool = False) -> list[CheckResult]:
     runners, compared."""
     manifest = read_manifest(model_dir)
     config = ModelConfig.from_dict(manifest["model"])
-    specs, results = {**graph_specs(config), **variant_specs(config)}, []
-    for graph in [g for g in specs if g.value in manifest["graphs"] and g.standard_ops]:  # TensorRT's graphs
+    results = []
+    for graph, spec in tensorrt_specs(config, manifest["graphs"]).items():
         path = graph_path(model_dir, manifest, graph.value)
-        spec, types = specs[graph], _input_types(model_dir, manifest, graph)
+        types = _input_types(model_dir, manifest, graph)
         vocab = config.src_vocab_size if graph is Graph.ENCODER else config.trg_vocab_size
         case_list = cases(config)
         data = [feeds(spec, c, types, vocab, seed=i) for i, c in enumerate(case_list)]
