@@ -19,21 +19,27 @@ $(STAMP): pyproject.toml
 	touch $@
 
 DEMO_ONNX := build/demo-onnx
+DEMO_LOG  := build/demo.log
 
-# The main job on the shipped model: export to ONNX, translate, and prove parity with PyTorch.
+# The main job on the shipped model: export to ONNX, translate, and prove parity with PyTorch. Each step's output
+# is shown and logged; the last line is the verdict of the four checks (scripts/demo_verdict.py).
+demo: SHELL := /bin/bash
+demo: .SHELLFLAGS := -o pipefail -c
 demo: setup
-	mkdir -p build
+	mkdir -p build && : > $(DEMO_LOG)
 	$(VENV)/bin/tfm-export onnx --checkpoint models/demo/ckpt.pt --output $(DEMO_ONNX) --force
 	$(VENV)/bin/tfm-export inspect --model $(DEMO_ONNX)
 	$(VENV)/bin/tfm-run translate --model $(DEMO_ONNX) \
 		"forty-two" "one thousand, two hundred and thirty-four" "nine hundred and ninety-nine thousand, nine hundred and ninety-nine"
 	$(VENV)/bin/tfm-run translate --model $(DEMO_ONNX) --beam-size 4 --format jsonl "seventy-one thousand and eighty"
-	$(VENV)/bin/tfm-export verify --model $(DEMO_ONNX) --input models/demo/samples.en.txt
-	$(VENV)/bin/tfm-export eval-demo --model $(DEMO_ONNX)
+	$(VENV)/bin/tfm-export verify --model $(DEMO_ONNX) --checkpoint models/demo/ckpt.pt \
+		--input models/demo/samples.en.txt | tee -a $(DEMO_LOG)
+	$(VENV)/bin/tfm-export eval-demo --model $(DEMO_ONNX) | tee -a $(DEMO_LOG)
 	$(VENV)/bin/tfm-export quantize --model $(DEMO_ONNX) --precision int8 --calibration calibration/demo.en.txt \
 		--output build/demo-int8 --force
-	$(VENV)/bin/tfm-export verify --model build/demo-int8 --input models/demo/samples.en.txt
-	$(VENV)/bin/tfm-export check --model build/demo-int8
+	$(VENV)/bin/tfm-export verify --model build/demo-int8 --input models/demo/samples.en.txt | tee -a $(DEMO_LOG)
+	$(VENV)/bin/tfm-export check --model build/demo-int8 | tee -a $(DEMO_LOG)
+	@$(PY) scripts/demo_verdict.py $(DEMO_LOG)
 
 # The serving tests' tritonserver: nvidia-pytriton's bundled server, with tfm-export's runtime alone (no torch)
 # for its Python backend. A venv of its own, since pytriton pins numpy<2. If it cannot be built, those tests skip.

@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Adversarial battery for issue 20 ("Hostile input, faults and proof that can fail").
+"""Adversarial battery: hostile input, faults and proof that can fail, and everyday use (streaming, file modes,
+errors that name the fix).
 
 Tries tfm-export / tfm-run the way a hostile or unlucky user would (poisoned checkpoints and manifests,
 tampered files, planted links, devices and pipes as outputs, signals, full disks, absurd options) and
@@ -10,7 +11,8 @@ prints one line per case:
 Verdicts that are fine: `ok` (exit 0, result checked where an oracle is cheap), `clean-error` (non-zero
 exit, stderr one line starting with "Error:" or "interrupted"), `skipped` (the machine cannot set the
 case up). Findings: wrote-outside, input-modified, silent-wrong, crash, hang, traceback, leftover,
-multi-line-error, refused (a valid request failed). Exit status 1 on any finding.
+multi-line-error, refused (a valid request failed), no-fix-named (a one-line error that does not say what to do
+where the case knows the fix). Exit status 1 on any finding.
 
     python3 scripts/hostile_battery.py [--bin .venv/bin] [-k SUBSTR] [--list] [--keep] [--timeout 60]
 
@@ -44,7 +46,7 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 FINDINGS = ("wrote-outside", "input-modified", "silent-wrong", "crash", "hang", "traceback", "leftover",
-            "multi-line-error", "refused")
+            "multi-line-error", "refused", "no-fix-named")
 FINE = ("ok", "clean-error", "skipped")
 # progress output, not part of an error: bench's log lines and a progress bar's last redraw (tqdm)
 PROGRESS_RE = re.compile(r"^\[(bench|progress)\] |^(?!Error:)[^|]*\d+%\|[^|]*\| *\d+/\d+ ")
@@ -257,7 +259,8 @@ class Ctx:
         self.cases = root / "cases"
         self.cases.mkdir()
         self._cache: dict[str, Any] = {}
-        self.env = {k: v for k, v in os.environ.items() if not k.startswith("TFM_")}
+        # as a user's shell runs the commands: no TFM_ settings, stdout block-buffered when it is a pipe
+        self.env = {k: v for k, v in os.environ.items() if not k.startswith("TFM_") and k != "PYTHONUNBUFFERED"}
         self.env.setdefault("PYTHONDONTWRITEBYTECODE", "1")
         self.helper = root / "helper.py"
         self.helper.write_text(HELPER)
@@ -664,6 +667,14 @@ class Trial:
         if is_clean_error(r):
             return "clean-error", short(r.err_lines[0])
         return "multi-line-error", f"exit {r.rc}, {len(r.err_lines)} stderr lines: {short(' | '.join(r.err_lines[-3:]))}"
+
+    def names_fix(self, r: Result, *fragments: str) -> tuple[str, str]:
+        """The command must refuse in one clean line that contains every fragment (the fix)."""
+        verdict, reason = self.error(r)
+        if verdict != "clean-error":
+            return verdict, reason
+        missing = [f for f in fragments if f not in r.err_lines[0]]
+        return ("no-fix-named", f"lacks {missing[0]!r}: {short(r.err_lines[0])}") if missing else (verdict, reason)
 
     def ok(self, r: Result, check: Callable[[Result], str | None] | None = None) -> tuple[str, str]:
         """The command must succeed, and check(r) must return None."""
@@ -2214,6 +2225,9 @@ for _key in MISSING_KEYS:
 for _key in ("model", "limits", "files", "graphs.decoder_step"):
     for _reader in ("inspect", "check", "quantize"):
         add("tracebacks", f"manifest-missing-{_key}/{_reader}", manifest_missing_case(_key, _reader))
+for _key in ("model.d_model", "model.n_layers", "model.n_head", "model.d_k", "model.src_vocab_size",
+             "model.trg_vocab_size", "model.n_position", "model.d_inner"):
+    add("tracebacks", f"manifest-missing-{_key}/inspect", manifest_missing_case(_key, "inspect"))
 
 MANIFEST_VALUES: dict[str, tuple[str, Any]] = {
     "max_target_length-string": ("limits.max_target_length", "200"),
@@ -2254,6 +2268,7 @@ MANIFEST_VALUES: dict[str, tuple[str, Any]] = {
     "format-engines": ("format", "tfm-export-engines"), "format-null": ("format", None),
     "format-upper": ("format", "TFM-EXPORT-MODEL"),
     "optimizations-string": ("optimizations", "none"), "source_checkpoint-string": ("source_checkpoint", "x"),
+    "optimizations-numbers": ("optimizations", [1, 2]),
     "encoder-inputs-bogus": ("graphs.encoder.inputs", [{"name": "evil", "dtype": "int64", "shape": [1]}]),
 }
 MANIFEST_VALUES_FINE = ("encoder-inputs-bogus", "source_checkpoint-string", "optimizations-string")
@@ -2277,7 +2292,8 @@ def manifest_value_case(key: str, reader: str) -> Callable[[Trial], tuple[str, s
 for _key in MANIFEST_VALUES:
     add("tracebacks", f"manifest-{_key}/translate", manifest_value_case(_key, "translate"))
 for _key in ("max_target_length-string", "d_model-list", "model-string", "n_position-1e9", "vocab-1e9",
-             "precision-fp16-claimed", "graphs-encoder-string", "special-eos-5"):
+             "precision-fp16-claimed", "graphs-encoder-string", "special-eos-5", "optimizations-numbers",
+             "model-empty"):
     for _reader in ("inspect", "check", "quantize"):
         add("tracebacks", f"manifest-{_key}/{_reader}", manifest_value_case(_key, _reader))
 
@@ -2593,16 +2609,14 @@ def big_option_case(args: list[Any], expect: str = "error", mem_gb: float | None
     return fn
 
 
-add("tracebacks", "verify-beam-size-100000", big_option_case(["tfm-export", "verify", "--model", lambda t: t.ctx.tiny(),
-                                                              "--beam-size", 100000]))
-add("tracebacks", "verify-samples-1e9", big_option_case(["tfm-export", "verify", "--model", lambda t: t.ctx.tiny(),
-                                                         "--samples", 10**9], "either"))
-add("tracebacks", "verify-steps-1e9", big_option_case(["tfm-export", "verify", "--model", lambda t: t.ctx.tiny(),
-                                                       "--samples", 1, "--steps", 10**9, "--beam-size", 1], "either"))
-add("tracebacks", "verify-atol-nan", big_option_case(["tfm-export", "verify", "--model", lambda t: t.ctx.tiny(),
-                                                      "--samples", 1, "--steps", 2, "--atol", "nan"]))
-add("tracebacks", "verify-rtol-negative", big_option_case(["tfm-export", "verify", "--model", lambda t: t.ctx.tiny(),
-                                                           "--samples", 1, "--steps", 2, "--rtol", "-1"]))
+TINY_VERIFY = ["tfm-export", "verify", "--model", lambda t: t.ctx.tiny(), "--checkpoint",
+               lambda t: t.ctx.tiny_ck() / "ckpt.pt"]
+add("tracebacks", "verify-beam-size-100000", big_option_case([*TINY_VERIFY, "--beam-size", 100000]))
+add("tracebacks", "verify-samples-1e9", big_option_case([*TINY_VERIFY, "--samples", 10**9], "either"))
+add("tracebacks", "verify-steps-1e9", big_option_case([*TINY_VERIFY, "--samples", 1, "--steps", 10**9, "--beam-size",
+                                                       1], "either"))
+add("tracebacks", "verify-atol-nan", big_option_case([*TINY_VERIFY, "--samples", 1, "--steps", 2, "--atol", "nan"]))
+add("tracebacks", "verify-rtol-negative", big_option_case([*TINY_VERIFY, "--samples", 1, "--steps", 2, "--rtol", "-1"]))
 add("tracebacks", "translate-max-length-1e9", big_option_case(["tfm-run", "translate", "--model",
                                                                lambda t: t.ctx.tiny(), "--max-length", 10**9,
                                                                TINY_SENT], "either"))
@@ -2923,6 +2937,309 @@ def many_empty_lines_case(t: Trial) -> tuple[str, str]:
 add("wrong-answer", "200k-empty-lines", many_empty_lines_case)
 
 
+# -- everyday use: streaming, file modes, errors that name the fix, checks that do not cry wolf -----------------
+
+def stream_proc(t: Trial, *args: Any) -> subprocess.Popen:
+    """tfm-run translate reading a pipe the case writes to, unbuffered both ways."""
+    argv = t.ctx.argv(["tfm-run", "translate", "--model", t.ctx.demo(), *args])  # fixtures before the snapshot
+    t.snap()
+    return subprocess.Popen(argv, cwd=t.dir,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=t.ctx.env,
+                            start_new_session=True, preexec_fn=child_setup(), bufsize=0)
+
+
+def line_within(p: subprocess.Popen, seconds: float) -> bytes | None:
+    import select
+    if not select.select([p.stdout], [], [], seconds)[0]:
+        return None
+    return p.stdout.readline()
+
+
+def stream_first_line_case(t: Trial) -> tuple[str, str]:
+    """The first translation must come back while the writer still holds the second line."""
+    p, start = stream_proc(t), time.monotonic()
+    p.stdin.write(f"{DEMO_SRC}\n".encode())
+    first = line_within(p, t.ctx.timeout)
+    if first is None:
+        os.killpg(p.pid, signal.SIGKILL)
+        t.wait(p, ["translate"], start=start)
+        return "silent-wrong", "no output while stdin stayed open: waited for the whole input"
+    p.stdin.write(b"seven\n")
+    r = t.wait(p, ["translate"], start=start)  # closes stdin: the end of the input
+    r.out = first.decode() + r.out
+    return t.ok(r, lambda r: None if r.out_lines == [DEMO_TGT, "sept"] else f"got {r.out_lines!r}")
+
+
+def stream_sigint_case(to_file: bool) -> Callable[[Trial], tuple[str, str]]:
+    """Ctrl-C after two translations: stdout keeps them; --output stays as it was, they are in OUTPUT.partial."""
+    def fn(t: Trial) -> tuple[str, str]:
+        out = t.p("out.txt")
+        partial = t.p("out.txt.partial")
+        t.output(out, partial)
+        out.write_text("previous\n")
+        p, start = stream_proc(t, *(["--output", out] if to_file else [])), time.monotonic()
+        p.stdin.write(f"{DEMO_SRC}\nseven\n".encode())
+        if to_file:
+            temps = lambda: [f for f in t.dir.iterdir() if f.name.startswith(".out.txt.")]  # noqa: E731
+            wait_for(lambda: any(f.stat().st_size > 15 for f in temps() if f.exists()), p, t.ctx.timeout)
+            written = []
+        else:
+            written = [line_within(p, t.ctx.timeout), line_within(p, t.ctx.timeout)]
+        p.send_signal(signal.SIGINT)
+        r = t.wait(p, ["translate"], start=start)
+        bad = base_problem(r)
+        if bad:
+            return bad
+        if r.rc != 130 or len(r.err_lines) != 1 or not r.err_lines[0].startswith("interrupted"):
+            return "silent-wrong", f"exit {r.rc}, stderr {short(' | '.join(r.err_lines))!r}"
+        if to_file:
+            kept = partial.read_text() if partial.exists() else None
+            if out.read_text() != "previous\n" or kept != f"{DEMO_TGT}\nsept\n":
+                return "silent-wrong", f"output {out.read_text()!r}, partial {kept!r}"
+            return "clean-error", short(r.err_lines[0])
+        if [w.decode().strip() if w else None for w in written] != [DEMO_TGT, "sept"]:
+            return "silent-wrong", f"written before the signal: {written!r}"
+        return "clean-error", "exit 130 with both translations written"
+    return fn
+
+
+def stream_fifo_input_case(t: Trial) -> tuple[str, str]:
+    """--input FIFO streams like stdin: the first translation is out before the writer sends the second line."""
+    fifo = t.p("in.fifo")
+    os.mkfifo(fifo)
+    t.input(fifo)
+    args = ["tfm-run", "translate", "--model", t.ctx.demo(), "--input", fifo]
+    t.snap()
+    p = subprocess.Popen(t.ctx.argv(args), cwd=t.dir, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, env=t.ctx.env, start_new_session=True, preexec_fn=child_setup(),
+                         bufsize=0)
+    start = time.monotonic()
+    with open(fifo, "wb", buffering=0) as writer:
+        writer.write(f"{DEMO_SRC}\n".encode())
+        first = line_within(p, t.ctx.timeout)
+        if first is not None:
+            writer.write(b"seven\n")
+    r = t.wait(p, args, start=start)
+    if first is None:
+        return base_problem(r) or ("silent-wrong", "no output before the FIFO's writer closed it")
+    r.out = first.decode() + r.out
+    return t.ok(r, lambda r: None if r.out_lines == [DEMO_TGT, "sept"] else f"got {r.out_lines!r}")
+
+
+def stream_error_output_case(t: Trial) -> tuple[str, str]:
+    """A bad line far into a file: one error naming it, and --output neither written nor left partial."""
+    lines = [DEMO_SRC] * 300
+    lines[260] = "forty-two " * 300
+    inp = t.text("in.txt", "\n".join(lines) + "\n")
+    out = t.p("out.txt")
+    t.output(out, t.p("out.txt.partial"))
+    r = t.run("tfm-run", "translate", "--model", t.ctx.demo(), "--input", inp, "--output", out, "--batch-size", 4)
+    verdict = t.names_fix(r, "line 261", "--truncate")
+    if verdict[0] == "clean-error" and (out.exists() or t.p("out.txt.partial").exists()):
+        return "silent-wrong", "a failed run left an output"
+    return verdict
+
+
+add("everyday", "stream-first-line-before-eof/translate", stream_first_line_case)
+add("everyday", "stream-SIGINT-keeps-stdout/translate", stream_sigint_case(False))
+add("everyday", "stream-SIGINT-keeps-partial-output/translate", stream_sigint_case(True))
+add("everyday", "stream-fifo-input/translate", stream_fifo_input_case)
+add("everyday", "stream-error-at-line-261-with-output/translate", stream_error_output_case)
+
+
+def mode_case(writer: str, mask: int, replace: bool) -> Callable[[Trial], tuple[str, str]]:
+    """New files get 0666 & ~umask, replaced files keep their mode (0640 here), whatever the umask."""
+    def fn(t: Trial) -> tuple[str, str]:
+        if writer == "translate":
+            target = t.p("out.txt")
+            args = ["tfm-run", "translate", "--model", t.ctx.tiny(), "--output", target, TINY_SENT]
+            t.output(target)
+        elif writer == "random-checkpoint":
+            target = t.p("ck") / "ckpt.pt"
+            args = ["tfm-export", "random-checkpoint", "--d-model", 8, "--heads", 1, "--layers", 1, "--ffn", 8,
+                    "--vocab-size", 12, "--output", t.p("ck"), *(["--force"] if replace else [])]
+            t.output(t.p("ck"))
+        else:  # verify --report: the markdown report of an int8 directory
+            target = t.p("rep") / "precision-report.md"
+            args = ["tfm-export", "verify", "--model", t.ctx.int8(), "--input", t.ctx.calib(), "--beam-size", 1,
+                    "--min-agreement", 0, "--report", t.p("rep")]
+            t.output(t.p("rep"))
+        if replace:
+            target.parent.mkdir(exist_ok=True)
+            target.write_bytes(b"old\n")
+            target.chmod(0o640)
+        r = t.sh(f"umask {mask:03o}; exec {t.ctx.sh_quote(args)}", timeout=2 * t.ctx.timeout)
+        want = 0o640 if replace else 0o666 & ~mask
+
+        def check(r: Result) -> str | None:
+            got = stat.S_IMODE(target.stat().st_mode)
+            return None if got == want else f"{target.name} is {got:04o}, expected {want:04o}"
+        return t.ok(r, check)
+    return fn
+
+
+for _writer in ("translate", "random-checkpoint", "verify-report"):
+    for _mask in (0o022, 0o077):
+        for _replace in (False, True):
+            add("everyday", f"mode-umask{_mask:03o}-{'replaced' if _replace else 'new'}/{_writer}",
+                mode_case(_writer, _mask, _replace))
+
+
+def hf_dir(t: Trial) -> Path:
+    """Where a Hugging Face model directory is given for something else (a config.json is what marks one)."""
+    d = t.p("hf")
+    d.mkdir()
+    (d / "config.json").write_text('{"model_type": "marian"}')
+    (d / "model.safetensors").write_bytes(b"weights")
+    t.input(d)
+    return d
+
+
+def fix_case(make: Callable[[Trial], list[Any]], *fragments: Callable[[Trial], str] | str
+             ) -> Callable[[Trial], tuple[str, str]]:
+    def fn(t: Trial) -> tuple[str, str]:
+        args = make(t)
+        return t.names_fix(t.run(*args), *[f(t) if callable(f) else f for f in fragments])
+    return fn
+
+
+def ck_dir(t: Trial) -> Path:
+    return t.copy_ck(t.ctx.tiny_ck()).parent
+
+
+add("everyday", "model-is-hf-dir/translate", fix_case(
+    lambda t: ["tfm-run", "translate", "--model", hf_dir(t), "x"], "tfm-export onnx --checkpoint", "--backend torch"))
+add("everyday", "model-is-checkpoint-dir/translate", fix_case(
+    lambda t: ["tfm-run", "translate", "--model", ck_dir(t), "x"], lambda t: str(t.p("ck", "ckpt.pt"))))
+add("everyday", "model-is-checkpoint-dir-torch/translate", fix_case(
+    lambda t: ["tfm-run", "translate", "--model", ck_dir(t), "--backend", "torch", "x"],
+    lambda t: f"pass the checkpoint inside it, {t.p('ck', 'ckpt.pt')}"))
+add("everyday", "model-is-hf-dir/inspect", fix_case(
+    lambda t: ["tfm-export", "inspect", "--model", hf_dir(t)], "tfm-export onnx --checkpoint"))
+add("everyday", "checkpoint-is-safetensors-file/onnx", fix_case(
+    lambda t: ["tfm-export", "onnx", "--checkpoint", hf_dir(t) / "model.safetensors", "--output", _out("m")(t)],
+    lambda t: f"pass the directory itself, {t.p('hf')}"))
+add("everyday", "checkpoint-is-config-json/onnx", fix_case(
+    lambda t: ["tfm-export", "onnx", "--checkpoint", hf_dir(t) / "config.json", "--output", _out("m")(t)],
+    "pass the directory itself"))
+add("everyday", "checkpoint-is-checkpoint-dir/onnx", fix_case(
+    lambda t: ["tfm-export", "onnx", "--checkpoint", ck_dir(t), "--output", _out("m")(t)],
+    lambda t: f"pass the checkpoint inside it, {t.p('ck', 'ckpt.pt')}"))
+add("everyday", "quantize-int8-without-calibration", fix_case(
+    lambda t: ["tfm-export", "quantize", "--model", t.ctx.tiny(), "--precision", "int8", "--output", _out("q")(t)],
+    "--calibration FILE", "--mode dynamic"))
+add("everyday", "verify-fp32-without-checkpoint", fix_case(
+    lambda t: ["tfm-export", "verify", "--model", t.ctx.tiny()], "exported from ckpt.pt", "--checkpoint PATH"))
+
+
+def sigint_sweep_case(t: Trial) -> tuple[str, str]:
+    """Ctrl-C at 20 moments of an export's first two seconds (PyTorch and ONNX loading): each one line, exit 130,
+    nothing left (an extension module interrupted while it initialised used to abort with a C++ dump, exit 134)."""
+    out = t.p("out")
+    t.output(out)
+    args = slow_writer_args(t, "onnx", out)
+    outcomes = Counter()
+    for i in range(20):
+        p = t.popen(*args)
+        start = time.monotonic()
+        time.sleep(0.1 * (i + 1))
+        p.send_signal(signal.SIGINT)
+        r = t.wait(p, args, start=start)
+        bad = base_problem(r)
+        if bad:
+            return bad[0], f"SIGINT at {0.1 * (i + 1):.1f}s: {bad[1]}"
+        if r.rc == 0:
+            problem = model_dir_ok(out)
+            if problem:
+                return "silent-wrong", problem
+            shutil.rmtree(out)
+        elif r.rc != 130 or r.err_lines != ["interrupted"]:
+            return "multi-line-error", f"SIGINT at {0.1 * (i + 1):.1f}s: exit {r.rc}: {short(' | '.join(r.err_lines))}"
+        left = staging_of(t.dir, "out")
+        if left:
+            return "leftover", f"{left[0].name} after SIGINT at {0.1 * (i + 1):.1f}s"
+        outcomes[r.rc] += 1
+    return "clean-error", f"{outcomes[130]} interrupted, {outcomes[0]} finished first"
+
+
+add("everyday", "SIGINT-sweep-first-2s/onnx", sigint_sweep_case)
+
+
+def verify_seed_case(t: Trial) -> tuple[str, str]:
+    """A seed checkpoint carries no vocabulary; the directory exported from it does, so verify needs no --vocab."""
+    ck = t.copy_ck(t.ctx.ckpts()["seed"])
+    m = _out("m")(t)
+    t.ctx.run(["tfm-export", "onnx", "--checkpoint", ck, "--vocab", t.ctx.seed_vocab(), "--output", m], cwd=t.dir)
+    return t.ok(t.run("tfm-export", "verify", "--model", m, "--checkpoint", ck, "--samples", 2, "--steps", 2,
+                      "--beam-size", 2, timeout=2 * t.ctx.timeout))
+
+
+def verify_wrong_graph_case(t: Trial) -> tuple[str, str]:
+    """A decoder step with scaled weights and its hash updated in the manifest: verify must fail it, and not as
+    near-ties."""
+    m = t.copy_model(t.ctx.tiny(), protect=False)
+    t.output(m)
+    shutil.copyfile(t.ctx.graphs()["decoder_step.onnx"], m / "decoder_step.onnx")
+    rehash(m)
+    r = t.run("tfm-export", "verify", "--model", m, "--checkpoint", t.ctx.tiny_ck() / "ckpt.pt", "--samples", 4,
+              "--steps", 3, "--beam-size", 2, timeout=2 * t.ctx.timeout)
+    return t.names_fix(r, "parity check failed", "diverging")
+
+
+def verify_int8_names_case(t: Trial) -> tuple[str, str]:
+    """int8 verify shows the sentences whose translation differs from fp32, as many as its table counts."""
+    r = t.run("tfm-export", "verify", "--model", t.ctx.int8(), "--input", t.ctx.calib(), "--beam-size", 1,
+              "--min-agreement", 0, timeout=2 * t.ctx.timeout)
+
+    def check(r: Result) -> str | None:
+        row = next((line for line in r.out_lines if line.startswith("| greedy |")), "")
+        identical, total = map(int, row.split("|")[2].split()[0].split("/")) if row else (0, 0)
+        named = sum(1 for line in r.out_lines if line.startswith("  '") and " -> " in line)
+        said = f"greedy: differs from fp32 on {total - identical} sentence(s):" in r.out
+        if not row or (identical < total and (not said or named != min(5, total - identical))):
+            return f"{identical}/{total} identical but {named} sentences named"
+        return None
+    return t.ok(r, check)
+
+
+add("everyday", "verify-seed-export-without-vocab", verify_seed_case)
+add("everyday", "verify-wrong-graph-still-fails", verify_wrong_graph_case)
+add("everyday", "verify-int8-names-differing-sentences", verify_int8_names_case)
+
+
+def provenance_case(t: Trial) -> tuple[str, str]:
+    """The manifest names its checkpoint by file name and sha256, never by a path of the machine that made it."""
+    manifest = (t.ctx.tiny() / "manifest.json").read_text()
+    source = json.loads(manifest)["source_checkpoint"]
+    if str(t.ctx.root) in manifest or "path" in source:
+        return "silent-wrong", f"manifest records {short(json.dumps(source), 80)}"
+    if source.get("file") != "ckpt.pt" or source.get("sha256") != sha(t.ctx.tiny_ck() / "ckpt.pt"):
+        return "silent-wrong", f"source_checkpoint is {short(json.dumps(source), 80)}"
+    return "ok", "file name and sha256 only"
+
+
+def version_case(tool: str) -> Callable[[Trial], tuple[str, str]]:
+    return lambda t: t.ok(t.run(tool, "--version"), lambda r: None if re.fullmatch(
+        rf"{tool} \d+\.\d+\.\d+\n", r.out) else f"printed {r.out!r}")
+
+
+def jsonl_truncated_case(t: Trial) -> tuple[str, str]:
+    r = t.run("tfm-run", "translate", "--model", t.ctx.demo(), "--format", "jsonl", "--max-length", 2, DEMO_SRC,
+              "seven")
+
+    def check(r: Result) -> str | None:
+        rows = [json.loads(line) for line in r.out_lines]
+        marks = [row.get("truncated") for row in rows]
+        return None if marks == [True, False] else f"truncated marks {marks!r}"
+    return t.ok(r, check)
+
+
+add("everyday", "manifest-records-no-paths/onnx", provenance_case)
+add("everyday", "version/tfm-run", version_case("tfm-run"))
+add("everyday", "version/tfm-export", version_case("tfm-export"))
+add("everyday", "jsonl-marks-max-length-cut/translate", jsonl_truncated_case)
+
+
 # -- positive controls: the same commands on honest inputs ----------------------------------------------------
 
 def control(args_fn: Callable[[Trial], list[Any]], check: Callable[[Trial, Result], str | None] | None = None,
@@ -2953,7 +3270,8 @@ add("control", "control/onnx-force-replaces-model", control(
                (_out("m")(t), shutil.copytree(t.ctx.tiny(), t.p("m")))[0], "--force"],
     lambda t, r: model_dir_ok(t.p("m"))))
 add("control", "control/verify-fp32", control(
-    lambda t: ["tfm-export", "verify", "--model", t.ctx.tiny(), "--samples", 2, "--steps", 3, "--beam-size", 2],
+    lambda t: ["tfm-export", "verify", "--model", t.ctx.tiny(), "--checkpoint", t.ctx.tiny_ck() / "ckpt.pt",
+               "--samples", 2, "--steps", 3, "--beam-size", 2],
     timeout_mult=2))
 add("control", "control/verify-int8-report", control(
     lambda t: ["tfm-export", "verify", "--model", t.ctx.int8(), "--input", t.ctx.calib(), "--beam-size", 1,

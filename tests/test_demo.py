@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from conftest import DEMO_CKPT
+from conftest import DEMO_CKPT, REPO
 
 from tfm_export import DecodeOptions, Translator
 from tfm_export.cli.export_cli import main as export_main
@@ -72,3 +72,33 @@ def test_make_demo_sentences_translate_correctly(translator):
     numbers = [42, 71, 80, 1234, 7001, 12345, 999999]
     results = translator.translate([demo_numbers.english(n) for n in numbers])
     assert [r.text for r in results] == [demo_numbers.french(n) for n in numbers]
+
+
+def test_make_demo_ends_with_one_verdict_of_its_four_checks(demo_onnx, tmp_path):
+    """scripts/demo_verdict.py reads the summaries the real commands print (here on the demo directory and an
+    int8 one, with fewer samples than make demo takes), and make demo ends with it."""
+    from tfm_export.precision.pipeline import quantize_model_dir
+    quantize_model_dir(demo_onnx, tmp_path / "int8", "int8", "dynamic", progress=False)
+    samples = str(REPO / "models" / "demo" / "samples.en.txt")
+    runs = {"parity": ["verify", "--model", str(demo_onnx), "--checkpoint", str(DEMO_CKPT), "--samples", "2",
+                       "--steps", "2", "--beam-size", "1"],
+            "exact match": ["eval-demo", "--model", str(demo_onnx), "--show-misses", "0"],
+            "int8": ["verify", "--model", str(tmp_path / "int8"), "--input", samples, "--beam-size", "1"],
+            "check": ["check", "--model", str(demo_onnx)]}
+    outputs = {}
+    for check, args in runs.items():
+        result = CliRunner().invoke(export_main, args)
+        assert result.exit_code == 0, result.output
+        outputs[check] = result.output
+    verdict = [sys.executable, str(REPO / "scripts" / "demo_verdict.py"), str(tmp_path / "demo.log")]
+    (tmp_path / "demo.log").write_text("".join(outputs.values()))
+    passed = subprocess.run(verdict, capture_output=True, text=True)
+    assert passed.returncode == 0 and passed.stdout.count("\n") == 1
+    assert passed.stdout.startswith("demo: PASSED: parity OK (") and "; exact match: 99." in passed.stdout
+    assert "; int8 OK against fp32 (" in passed.stdout and passed.stdout.endswith("; check OK\n")
+    (tmp_path / "demo.log").write_text(outputs["parity"] + outputs["exact match"] + outputs["check"])
+    failed = subprocess.run(verdict, capture_output=True, text=True)
+    assert failed.returncode == 1 and failed.stdout.startswith("demo: FAILED: no int8 summary")
+    recipe = (REPO / "Makefile").read_text().split("\ndemo: setup\n")[1].split("\n\n")[0]
+    assert recipe.splitlines()[-1].endswith("scripts/demo_verdict.py $(DEMO_LOG)")
+    assert recipe.count("| tee -a $(DEMO_LOG)") == 4

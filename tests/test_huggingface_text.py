@@ -250,10 +250,11 @@ def test_quantized_directories_report_agreement(exported, precision, tmp_path) -
 def test_verify_compares_with_generate(exported, tmp_path) -> None:
     """`tfm-export verify` on a Hugging Face export decodes under the model's rules and holds the graphs to
     generate() itself, on random sources and on text; `tfm-export check` finds them TensorRT-compatible."""
-    _, _, output = exported
+    _, directory, output = exported
     texts = tmp_path / "texts.txt"
     texts.write_text("\n".join(sample_texts()) + "\n", encoding="utf-8")
-    result = CliRunner().invoke(export_main, ["verify", "--model", str(output), "--input", str(texts)])
+    result = CliRunner().invoke(export_main, ["verify", "--model", str(output), "--checkpoint", str(directory),
+                                              "--input", str(texts)])
     assert result.exit_code == 0, result.output
     for row in ("greedy, 16 random sources vs generate()", "beam 4, 50 input lines vs generate()"):
         assert row in result.output

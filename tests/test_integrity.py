@@ -322,7 +322,7 @@ def test_a_damaged_contract_decoder_is_refused_even_where_the_buffered_one_runs(
     (lambda m: m.update(int8="static"), "invalid int8"), (lambda m: m.update(int8=None), "invalid int8"),
     (lambda m: m.update(optimizations=[7]), "invalid optimizations"),
     (lambda m: m.update(optimizations_not_applied=[]), "invalid optimizations_not_applied"),
-    (lambda m: m["source_checkpoint"].update(path=7), "invalid source_checkpoint.path"),
+    (lambda m: m["source_checkpoint"].update(file=7), "invalid source_checkpoint.file"),
     (lambda m: m["source_checkpoint"].update(sha256=None), "invalid source_checkpoint.sha256"),
 ])
 def test_damaged_manifest_fields_are_one_line_for_every_reader(tiny, tmp_path, edit, fragment):

@@ -75,6 +75,17 @@ def test_node_refuses_a_directory_that_is_not_a_model(node_example, tmp_path):
     assert result.returncode == 1 and "not a tfm-export model directory" in result.stderr
 
 
+def test_node_says_it_runs_float32_tensors_when_given_an_fp16_directory(node_example, demo_onnx, tmp_path):
+    from tfm_export.precision.pipeline import quantize_model_dir
+    quantize_model_dir(demo_onnx, tmp_path / "fp16", "fp16", progress=False)
+    result = subprocess.run(["node", "translate.js", str(tmp_path / "fp16"), "forty-two"], cwd=node_example,
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1 and result.stdout == ""
+    assert result.stderr == (f"error: {tmp_path / 'fp16'}: past_key_values.0.decoder.key is float16 (a fp16 "
+                             "directory); this example runs float32 tensors: give it the fp32 or int8 directory, or "
+                             "one quantized with --keep-io-types\n")
+
+
 def test_contract_doc_names_every_graph_tensor():
     """docs/graph-contract.md stays in step with the graph specs the exporter uses."""
     from tfm_export.core.config import ModelConfig

@@ -134,7 +134,9 @@ def test_manifest_records_what_consumers_need(tiny):
     m = json.loads((directory / "manifest.json").read_text())
     assert m["special_tokens"] == {"unk": 0, "pad": 1, "bos": 2, "eos": 3}
     assert m["limits"]["max_source_length"] == 40 and m["precision"] == "fp32" and m["opset"] == DEFAULT_OPSET
-    assert m["source_checkpoint"]["sha256"] == ckpt.sha256
+    # the checkpoint by name and hash: no path of the machine that exported it (the directory is shipped)
+    assert m["source_checkpoint"] == {"file": "ckpt.pt", "sha256": ckpt.sha256, "format": "tfm-export"}
+    assert str(ckpt.path.parent.parent) not in (directory / "manifest.json").read_text()
     for graph in Graph:
         assert m["graphs"][graph.value]["sha256"] == file_sha256(directory / graph.filename)
     assert sorted(p.name for p in directory.iterdir()) == ["decoder_step.onnx", "decoder_step_search.onnx",
@@ -292,7 +294,8 @@ def test_verify_names_an_input_line_longer_than_the_model(tiny, tmp_path):
     ckpt, directory = tiny
     lines = tmp_path / "in.txt"
     lines.write_text("w1 w2\n" + " ".join(["w3"] * 45) + "\n")
-    result = CliRunner().invoke(export_main, ["verify", "--model", str(directory), "--input", str(lines)])
+    result = CliRunner().invoke(export_main, ["verify", "--model", str(directory), "--checkpoint", str(ckpt.path),
+                                              "--input", str(lines)])
     assert result.exit_code == 1
     assert "--input line 2: 47 tokens with <s> and </s>, but the model takes at most 40" in result.output
 
@@ -315,11 +318,12 @@ def test_cli_export_inspect_verify(tiny, tmp_path):
     inspect = runner.invoke(export_main, ["inspect", "--model", str(out)])
     assert inspect.exit_code == 0
     assert "past_key_values.1.decoder.value" in inspect.output and "LayerNormalization" in inspect.output
-    ok = runner.invoke(export_main, ["verify", "--model", str(out), "--samples", "4", "--steps", "5"])
+    ok = runner.invoke(export_main, ["verify", "--model", str(out), "--checkpoint", str(ckpt.path), "--samples", "4",
+                                     "--steps", "5"])
     assert ok.exit_code == 0, ok.output
     assert "parity OK" in ok.output and "greedy, 4 random sources" in ok.output
-    strict = runner.invoke(export_main, ["verify", "--model", str(out), "--samples", "2", "--steps", "3",
-                                         "--atol", "0", "--rtol", "0"])
+    strict = runner.invoke(export_main, ["verify", "--model", str(out), "--checkpoint", str(ckpt.path), "--samples",
+                                         "2", "--steps", "3", "--atol", "0", "--rtol", "0"])
     assert strict.exit_code == 1 and "parity check failed" in strict.output
 
 
@@ -356,10 +360,11 @@ def test_model_directory_is_readable_by_others(tiny):
 def test_verify_counts_input_lines_with_blanks_and_refuses_all_blank(tiny, tmp_path):
     lines = tmp_path / "in.txt"
     lines.write_text("\n\nw1\n" + " ".join(["w3"] * 45) + "\n")
-    result = CliRunner().invoke(export_main, ["verify", "--model", str(tiny[1]), "--input", str(lines)])
+    verify = ["verify", "--model", str(tiny[1]), "--checkpoint", str(tiny[0].path), "--input", str(lines)]
+    result = CliRunner().invoke(export_main, verify)
     assert result.exit_code == 1 and "--input line 4: 47 tokens" in result.output
     lines.write_text("\n  \n")
-    result = CliRunner().invoke(export_main, ["verify", "--model", str(tiny[1]), "--input", str(lines)])
+    result = CliRunner().invoke(export_main, verify)
     assert result.exit_code == 1 and "--input has no non-empty lines" in result.output
 
 

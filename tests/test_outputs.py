@@ -147,8 +147,24 @@ def test_stale_staging_of_a_dead_run_is_removed_and_a_live_one_respected(tmp_pat
     assert live.exists()
 
 
+def test_an_interrupt_while_the_staging_directory_is_made_leaves_nothing(tmp_path, monkeypatch):
+    """Ctrl-C between mkdtemp's mkdir and its return (the directory exists, its name is not known yet)."""
+    import tempfile
+    made = tempfile.mkdtemp
+
+    def interrupted(*args, **kwargs):
+        made(*args, **kwargs)
+        raise KeyboardInterrupt
+    monkeypatch.setattr(tempfile, "mkdtemp", interrupted)
+    with pytest.raises(KeyboardInterrupt), staged_directory(tmp_path / "model", force=False):
+        pass
+    assert listing(tmp_path) == []
+
+
 def _run_shell(command: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["sh", "-c", command], capture_output=True, text=True, cwd=REPO, timeout=120)
+    """As a user's shell runs it: without PYTHONUNBUFFERED, stdout is buffered and flushed again at exit."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    return subprocess.run(["sh", "-c", command], capture_output=True, text=True, cwd=REPO, timeout=120, env=env)
 
 
 def test_closed_stdout_and_stdin_are_errors_not_silent_exit_0(demo_onnx):
@@ -167,7 +183,8 @@ def test_closed_stdout_and_stdin_are_errors_not_silent_exit_0(demo_onnx):
         assert full.returncode == 1 and full.stderr.strip() == \
             "Error: cannot write to stdout (No space left on device)", full.stderr
     full = _run_shell(f"'{tfm_run}' translate --model '{demo_onnx}' forty-two > /dev/full")
-    assert full.returncode == 1 and "No space left on device" in full.stderr
+    assert full.returncode == 1 and full.stderr == "Error: cannot write the translations to stdout (No space left " \
+        "on device); pass --output FILE\n", full.stderr
     no_input = _run_shell(f"'{tfm_run}' translate --model '{demo_onnx}' <&-")
     assert no_input.returncode == 1 and "stdin is closed" in no_input.stderr
 

@@ -262,7 +262,8 @@ def _quantize(args):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--precision", "int8"], "needs --calibration FILE"),
+    (["--precision", "int8"], "needs --calibration FILE: sentences in the model's source language, one per line "
+                              "(calibration/README.md); or pass --mode dynamic for int8 without calibration"),
     (["--precision", "int8", "--calibration", "missing.txt"], "missing.txt: cannot read input"),
     (["--precision", "int8", "--calibration", "empty.txt"], "empty.txt: has no non-empty lines"),
     (["--precision", "int8", "--mode", "dynamic", "--calibration", "empty.txt"], "--calibration is only used by"),

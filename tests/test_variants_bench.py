@@ -50,8 +50,8 @@ def test_verify_translate_and_opset_18_take_a_variant_directory(tmp_path):
     errors = [f"{f.release}: {f.message}" for f in check_model_dir(model).errors()]  # ReduceMean's axes as input
     assert errors and all(e.startswith("TensorRT 8.6: opset 18 is outside") for e in errors)
     (tmp_path / "in.txt").write_text("\n".join(random_texts(case_config("t5-like"), 6, 2, 8)) + "\n")
-    verified = CliRunner().invoke(export_main, ["verify", "--model", str(model), "--input", str(tmp_path / "in.txt"),
-                                                "--samples", "4"])
+    verified = CliRunner().invoke(export_main, ["verify", "--model", str(model), "--checkpoint", str(ckpt), "--input",
+                                                str(tmp_path / "in.txt"), "--samples", "4"])
     assert verified.exit_code == 0, verified.output
     inspected = CliRunner().invoke(export_main, ["inspect", "--model", str(model)])
     assert "architecture: norm=rmsnorm, placement=pre, embedding_norm=False, activation=geglu" in inspected.output

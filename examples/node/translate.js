@@ -13,6 +13,13 @@ const { Tokenizer } = require('./tokenizer');
 
 async function loadModel(dir) {
   const manifest = readManifest(dir);
+  // This example feeds float32 caches and reads float32 logits; an fp16 directory's graphs (for GPUs) take fp16.
+  const step = manifest.graphs.decoder_step;
+  const other = [...step.inputs, ...step.outputs].find((t) => t.dtype.startsWith('float') && t.dtype !== 'float32');
+  if (other) {
+    throw new Error(`${dir}: ${other.name} is ${other.dtype} (a ${manifest.precision} directory); this example runs ` +
+                    'float32 tensors: give it the fp32 or int8 directory, or one quantized with --keep-io-types');
+  }
   const options = { graphOptimizationLevel: 'all' };
   return {
     manifest,

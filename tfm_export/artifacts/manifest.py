@@ -13,6 +13,9 @@ from ..core.errors import TfmExportError
 from ..core.files import read_json
 
 MANIFEST = "manifest.json"
+HF_CONFIG_FILE = "config.json"  # what marks a Hugging Face model directory
+CHECKPOINT_SUFFIXES = (".pt", ".pth", ".chkpt", ".ckpt")  # what PyTorch training scripts name their checkpoints
+EXPORT_HINT = "`tfm-export onnx --checkpoint {} --output MODEL_DIR`"
 
 
 class ModelDirError(TfmExportError):
@@ -61,6 +64,32 @@ ENGINE_FORMAT, ENGINE_FORMAT_VERSION = "tfm-export-engines", 3
 REPOSITORY_FORMAT, REPOSITORY_FORMAT_VERSION = "tfm-export-triton-repository", 1
 
 
+def is_hf_directory(path: Path) -> bool:
+    return path.is_dir() and (path / HF_CONFIG_FILE).is_file()
+
+
+def checkpoint_inside(directory: Path) -> Path | None:
+    """The checkpoint file a directory holds (ckpt.pt first), for the error that names it."""
+    try:
+        found = sorted(p for p in directory.iterdir() if p.suffix in CHECKPOINT_SUFFIXES and p.is_file())
+    except OSError:
+        return None
+    return next((p for p in found if p.name == "ckpt.pt"), found[0] if found else None)
+
+
+def not_exported(directory: Path, what: str, run_as_is: str = "") -> str:
+    """Why a directory without a manifest is no tfm-export `what`, and the fix: a Hugging Face directory or a
+    checkpoint's directory is exported first (or, where the command can, `run_as_is` with it as it is)."""
+    if is_hf_directory(directory):
+        return (f"{directory}: is a Hugging Face model directory, not a tfm-export {what}; export it with "
+                + EXPORT_HINT.format(directory) + (f", or {run_as_is}" if run_as_is else ""))
+    checkpoint = checkpoint_inside(directory)
+    if checkpoint is not None:
+        return (f"{directory}: holds the checkpoint {checkpoint}, not a tfm-export {what}; export it with "
+                + EXPORT_HINT.format(checkpoint) + (f", or give {checkpoint} itself" if run_as_is else ""))
+    return f"{directory / MANIFEST}: missing; this is not a tfm-export {what}"
+
+
 def write_manifest(directory: Path, manifest: dict[str, Any]) -> None:
     (directory / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
@@ -85,7 +114,7 @@ def read_declared(directory: Path, kind: DirectoryKind, wrong_format: Callable[[
     try:
         manifest = read_json(path, ModelDirError, kind.remake)
     except FileNotFoundError:
-        raise ModelDirError(f"{path}: missing; this is not a tfm-export {kind.what}") from None
+        raise ModelDirError(not_exported(directory, kind.what)) from None
     declared = manifest.get("format") if isinstance(manifest, dict) else None
     if declared != kind.format:
         raise ModelDirError(wrong_format(declared) or f"{path}: not a {kind.format} manifest; {kind.remake}")

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from ..core.config import ModelConfig
+from ..core.config import SIZE_LIMITS, ModelConfig
 from ..core.errors import TfmExportError
 from ..core.files import contained_file, file_sha256
 from ..core.graph_spec import RETIRED_GRAPHS, Graph, variant_specs
@@ -65,7 +65,7 @@ MODEL_DIR = DirectoryKind(
             "special_tokens": lambda v: isinstance(v, dict) and all(map(is_token_id, v.values())),
             "source_checkpoint.sha256": is_sha256,
             # optional, checked where present (verify checks `parent` itself, saying what it must hold)
-            "source_checkpoint.path": is_text, "int8": is_object, "optimizations_not_applied": is_object})
+            "source_checkpoint.file": is_text, "int8": is_object, "optimizations_not_applied": is_object})
 
 
 def read_manifest(directory: Path) -> dict[str, Any]:
@@ -99,7 +99,11 @@ def _checked(directory: Path) -> tuple[dict[str, Any], ModelConfig, TokenRules]:
 
 
 def check_model_fields(manifest: dict[str, Any], path: Path, remake: str) -> ModelConfig:
-    """The model config and the length limits a model or engine manifest declares, consistent with each other."""
+    """The model config and the length limits a model or engine manifest declares, consistent with each other.
+    The sizes the graphs were built with must be there: a default would describe some other model."""
+    missing = [f"model.{key}" for key in SIZE_LIMITS if key not in manifest["model"]]
+    if missing:
+        raise ModelDirError(f"{path}: lacks {', '.join(missing)}; {remake}")
     try:
         config = ModelConfig.from_dict(manifest["model"])
     except TfmExportError as exc:
@@ -206,6 +210,12 @@ def tokenizer_file(directory: Path, manifest: dict[str, Any], side: str) -> Path
     """The source or target tokenizer file, inside the directory and as hashed."""
     name = manifest["tokenizer"][side]
     return verified_file(directory, name, manifest["files"].get(name), f"{side} tokenizer")
+
+
+def tokenizer_paths(directory: Path, manifest: dict[str, Any]) -> list[Path]:
+    """The tokenizer files as --vocab takes them: one when shared, else source then target (checked)."""
+    source, target = (tokenizer_file(directory, manifest, side) for side in ("source", "target"))
+    return [source] if source == target else [source, target]
 
 
 def copy_tokenizers(directory: Path, manifest: dict[str, Any], target: Path) -> list[str]:

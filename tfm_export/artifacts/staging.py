@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from ..core.errors import first_line
+from ..core.files import umask
 from .manifest import ENGINE_FORMAT, MODEL_FORMAT, REPOSITORY_FORMAT, ModelDirError, manifest_format
 
 ARTIFACT_FORMATS = (MODEL_FORMAT, ENGINE_FORMAT, REPOSITORY_FORMAT)  # what --force may replace
@@ -80,13 +81,18 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def _stagings(output: Path) -> Iterator[tuple[Path, int]]:
+    """The staging directories beside `output` and the process each belongs to."""
+    for staging in output.parent.glob(f".{glob.escape(output.name)}.*{STAGING_SUFFIX}"):
+        pid = _owner(staging)
+        if pid is not None and staging.is_dir():
+            yield staging, pid
+
+
 def _claim(output: Path) -> None:
     """Remove staging directories of earlier runs that died (SIGKILL, power loss) and refuse while a live
     process is writing the same output."""
-    for staging in output.parent.glob(f".{glob.escape(output.name)}.*{STAGING_SUFFIX}"):
-        pid = _owner(staging)
-        if pid is None or not staging.is_dir():
-            continue
+    for staging, pid in _stagings(output):
         if pid != os.getpid() and _alive(pid):
             raise ModelDirError(f"{output}: another tfm-export (process {pid}) is writing it now; wait for it to "
                                 "finish or choose another --output")
@@ -106,11 +112,14 @@ def staged_directory(output: Path, force: bool, keep: tuple[Path, ...] = ()) -> 
     except OSError as exc:
         raise ModelDirError(f"{target.parent}: cannot create the output ({exc.strerror}); "
                             "choose a writable --output") from None
+    except BaseException:  # Ctrl-C after mkdtemp made the directory but before it returned its name
+        for staging, pid in _stagings(target):
+            if pid == os.getpid():
+                shutil.rmtree(staging, ignore_errors=True)
+        raise
     try:
         yield staging
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(staging, 0o777 & ~umask)  # mkdtemp makes it private; a model directory is meant to be shared
+        os.chmod(staging, 0o777 & ~umask())  # mkdtemp makes it private; a model directory is meant to be shared
         _check_replaceable(output, force)
         _swap_into_place(staging, target)
     except OSError as exc:  # a full disk or a vanished directory while writing

@@ -23,7 +23,7 @@ from ..precision.pipeline import Calibration, quantize_model_dir
 from ..runtime.session import has_cuda_provider
 from ..runtime.tensorrt_platform import missing_reason
 from .ctranslate2 import convert_to_ctranslate2, unsupported
-from .runners import Artifacts
+from .runners import NO_CHECKPOINT, Artifacts
 
 
 @dataclass
@@ -68,9 +68,7 @@ def open_model(path: Path) -> BenchModel:
     if manifest["precision"] != "fp32":
         raise TfmExportError(f"{path}: is a {manifest['precision']} directory; bench --model takes a checkpoint or an "
                              "fp32 model directory and makes the fp16/int8 variants itself")
-    source = Path(manifest["source_checkpoint"].get("path", ""))
-    ckpt = load_checkpoint(source) if source.is_file() or is_hf_directory(source) else None
-    return BenchModel(path, ckpt, path, ModelConfig.from_dict(manifest["model"]).n_position,
+    return BenchModel(path, None, path, ModelConfig.from_dict(manifest["model"]).n_position,
                       load_vocabulary(path, manifest), token_rules(manifest, path / MANIFEST))
 
 
@@ -120,8 +118,8 @@ def build_variants(built: Built, model: BenchModel, work: Path, calibration: Cal
 def _ctranslate2(built: Built, model: BenchModel, work: Path, say: Callable[[str], None]) -> None:
     """The CTranslate2 model, converted from the checkpoint's own weights (a Hugging Face directory's too)."""
     ckpt = model.checkpoint
-    why = ckpt and unsupported(ckpt.config)
-    if why or ckpt is None or not importlib.util.find_spec("ctranslate2"):
+    why = unsupported(ckpt.config) if ckpt else NO_CHECKPOINT
+    if why or not importlib.util.find_spec("ctranslate2"):
         built.artifacts = replace(built.artifacts, ctranslate2_unsupported=why or None)
         return
     say("convert CTranslate2")

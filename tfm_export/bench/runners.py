@@ -34,6 +34,9 @@ ONNX_VARIANTS = {"ort-fp32": "fp32", "ort-int8-static": "int8-static", "ort-int8
 
 Decode = Callable[[Sequence[Sequence[int]], int, int, bool], list[tuple[int, ...]]]
 
+# why PyTorch and CTranslate2 cannot run for an fp32 model directory: its manifest names its checkpoint, not where it is
+NO_CHECKPOINT = "no checkpoint (give bench --model the checkpoint, not a model directory, to time this backend)"
+
 
 @dataclass(frozen=True)
 class Artifacts:
@@ -59,7 +62,7 @@ def unavailable(name: str, artifacts: Artifacts) -> str | None:
     if name in ONNX_VARIANTS and ONNX_VARIANTS[name] not in artifacts.onnx:
         return f"no {ONNX_VARIANTS[name]} model directory"
     if name.startswith("torch") and artifacts.checkpoint is None:
-        return "no checkpoint (the model directory's source checkpoint is not here)"
+        return NO_CHECKPOINT
     if name.startswith("ct2") and artifacts.ctranslate2 is None:
         return artifacts.ctranslate2_unsupported or "CTranslate2 is not installed or the model could not be converted"
     return None

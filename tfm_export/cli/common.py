@@ -14,7 +14,7 @@ from typing import Any
 import click
 
 from ..core.errors import TfmExportError
-from .entry import handle_signals
+from .entry import handle_signals, interrupted
 
 
 class OneLineUsageError(click.ClickException):
@@ -57,20 +57,19 @@ class ErrorReportingGroup(click.Group):
         except TfmExportError as exc:
             raise click.ClickException(str(exc)) from None
         except BrokenPipeError:  # the reader left (`| head`): stop quietly, as a process killed by SIGPIPE would
-            _drop_unwritable_stdout()
+            drop_unwritable_stdout()
             sys.exit(128 + signal.SIGPIPE)
         except OSError as exc:  # stdout on a full device: no command's own check names this
-            _drop_unwritable_stdout()
+            drop_unwritable_stdout()
             raise click.ClickException(f"cannot write to {exc.filename or 'stdout'} ({exc.strerror or exc})") from None
         except click.UsageError as exc:
             command = f" (see {exc.ctx.command_path} --help)" if exc.ctx is not None else ""
             raise OneLineUsageError(exc.format_message() + command) from None
-        except KeyboardInterrupt:
-            click.echo("interrupted", err=True)
-            sys.exit(130)
+        except KeyboardInterrupt as exc:
+            interrupted(exc)
 
 
-def _drop_unwritable_stdout() -> None:
+def drop_unwritable_stdout() -> None:
     """Point stdout at /dev/null so the interpreter's flush at exit does not fail a second time."""
     try:
         devnull = os.open(os.devnull, os.O_WRONLY)

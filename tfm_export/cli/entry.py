@@ -4,19 +4,47 @@ staging directories of an unfinished write removed."""
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
-from typing import Any
+import threading
+from types import FrameType
+
+SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+RETRY_S = 0.05  # a signal that arrives during an import is delivered again this much later
+IMPORTING = "<frozen importlib._bootstrap"  # the file name of the frames that run an import
 
 
-def terminated(signum: int, frame: Any) -> None:
-    """SIGTERM (kill, timeout, a cancelled CI job) and SIGHUP (a closed terminal) unwind like Ctrl-C."""
+def unwind(signum: int, frame: FrameType | None) -> None:
+    """Ctrl-C, SIGTERM (kill, timeout, a cancelled CI job) and SIGHUP (a closed terminal) unwind as
+    KeyboardInterrupt, except during an import: an extension module interrupted while it initialises may abort
+    the whole process (PyTorch's `import torch` ends in std::terminate, exit 134, when a KeyboardInterrupt
+    reaches Python code it calls back), so there the signal is sent again a moment later, after the import."""
+    if _importing(frame):
+        retry = threading.Timer(RETRY_S, os.kill, (os.getpid(), signum))
+        retry.daemon = True
+        retry.start()
+        return
     raise KeyboardInterrupt
 
 
+def _importing(frame: FrameType | None) -> bool:
+    while frame is not None:
+        if frame.f_code.co_filename.startswith(IMPORTING):
+            return True
+        frame = frame.f_back
+    return False
+
+
 def handle_signals() -> None:
-    for signum in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(signum, terminated)
+    for signum in SIGNALS:
+        signal.signal(signum, unwind)
+
+
+def interrupted(exc: KeyboardInterrupt) -> None:
+    """One line (with what was kept, when the interrupted command says) and exit 130."""
+    print(f"interrupted: {exc}" if str(exc) else "interrupted", file=sys.stderr)
+    sys.exit(130)
 
 
 def _run(command: str) -> None:
@@ -25,29 +53,12 @@ def _run(command: str) -> None:
         if command == "tfm-export":
             from .export_cli import main
         else:
+            from ..core.machine import return_large_blocks
+            return_large_blocks()  # before anything allocates
             from .run_cli import main
         main(prog_name=command)
-    except KeyboardInterrupt:
-        _interrupted()
-    except ImportError as exc:  # some extension modules (onnxruntime's) turn an interrupted import into this
-        if not _caused_by_interrupt(exc):
-            raise
-        _interrupted()
-
-
-def _caused_by_interrupt(exc: BaseException | None) -> bool:
-    seen = set()
-    while exc is not None and id(exc) not in seen:
-        if isinstance(exc, KeyboardInterrupt):
-            return True
-        seen.add(id(exc))
-        exc = exc.__cause__ or exc.__context__
-    return False
-
-
-def _interrupted() -> None:
-    print("interrupted", file=sys.stderr)
-    sys.exit(130)
+    except KeyboardInterrupt as exc:
+        interrupted(exc)
 
 
 def export_main() -> None:
@@ -55,6 +66,4 @@ def export_main() -> None:
 
 
 def run_main() -> None:
-    from ..core.machine import return_large_blocks
-    return_large_blocks()
     _run("tfm-run")

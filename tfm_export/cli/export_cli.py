@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 
+from .. import __version__
 from ..artifacts.engine_dir import TARGET_NAMES, TENSORRT
 from ..artifacts.model_dir import INT8_MODES, PRECISIONS
 from ..core.config import TrainSettings
@@ -45,6 +46,7 @@ QUANTIZED = [p for p in PRECISIONS if p != "fp32"]
 @click.group(cls=ErrorReportingGroup, epilog="Typical use: tfm-export onnx --checkpoint ckpt.pt --output model/ "
               "&& tfm-export verify --model model/ && tfm-run translate --model model/ 'some text'")
 @click.option("-v", "--verbose", is_flag=True, help="Log progress and warnings.")
+@click.version_option(__version__, message="%(prog)s %(version)s")
 def main(verbose: bool) -> None:
     """Export encoder-decoder Transformers for ONNX Runtime and TensorRT."""
     setup_logging(verbose)

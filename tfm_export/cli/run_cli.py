@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import click
 from tqdm import tqdm
 
+from .. import __version__
 from ..core.errors import InputTextError, TfmExportError
-from ..core.files import check_output_path, write_text_atomically
+from ..core.files import check_output_path, streamed_text
 from ..core.machine import MAX_THREADS
-from ..core.sources import read_text_lines
+from ..core.sources import CHUNK_BATCHES, read_line_chunks
 from ..runtime.backends import BACKENDS
 from ..runtime.session import OPT_LEVELS, SessionOptions
 from ..runtime.translator import (
@@ -24,18 +27,20 @@ from ..runtime.translator import (
     Translator,
 )
 from .bench_cli import bench
-from .common import ErrorReportingGroup, setup_logging, vocab_option
+from .common import ErrorReportingGroup, drop_unwritable_stdout, setup_logging, vocab_option
 
 
 @click.group(cls=ErrorReportingGroup)
 @click.option("-v", "--verbose", is_flag=True, help="Log progress and warnings.")
+@click.version_option(__version__, message="%(prog)s %(version)s")
 def main(verbose: bool) -> None:
     """Run exported or PyTorch translation models."""
     setup_logging(verbose)
 
 
-def read_lines(input_file: Path | None, texts: tuple[str, ...]) -> list[str]:
-    """TEXT arguments, else the input file, else stdin; one sentence per line."""
+def read_chunks(input_file: Path | None, texts: tuple[str, ...], batch_size: int) -> Iterator[list[str]]:
+    """TEXT arguments, else the input file, else stdin; one sentence per line, in chunks of what has arrived
+    (each bucketed by length over up to CHUNK_BATCHES batches)."""
     if texts and input_file is not None:
         raise InputTextError("give TEXT arguments or --input FILE, not both")
     if texts:
@@ -44,11 +49,8 @@ def read_lines(input_file: Path | None, texts: tuple[str, ...]) -> list[str]:
                 text.encode("utf-8")
             except UnicodeEncodeError:
                 raise InputTextError(f"TEXT argument {number} is not valid UTF-8") from None
-        return list(texts)
-    lines = read_text_lines(input_file)
-    if not lines:
-        raise InputTextError(f"{input_file or '<stdin>'}: is empty; nothing to translate")
-    return lines
+        return iter([list(texts)])
+    return read_line_chunks(input_file, batch_size * CHUNK_BATCHES)
 
 
 def format_line(source: str, result: Translation, fmt: str) -> str:
@@ -59,7 +61,7 @@ def format_line(source: str, result: Translation, fmt: str) -> str:
     if fmt == "text":
         return "\n".join(f"{a.score:.6f}\t{a.text}" for a in alternatives) if alternatives else result.text
     row = {"source": source, "translation": result.text, "tokens": list(result.tokens), "ids": list(result.ids),
-           "score": round(result.score, 6), "time_ms": round(result.time_ms, 3)}
+           "score": round(result.score, 6), "time_ms": round(result.time_ms, 3), "truncated": result.truncated}
     if alternatives:
         row["n_best"] = [{"translation": a.text, "score": _json_score(a.score), "log_prob": _json_score(a.log_prob)}
                          for a in alternatives]
@@ -71,19 +73,30 @@ def _json_score(score: float) -> float | None:
     return round(score, 6) if math.isfinite(score) else None
 
 
-def write_output(lines: list[str], output: Path | None) -> None:
-    """stdout, or a file written whole (a failed run leaves no partial output). A closed or full stdout is an
-    error, never a silent exit 0 with the translations lost."""
-    text = "".join(line + "\n" for line in lines)
+@contextlib.contextmanager
+def output_stream(output: Path | None) -> Iterator[Callable[[list[str]], None]]:
+    """write(lines) to stdout, each call flushed; or to --output, which is replaced only when every line is
+    written (Ctrl-C keeps the lines done so far in OUTPUT.partial). A closed or full stdout is an error, never a
+    silent exit 0 with the translations lost."""
     if output is not None:
-        write_text_atomically(output, text, "output")
+        with streamed_text(output, "translations") as f:
+            def write_file(lines: list[str]) -> None:
+                f.write("".join(line + "\n" for line in lines))
+                f.flush()
+            yield write_file
         return
-    try:
-        sys.stdout.write(text)  # a stdout closed at start raises TfmExportError (common.ClosedStdout)
-        sys.stdout.flush()
-    except (OSError, ValueError) as exc:
-        raise TfmExportError(f"cannot write the translations to stdout ({getattr(exc, 'strerror', None) or exc}); "
-                             "pass --output FILE") from None
+
+    def write(lines: list[str]) -> None:
+        try:
+            sys.stdout.write("".join(line + "\n" for line in lines))  # a stdout closed at start raises
+            sys.stdout.flush()  # TfmExportError (common.ClosedStdout)
+        except BrokenPipeError:
+            raise  # the reader left (`| head`): the command group ends quietly
+        except (OSError, ValueError) as exc:  # a full device: what is buffered would fail again at exit
+            drop_unwritable_stdout()
+            raise TfmExportError(f"cannot write the translations to stdout ({getattr(exc, 'strerror', None) or exc}"
+                                 "); pass --output FILE") from None
+    yield write
 
 
 @main.command()
@@ -121,9 +134,12 @@ def write_output(lines: list[str], output: Path | None) -> None:
 @click.option("--input", "input_file", type=click.Path(path_type=Path, dir_okay=False), default=None,
               help="Read sentences from this file (one per line) instead of TEXT or stdin.")
 @click.option("--output", type=click.Path(path_type=Path, dir_okay=False), default=None,
-              help="Write translations here instead of stdout.")
+              help="Write translations here instead of stdout: replaced only when all are done; on Ctrl-C the "
+                   "ones done so far are in OUTPUT.partial.")
 @click.option("--format", "fmt", type=click.Choice(["text", "jsonl"]), default="text", show_default=True,
-              help="jsonl adds tokens, ids, score and time per sentence.")
+              help="jsonl adds tokens, ids, score, time_ms (its batch's decode time divided by the sentences in "
+                   "the batch, not the sentence's own latency) and truncated (cut by the length limit before "
+                   "</s>) per sentence.")
 @click.option("--threads", type=click.IntRange(0, MAX_THREADS), default=0, envvar="TFM_THREADS", show_default=True,
               help="CPU threads for ONNX Runtime (0 = its default) or PyTorch. Env: TFM_THREADS.")
 @click.option("--ort-opt-level", type=click.Choice(list(OPT_LEVELS)), default="all", envvar="TFM_ORT_OPT_LEVEL",
@@ -152,12 +168,14 @@ def translate(texts: tuple[str, ...], model_path: Path, vocab: tuple[Path, ...],
               memory_arena: bool | None, spinning: bool, search_graph: bool, fused: bool, ort_trt: bool) -> None:
     """Translate TEXT arguments, a file or stdin: one translation per line, in input order.
 
-    Empty lines give empty lines. A line longer than the model's positions is an error naming the line
-    (or is cut, with a warning, under --truncate).
+    Input is translated as it arrives and each translation is printed (and flushed) once every line before
+    it is done, so a pipe gets its first lines back before it ends. Empty lines give empty lines. A line
+    longer than the model's positions is an error naming the line (or is cut, with a warning, under
+    --truncate). Ctrl-C keeps what was written; exit 130.
     """
     inputs = [p for p in (input_file, model_path, *vocab) if p]
     check_output_path(output, "--output", inputs)
-    lines = read_lines(input_file, texts)
+    chunks = read_chunks(input_file, texts, batch_size)
     session = SessionOptions(intra_op_threads=threads, optimization=ort_opt_level, memory_arena=memory_arena,
                              spinning=spinning, search_graph=search_graph, fused=fused, tensorrt_ep=ort_trt)
     translator = Translator.load(model_path, vocab, backend, device, session)
@@ -165,9 +183,13 @@ def translate(texts: tuple[str, ...], model_path: Path, vocab: tuple[Path, ...],
     check_output_path(output, "--output", [*inputs, *translator.vocab.files])  # a checkpoint's tokenizer too
     options = DecodeOptions(beam_size, length_penalty, max_length, batch_size, truncate, n_best)
     show = input_file is not None and sys.stderr.isatty()
-    with tqdm(total=len(lines), desc="translating", unit="line", disable=not show) as bar:
-        results = translator.translate(lines, options, progress=bar.update)
-    write_output([format_line(src, r, fmt) for src, r in zip(lines, results, strict=True)], output)
+    with output_stream(output) as write, tqdm(desc="translating", unit="line", disable=not show) as bar:
+        lines = 0
+        for done in translator.translate_stream(chunks, options, progress=bar.update):
+            write([format_line(src, r, fmt) for src, r in done])
+            lines += len(done)
+        if not lines:
+            raise InputTextError(f"{input_file or '<stdin>'}: is empty; nothing to translate")
 
 
 main.add_command(bench)

@@ -4,24 +4,27 @@ checkpoint kept inside their directory, bounded JSON, and outputs written whole 
 Writes go to a fresh temporary file (created exclusively, so a link planted at a guessable name is
 never followed) beside the target and are renamed into place; a target that is a symbolic link is
 written through (the file it points to is replaced, the link stays); a target that is a device, pipe
-or socket (/dev/null, /dev/stdout, a FIFO) is written directly, never renamed over. Kept free of
+or socket (/dev/null, /dev/stdout, a FIFO) is written directly, never renamed over. A new file gets
+the mode any program's new file gets (0666 less the umask), a replaced one keeps its mode. Kept free of
 PyTorch and ONNX so the runtime can use it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import stat
 import tempfile
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from .errors import TfmExportError, first_line
 
 MAX_JSON_BYTES = 512 << 20  # manifests are kilobytes; the largest tokenizers JSON files are tens of megabytes
+PARTIAL_SUFFIX = ".partial"  # an interrupted streamed output keeps what it wrote under its name + this
 
 
 def file_sha256(path: Path) -> str:
@@ -81,6 +84,25 @@ def _is_special(path: Path) -> bool:
     return not stat.S_ISREG(mode) and not stat.S_ISDIR(mode)
 
 
+def umask() -> int:
+    """The process's umask (read by setting it, so set it straight back)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def _temporary_beside(real: Path) -> Path:
+    """A fresh, exclusively created file beside `real`, with the mode `real` has or, if new, would get
+    (mkstemp makes it 0600, which would make every replaced or new output private)."""
+    fd, tmp = tempfile.mkstemp(dir=real.parent, prefix=f".{real.name}.", suffix=".tmp")
+    try:
+        mode = stat.S_IMODE(real.stat().st_mode) if real.is_file() else 0o666 & ~umask()
+        os.fchmod(fd, mode)
+    finally:
+        os.close(fd)
+    return Path(tmp)
+
+
 def write_atomically(files: Mapping[Path, Callable[[Path], object]], what: str = "output",
                      error: type[TfmExportError] = TfmExportError) -> None:
     """Each writer fills a fresh temporary file beside its target, then all are renamed into place: a
@@ -89,26 +111,64 @@ def write_atomically(files: Mapping[Path, Callable[[Path], object]], what: str =
     temps: dict[Path, Path] = {}
     try:
         for target, write in files.items():
-            real = target.resolve() if target.is_symlink() else target
-            if _is_special(real):
-                write(real)
+            if _is_special(target):  # links followed: /dev/stdout is a link to a pipe that resolve() cannot name
+                write(target)
                 continue
-            if real.is_dir():
-                raise error(f"{target}: is a directory; cannot write {what} there, choose a file path")
-            fd, tmp = tempfile.mkstemp(dir=real.parent, prefix=f".{real.name}.", suffix=".tmp")
-            os.close(fd)
-            temps[real] = Path(tmp)
+            real = _real_target(target, what, error)
+            temps[real] = _temporary_beside(real)
             write(temps[real])
         for real, tmp in temps.items():
             os.replace(tmp, real)
     except TfmExportError:
         raise
     except Exception as exc:  # OSError, torch's RuntimeError on a full disk, a library's plain Exception
-        reason = getattr(exc, "strerror", None) or first_line(exc)
-        target = next(iter(files))
-        raise error(f"{target}: cannot write {what} ({reason}); choose a writable path") from None
+        raise _write_error(next(iter(files)), what, exc, error) from None
     finally:
         for tmp in temps.values():
+            tmp.unlink(missing_ok=True)
+
+
+def _real_target(target: Path, what: str, error: type[TfmExportError]) -> Path:
+    """The file a write replaces: a link's target (written through), never a directory."""
+    real = target.resolve() if target.is_symlink() else target
+    if real.is_dir():
+        raise error(f"{target}: is a directory; cannot write {what} there, choose a file path")
+    return real
+
+
+def _write_error(target: Path, what: str, exc: Exception, error: type[TfmExportError]) -> TfmExportError:
+    reason = getattr(exc, "strerror", None) or first_line(exc)
+    return error(f"{target}: cannot write {what} ({reason}); choose a writable path")
+
+
+@contextlib.contextmanager
+def streamed_text(path: Path, what: str = "lines") -> Iterator[TextIO]:
+    """A UTF-8 text file written piece by piece (the caller flushes as it goes) into a temporary file
+    beside `path`, renamed into place when the block ends: whole or not at all, as write_atomically. Ctrl-C
+    (KeyboardInterrupt) keeps what was written so far under `path` + PARTIAL_SUFFIX, never under `path`
+    itself, and says so in the KeyboardInterrupt it raises; an error leaves nothing. Devices and pipes are
+    written directly. `what` names the contents, in the plural ("translations")."""
+    if _is_special(path):
+        with open(path, "w", encoding="utf-8") as f:
+            yield f
+        return
+    real = _real_target(path, what, TfmExportError)
+    tmp = None
+    try:
+        tmp = _temporary_beside(real)
+        with open(tmp, "w", encoding="utf-8") as f:
+            yield f
+        os.replace(tmp, real)
+    except KeyboardInterrupt:
+        if tmp is not None and tmp.exists() and tmp.stat().st_size:
+            partial = real.with_name(real.name + PARTIAL_SUFFIX)
+            os.replace(tmp, partial)
+            raise KeyboardInterrupt(f"the {what} done so far are in {partial} ({path} is unchanged)") from None
+        raise
+    except OSError as exc:
+        raise _write_error(path, what, exc, TfmExportError) from None
+    finally:
+        if tmp is not None:
             tmp.unlink(missing_ok=True)
 
 

@@ -8,15 +8,24 @@ limit and its message are the same wherever text enters.
 
 from __future__ import annotations
 
+import io
 import logging
+import os
+import select
 import sys
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from .errors import InputTextError
 from .tokenizer import TextTokenizer
 
 MODEL_LIMIT = "the model's positions"
+# A stream is translated in chunks of what has arrived: a chunk closes when the input pauses PAUSE_S, when
+# it has been arriving for FLUSH_S, or when it holds CHUNK_BATCHES batches' worth of lines (enough to bucket by
+# length and batch well; a file is read in such full chunks).
+PAUSE_S, FLUSH_S, CHUNK_BATCHES = 0.05, 0.5, 8
+READ_BYTES = 1 << 16
 log = logging.getLogger(__name__)
 
 
@@ -43,51 +52,120 @@ def check_target_length(total: int, limit: int, what: str = MODEL_LIMIT) -> None
 
 
 def encode_lines(tok: TextTokenizer, texts: Sequence[str], limit: int, name: str = "",
-                 truncate: bool = False) -> dict[int, list[int]]:
-    """Source ids of every non-blank line, by index. A line beyond `limit` is an error naming it (1-based), or,
-    with `truncate`, cut to fit with a warning. `name` prefixes the line number ("--input ")."""
+                 truncate: bool = False, first: int = 1) -> dict[int, list[int]]:
+    """Source ids of every non-blank line, by index. A line beyond `limit` is an error naming it (numbered from
+    `first`: a chunk of a stream names the line in the whole input), or, with `truncate`, cut to fit with a
+    warning. `name` prefixes the line number ("--input ")."""
     rows = {}
     for index, text in enumerate(texts):
         if not text.strip():
             continue
         ids = source_ids(tok, text)
         if len(ids) > limit:
+            number = first + index
             if not truncate:
-                raise InputTextError(f"{name}line {index + 1}: {len(ids)} tokens with <s> and </s>, but the model "
+                raise InputTextError(f"{name}line {number}: {len(ids)} tokens with <s> and </s>, but the model "
                                      f"takes at most {limit}; shorten or split it" + ("" if name else
                                                                                       ", or pass --truncate"))
-            log.warning("line %d: cut from %d to %d tokens to fit the model's positions", index + 1, len(ids), limit)
+            log.warning("line %d: cut from %d to %d tokens to fit the model's positions", number, len(ids), limit)
             ids = cut_source(ids, limit)
         rows[index] = ids
     return rows
 
 
-def split_lines(text: str) -> list[str]:
-    """Lines split on \n only (str.splitlines also splits on form feeds, U+2028, ..., which would make the output
-    longer than the input); a final newline ends the last line, \r\n counts as one break."""
-    lines = text.split("\n")
-    if lines and lines[-1] == "":
-        lines.pop()
-    return [line[:-1] if line.endswith("\r") else line for line in lines]
-
-
 def read_text_lines(input_file: Path | None) -> list[str]:
     """Lines of a UTF-8 file, or of stdin when no file is given; bad bytes are a one-line error. A byte-order
     mark is not text: left in, it would become part of the first sentence."""
+    return [line for chunk in read_line_chunks(input_file, sys.maxsize) for line in chunk]
+
+
+def decode_text(data: bytes, name: str) -> list[str]:
+    """The lines of UTF-8 bytes read from `name`, without a byte-order mark. Lines are split on \\n only
+    (str.splitlines also splits on form feeds, U+2028, ..., which would make the output longer than the input);
+    a final newline ends the last line, \\r\\n counts as one break."""
+    return [line for chunk in _chunks(iter([data]), name, sys.maxsize) for line in chunk]
+
+
+def read_line_chunks(input_file: Path | None, max_lines: int) -> Iterator[list[str]]:
+    """The lines read_text_lines returns, in chunks of what has arrived (at most `max_lines` each): a pipe
+    that pauses gets what it sent so far translated, a file is read in full chunks."""
     name = str(input_file) if input_file else "<stdin>"
     if input_file is None and sys.stdin is None:
         raise InputTextError("stdin is closed; give TEXT arguments or --input FILE")
     try:
-        data = input_file.read_bytes() if input_file else sys.stdin.buffer.read()
+        stream = open(input_file, "rb") if input_file else sys.stdin.buffer
     except OSError as exc:
         raise InputTextError(f"{name}: cannot read input ({exc.strerror})") from None
-    return decode_text(data, name)
-
-
-def decode_text(data: bytes, name: str) -> list[str]:
-    """The lines of UTF-8 bytes read from `name`, without a byte-order mark."""
     try:
-        return split_lines(data.decode("utf-8").removeprefix("\ufeff"))
-    except UnicodeDecodeError as exc:
-        line = data[:exc.start].count(b"\n") + 1
-        raise InputTextError(f"{name}: line {line} is not valid UTF-8; convert the file to UTF-8") from None
+        yield from _chunks(_reads(stream, name), name, max_lines)
+    finally:
+        if input_file:
+            stream.close()
+
+
+def _reads(stream: io.BufferedIOBase, name: str) -> Iterator[bytes | None]:
+    """Bytes as they arrive; None when nothing more arrived within PAUSE_S (or FLUSH_S of the first waiting
+    byte) although more may come. A stream without a file descriptor (a test's) is read whole."""
+    try:
+        fd = stream.fileno()
+    except (OSError, ValueError):
+        yield _read(stream.read, name)
+        return
+    waiting_since = None
+    while True:
+        now = time.monotonic()
+        timeout = None if waiting_since is None else max(0.0, min(PAUSE_S, waiting_since + FLUSH_S - now))
+        if not select.select([fd], [], [], timeout)[0]:
+            waiting_since = None
+            yield None
+            continue
+        data = _read(lambda: os.read(fd, READ_BYTES), name)
+        if not data:
+            return
+        waiting_since = waiting_since or now
+        yield data
+
+
+def _read(read: Callable[[], bytes], name: str) -> bytes:
+    try:
+        return read()
+    except OSError as exc:
+        raise InputTextError(f"{name}: cannot read input ({exc.strerror})") from None
+
+
+def _chunks(reads: Iterator[bytes | None], name: str, max_lines: int) -> Iterator[list[str]]:
+    """Whole lines (split as decode_text says) grouped by arrival; a last line without a newline at the end.
+    The unfinished line is kept in pieces, so a line of many reads is joined once."""
+    lines: list[str] = []
+    unfinished: list[bytes] = []
+    number = 0  # lines decoded so far
+    for data in reads:
+        if data:
+            *complete, rest = data.split(b"\n")
+            if complete:
+                complete[0] = b"".join([*unfinished, complete[0]])
+                unfinished = []
+            for raw in complete:
+                number += 1
+                lines.append(_decoded(raw, name, number))
+            unfinished.append(rest)
+        while len(lines) >= max_lines or (data is None and lines):
+            yield lines[:max_lines]
+            lines = lines[max_lines:]
+    last = b"".join(unfinished)
+    if last:
+        lines.append(_decoded(last, name, number + 1))
+    while lines:
+        yield lines[:max_lines]
+        lines = lines[max_lines:]
+
+
+def _decoded(raw: bytes, name: str, number: int) -> str:
+    """One line's text: UTF-8, without the \\r of a \\r\\n break or (first line) a byte-order mark."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise InputTextError(f"{name}: line {number} is not valid UTF-8; convert the file to UTF-8") from None
+    if number == 1:
+        text = text.removeprefix("\ufeff")
+    return text.removesuffix("\r")

@@ -8,8 +8,9 @@ from pathlib import Path
 from typing import Any
 
 from ..artifacts.model_dir import graph_path, load_vocabulary, read_manifest
+from ..core.config import ModelConfig
 from ..core.graph_spec import Graph, GraphVariant
-from ..core.variants import CLASSIC, describe
+from ..core.variants import describe
 from .onnx_io import load_graph, tensors_of
 from .roles import role_summary
 
@@ -47,13 +48,14 @@ def inspect_model(directory: Path) -> tuple[dict, list[GraphInfo]]:
 
 
 def summary_lines(directory: Path, manifest: dict[str, Any], infos: list[GraphInfo]) -> list[str]:
-    """What `tfm-export inspect` prints: the model line, then per graph its size, tensors and op counts."""
-    cfg = manifest["model"]
-    lines = [f"{directory}: {manifest['precision']}, opset {manifest['opset']}, d_model {cfg['d_model']}, "
-             f"{cfg['n_layers']}+{cfg['n_layers']} layers, {cfg['n_head']} heads, vocab "
-             f"{cfg['src_vocab_size']}/{cfg['trg_vocab_size']}, max {manifest['limits']['max_source_length']} "
+    """What `tfm-export inspect` prints: the model line, then per graph its size, tensors and op counts. Only
+    what read_manifest checked is read, so a damaged manifest is its one-line error, never a KeyError here."""
+    cfg = ModelConfig.from_dict(manifest["model"])  # every field read_manifest checked, defaults filled in
+    lines = [f"{directory}: {manifest['precision']}, opset {manifest['opset']}, d_model {cfg.d_model}, "
+             f"{cfg.n_layers}+{cfg.n_layers} layers, {cfg.n_head} heads, vocab "
+             f"{cfg.src_vocab_size}/{cfg.trg_vocab_size}, max {manifest['limits']['max_source_length']} "
              f"positions; optimizations: {', '.join(manifest['optimizations']) or 'none'}",
-             f"architecture: {describe({**CLASSIC, **{k: v for k, v in cfg.items() if k in CLASSIC}})}"]
+             f"architecture: {describe(cfg.variant())}"]
     for g in infos:
         lines += ["", f"{g.file.name}: {g.size_bytes / 1e6:.2f} MB, {g.weight_count} weights "
                       f"({g.weight_bytes / 1e6:.2f} MB), opset {g.opset}"]

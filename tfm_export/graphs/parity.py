@@ -6,6 +6,7 @@ fed back from the previous step) against the reference model's full-sequence for
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -106,12 +107,28 @@ class Agreement:
     name: str
     identical: int
     total: int
+    ties: int = 0  # differing decodes that part where the reference itself is within the tolerance (near-ties)
+    differing: tuple[int, ...] = ()  # indices of the decodes that are not identical
 
     @property
     def rate(self) -> float:
         return self.identical / self.total if self.total else 1.0
 
+    @property
+    def agreeing(self) -> float:
+        """The share held to the threshold: identical decodes and near-ties, which any graph within the
+        tolerance may resolve either way; only the other differences are divergences."""
+        return (self.identical + self.ties) / self.total if self.total else 1.0
 
-def token_agreement(name: str, got: list[tuple[int, ...]], want: list[tuple[int, ...]]) -> Agreement:
-    return Agreement(name, sum(g == w for g, w in zip(got, want, strict=True)), len(want))
+    @property
+    def summary(self) -> str:
+        ties = f", {self.ties} near-tie{'s' if self.ties > 1 else ''}" if self.ties else ""
+        return f"{self.identical}/{self.total} identical{ties}"
+
+
+def token_agreement(name: str, got: list[tuple[int, ...]], want: list[tuple[int, ...]],
+                    ties: Callable[[int], bool] = lambda row: False) -> Agreement:
+    """ties(row): whether differing decode `row` is a near-tie (the caller's judgement against the reference)."""
+    differing = tuple(i for i, (g, w) in enumerate(zip(got, want, strict=True)) if g != w)
+    return Agreement(name, len(want) - len(differing), len(want), sum(map(ties, differing)), differing)
 

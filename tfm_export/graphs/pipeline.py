@@ -68,7 +68,8 @@ def build_manifest(ckpt: Checkpoint, opset: int, hashes: dict[Graph | GraphVaria
         "tokenizer": tokenizer_files(ckpt.vocab.shared),
         "graphs": {g.value: {**specs[g].to_dict(), "sha256": sha256} for g, sha256 in hashes.items()},
         "files": files,
-        "source_checkpoint": {"path": str(ckpt.path.resolve()), "sha256": ckpt.sha256, "format": ckpt.kind},
+        # its name, not its path: the directory is shipped and served on machines where that path means nothing
+        "source_checkpoint": {"file": ckpt.path.name, "sha256": ckpt.sha256, "format": ckpt.kind},
     }
 
 

@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from ..artifacts.manifest import CHECKPOINT_SUFFIXES, HF_CONFIG_FILE, checkpoint_inside, is_hf_directory
 from ..core.config import ModelConfig
 from ..core.errors import CheckpointError, VocabularyError, first_line
 from ..core.files import contained_file, file_sha256, write_atomically
@@ -32,7 +33,6 @@ CHECKPOINT_FILE = "ckpt.pt"  # what random-checkpoint and train-demo write into 
 FORMAT_VERSION = 1
 ALLOWED_GLOBALS = (argparse.Namespace,)
 SEED_KEYS = {"settings", "model"}
-HF_CONFIG_FILE = "config.json"  # what marks a Hugging Face model directory
 # Names under which the seed stores one tensor several times when weights are shared.
 SHARED_WEIGHTS = {
     "proj_share_weight": ("trg_word_prj.weight", "decoder.trg_word_emb.weight"),
@@ -84,10 +84,6 @@ def _unsafe_globals(path: Path) -> list[str]:
     return sorted(set(names) - allowed)
 
 
-def is_hf_directory(path: Path) -> bool:
-    return path.is_dir() and (path / HF_CONFIG_FILE).is_file()
-
-
 def _refusal(path: Path, names: list[str]) -> CheckpointError:
     return CheckpointError(
         f"{path}: refused: the pickle wants to import {', '.join(names)}, which a checkpoint never needs "
@@ -99,9 +95,13 @@ def read_checkpoint_file(path: Path) -> dict[str, Any]:
     """torch.load with weights_only=True, every failure turned into one clear line."""
     if not path.exists():
         raise CheckpointError(f"{path}: checkpoint not found")
+    if path.is_dir():
+        inside = checkpoint_inside(path)
+        raise CheckpointError(f"{path}: is a directory, not a checkpoint file; " + (
+            f"pass the checkpoint inside it, {inside}" if inside else
+            f"pass a checkpoint file, or a Hugging Face model directory (with {HF_CONFIG_FILE})"))
     if not path.is_file():
-        raise CheckpointError(f"{path}: is a {'directory' if path.is_dir() else 'pipe or device'}, not a checkpoint "
-                              "file")
+        raise CheckpointError(f"{path}: is a pipe or device, not a checkpoint file")
     if path.stat().st_size == 0:
         raise CheckpointError(f"{path}: checkpoint file is empty")
     with open(path, "rb") as f:
@@ -228,6 +228,16 @@ def _stored_vocab_files(data: dict[str, Any], path: Path) -> list[Path]:
     return files[:1] if files[0] == files[1] else files
 
 
+def _refuse_part_of_hf_directory(path: Path) -> None:
+    """A file of a Hugging Face model directory (model.safetensors, config.json) given for the directory."""
+    if path.suffix not in CHECKPOINT_SUFFIXES and is_hf_directory(path.parent):
+        raise CheckpointError(f"{path}: is one file of the Hugging Face model directory {path.parent}; pass the "
+                              f"directory itself, {path.parent}")
+    if path.suffix == ".safetensors":
+        raise CheckpointError(f"{path}: holds weights without the model's config; pass the Hugging Face model "
+                              f"directory they belong to ({HF_CONFIG_FILE}, weights and tokenizer files)")
+
+
 def load_checkpoint(path: str | Path, vocab: list[Path] | None = None) -> Checkpoint:
     """Load either checkpoint format, or a Hugging Face model directory; `vocab` overrides (own format) or
     supplies (seed) the vocabulary."""
@@ -237,6 +247,7 @@ def load_checkpoint(path: str | Path, vocab: list[Path] | None = None) -> Checkp
         if vocab:
             raise VocabularyError(f"{path}: a Hugging Face model directory carries its own tokenizer; drop --vocab")
         return load_hf_checkpoint(path)
+    _refuse_part_of_hf_directory(path)
     data = read_checkpoint_file(path)
     kind, config, state = classify(data, path)
     model = build_model(config, state, path)

@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from ..artifacts.manifest import HF_CONFIG_FILE as CONFIG_FILE
 from ..core.config import ModelConfig
 from ..core.errors import CheckpointError, first_line
 from ..core.files import contained_file, file_sha256, read_json
@@ -37,7 +38,6 @@ from ..core.token_rules import (
 )
 from ..core.tokenizer import Vocabulary
 from ..core.variants import GATED_ACTIVATIONS
-from .checkpoint import HF_CONFIG_FILE as CONFIG_FILE
 from .checkpoint import HUGGINGFACE, Checkpoint, build_model, read_checkpoint_file, validate_state_dict
 from .hf_tokenizer import (
     MARIAN_CODES,

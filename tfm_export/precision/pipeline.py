@@ -104,8 +104,9 @@ def check_request(manifest: dict[str, Any], directory: Path, precision: str, mod
         raise TfmExportError(f"unknown int8 mode {mode!r}; choose static or dynamic")
     static = precision == "int8" and mode == "static"
     if static and calibration is None:
-        raise TfmExportError("--precision int8 --mode static needs --calibration FILE: sentences in the model's "
-                             "source language, one per line (calibration/README.md)")
+        raise TfmExportError("--precision int8 --mode static (the default) needs --calibration FILE: sentences in "
+                             "the model's source language, one per line (calibration/README.md); or pass --mode "
+                             "dynamic for int8 without calibration (ONNX Runtime on CPUs)")
     if calibration is not None and not static:
         raise TfmExportError("--calibration is only used by --precision int8 --mode static; drop it")
     return mode

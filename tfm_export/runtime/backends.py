@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..artifacts.engine_dir import EngineDir, is_engine_dir
+from ..artifacts.manifest import MANIFEST, not_exported
 from ..artifacts.model_dir import ModelDir
 from ..core.config import ModelConfig
 from ..core.errors import TfmExportError
@@ -75,6 +76,8 @@ def _model_dir(model: Path, vocab: Sequence[Path]) -> ModelDir:
     if model.is_file():
         raise TfmExportError(f"{model}: is a checkpoint; the onnxruntime backend takes a model directory "
                              "(make one with `tfm-export onnx`), or use --backend torch")
+    if not (model / MANIFEST).exists():
+        raise TfmExportError(not_exported(model, "model directory", "translate with it directly (--backend torch)"))
     if vocab:
         raise TfmExportError("--vocab is only for checkpoints; a model directory carries its own tokenizer")
     return ModelDir.read(model)
@@ -127,9 +130,9 @@ def _torch(model: Path, device: str, options: SessionOptions, vocab: Sequence[Pa
     require_extra("export", "--backend torch")
     import torch  # only this backend needs PyTorch
 
-    from ..model.checkpoint import is_hf_directory, load_checkpoint
+    from ..model.checkpoint import load_checkpoint
     from .torch_backend import TorchBackend
-    if model.is_dir() and not is_hf_directory(model):
+    if (model / MANIFEST).is_file():
         raise TfmExportError(f"{model}: is a model directory; the torch backend takes a checkpoint file or a "
                              "Hugging Face model directory")
     if check_threads(options.intra_op_threads):

@@ -11,7 +11,7 @@ import dataclasses
 import logging
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -55,8 +55,9 @@ class Translation:
     ids: tuple[int, ...]  # generated target ids, without <s> and </s>
     tokens: tuple[str, ...]
     score: float  # summed log-probability
-    time_ms: float  # its batch's decode time divided by the batch size
+    time_ms: float  # its batch's decode time divided by the batch size (not this sentence's own latency)
     n_best: tuple[Alternative, ...] = ()  # exactly DecodeOptions.n_best entries, best first, NO_HYPOTHESIS last
+    truncated: bool = False  # cut by the length limit (--max-length or the model's) before </s>
 
     @property
     def n_best_count(self) -> int:
@@ -126,23 +127,52 @@ class Translator:
                   progress: Callable[[int], None] | None = None) -> list[Translation]:
         """Translations in input order; empty lines give empty translations without touching the model."""
         options = self.with_defaults(options)
+        results: dict[int, Translation] = {}
+        for batch in self._batches(texts, options, self._check(options)):
+            results.update(batch)
+            if progress:
+                progress(len(batch))
+        return [results[i] for i in range(len(texts))]
+
+    def translate_stream(self, chunks: Iterable[Sequence[str]], options: DecodeOptions = DecodeOptions(),
+                         progress: Callable[[int], None] | None = None) -> Iterator[list[tuple[str, Translation]]]:
+        """(source, translation) pairs in input order, given out as soon as every line before them is done:
+        each chunk (the lines that have arrived) is bucketed by length and decoded batch by batch, so the
+        first translations come out after the batch that holds them, not after the whole input."""
+        options = self.with_defaults(options)
         batch_size = self._check(options)
-        sources = encode_lines(self.vocab.source, texts, self.max_source, truncate=options.truncate)
+        first = 0  # index of the chunk's first line in the whole input
+        for texts in chunks:
+            done: dict[int, Translation] = {}
+            given = 0
+            for batch in self._batches(texts, options, batch_size, first):
+                done.update(batch)
+                if progress:
+                    progress(len(batch))
+                ready = given
+                while ready in done:
+                    ready += 1
+                if ready > given:
+                    yield [(texts[i], done.pop(i)) for i in range(given, ready)]
+                    given = ready
+            first += len(texts)
+
+    def _batches(self, texts: Sequence[str], options: DecodeOptions, batch_size: int,
+                 first: int = 0) -> Iterator[dict[int, Translation]]:
+        """Translations by index, a batch at a time: the empty lines first (without touching the model), then
+        the others bucketed by length. `first`: the index of texts[0] in the whole input (for messages)."""
+        sources = encode_lines(self.vocab.source, texts, self.max_source, truncate=options.truncate,
+                               first=first + 1)
         empty = Translation("", (), (), 0.0, 0.0, _filled([Alternative("", 0.0, 0.0)], options.n_best))
-        results = {i: empty for i in range(len(texts)) if i not in sources}
-        if progress and results:
-            progress(len(results))
+        if len(sources) < len(texts):
+            yield {i: empty for i in range(len(texts)) if i not in sources}
         keys = list(sources)
         for bucket in length_buckets([len(sources[k]) for k in keys], batch_size):
             batch = [keys[i] for i in bucket]
             start = time.perf_counter()
             nbests = self._decode(pad_batch([sources[k] for k in batch], self.config.src_pad_idx), options)
             per_sentence = 1000 * (time.perf_counter() - start) / len(batch)
-            for key, nbest in zip(batch, nbests, strict=True):
-                results[key] = self._result(nbest, per_sentence, options)
-            if progress:
-                progress(len(batch))
-        return [results[i] for i in range(len(texts))]
+            yield {key: self._result(nbest, per_sentence, options) for key, nbest in zip(batch, nbests, strict=True)}
 
     def with_defaults(self, options: DecodeOptions) -> DecodeOptions:
         """`options` with the model's beam size and length penalty where they say None."""
@@ -187,7 +217,7 @@ class Translator:
         ranked = [dataclasses.replace(h, length_penalty=options.length_penalty) for h in nbest[:options.n_best]]
         alternatives = [Alternative(target.decode(h.tokens), h.normalized_score, h.score) for h in ranked]
         return Translation(target.decode(best.tokens), best.tokens, tokens, best.score, time_ms,
-                           _filled(alternatives, options.n_best))
+                           _filled(alternatives, options.n_best), truncated=not best.finished)
 
 
 def _filled(alternatives: list[Alternative], n_best: int) -> tuple[Alternative, ...]:

@@ -27,6 +27,7 @@ from ..runtime.session import run
 from ..runtime.translator import DecodeOptions, Translator
 
 HISTOGRAM_SAMPLES = 200_000
+SHOW_DIFFERING = 5  # sentences shown per decode whose output differs from fp32 (as eval-demo shows its misses)
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,7 @@ class DecodeComparison:
     bleu_vs_fp32: float
     exact_match: tuple[float, float] | None = None  # (fp32, quantized) against references
     bleu: tuple[float, float] | None = None
+    differing: list[tuple[str, str, str]] = field(default_factory=list)  # (source, fp32, quantized) where they differ
 
 
 @dataclass
@@ -129,9 +131,11 @@ def compare_decodes(model: Translator, parent: Translator, texts: Sequence[str],
         ours, theirs = model.translate(texts, options), parent.translate(texts, options)
         got, want = [t.ids for t in ours], [t.ids for t in theirs]
         name = "greedy" if beam == 1 else f"beam {beam}"
+        agreement = token_agreement(name, got, want)
         comparison = DecodeComparison(
-            name, token_agreement(name, got, want), _token_rate(got, want),
-            sacrebleu.corpus_bleu([t.text for t in ours], [[t.text for t in theirs]]).score)
+            name, agreement, _token_rate(got, want),
+            sacrebleu.corpus_bleu([t.text for t in ours], [[t.text for t in theirs]]).score,
+            differing=[(texts[i], theirs[i].text, ours[i].text) for i in agreement.differing])
         if references is not None:
             comparison.exact_match = tuple(np.mean([t.text == r for t, r in zip(side, references, strict=True)])
                                            for side in (theirs, ours))
@@ -174,6 +178,12 @@ def summary_lines(report: PrecisionReport) -> list[str]:
         bleu = f"{d.bleu[0]:.2f} -> {d.bleu[1]:.2f}" if d.bleu else "-"
         rows.append(f"| {d.name} | {d.agreement.identical}/{d.agreement.total} ({100 * d.agreement.rate:.1f}%) | "
                     f"{100 * d.token_rate:.2f}% | {d.bleu_vs_fp32:.2f} | {exact} | {bleu} |")
+    for d in report.decodes:
+        if d.differing:
+            rows += ["", f"{d.name}: differs from fp32 on {len(d.differing)} sentence(s):"]
+            rows += [f"  {source!r} -> {ours!r} (fp32 {theirs!r})" for source, theirs, ours in
+                     d.differing[:SHOW_DIFFERING]]
+            rows += [f"  ... and {len(d.differing) - SHOW_DIFFERING} more"] if len(d.differing) > SHOW_DIFFERING else []
     return rows
 
 
