@@ -7,9 +7,10 @@ Directories are written through `staging` (hidden sibling, atomic rename), so on
 
 from __future__ import annotations
 
+import contextlib
 import math
 import shutil
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -167,8 +168,10 @@ def verified_graphs(directory: Path, manifest: dict[str, Any]) -> dict[str, Path
     return {graph: future.result() for graph, future in zip(graphs, futures, strict=True)}
 
 
-def shared_initializers(directory: Path, manifest: dict[str, Any], graph: str) -> dict[str, np.ndarray]:
-    """The initializers a graph shares with the encoder, read from its external weights (sha256 checked)."""
+def shared_initializers(directory: Path, manifest: dict[str, Any], graph: str,
+                        check: bool = True) -> dict[str, np.ndarray]:
+    """The initializers a graph shares with the encoder, read from its external weights (sha256 checked, unless the
+    caller checks the whole directory itself: ModelDir.opening)."""
     entries = manifest["graphs"][graph].get(SHARED, [])
     if not entries:
         return {}
@@ -179,8 +182,9 @@ def shared_initializers(directory: Path, manifest: dict[str, Any], graph: str) -
     if not isinstance(entries, list) or not all(_shared_entry(e, table) for e in entries):
         raise ModelDirError(f"{directory / MANIFEST}: has an invalid graphs.{graph}.{SHARED} (each entry: name, "
                             f"dtype {table['dtype']}, shape {table['shape']}, offset); {REMAKE}")
-    data = f"{manifest['graphs'][graph]['file']}.data"
-    path = verified_file(directory, data, manifest["files"].get(data), f"external weights of {graph}")
+    data, what = f"{manifest['graphs'][graph]['file']}.data", f"external weights of {graph}"
+    path = verified_file(directory, data, manifest["files"].get(data), what) if check else \
+        contained_file(directory, data, ModelDirError, what, REMAKE)
     arrays = {}
     for entry in entries:
         count = math.prod(entry["shape"])
@@ -271,16 +275,37 @@ class ModelDir:
         return tuple(self.manifest["graphs"])
 
     def has(self, graph: str) -> bool:
-        return graph in self.manifest["graphs"]
+        return _name(graph) in self.manifest["graphs"]
 
     def graph_path(self, graph: str) -> Path:
-        return graph_path(self.path, self.manifest, graph)
+        return graph_path(self.path, self.manifest, _name(graph))
 
     def verified_graphs(self) -> dict[str, Path]:
         return verified_graphs(self.path, self.manifest)
 
-    def shared_initializers(self, graph: str) -> dict[str, np.ndarray]:
-        return shared_initializers(self.path, self.manifest, graph)
+    @contextlib.contextmanager
+    def opening(self) -> Iterator[dict[str, Path]]:
+        """Every graph file by name, to open while the directory's graphs and their external weights are hashed in
+        background threads (sha256 and ONNX Runtime's loading both release the GIL: on two cores a base-config
+        start-up then hides most of the hashing). Leaving waits for the hashes: a damaged or swapped file is
+        refused, with its own error, before anything opened from the directory is used."""
+        pool = ThreadPoolExecutor(HASH_THREADS)
+        pending = [pool.submit(graph_path, self.path, self.manifest, graph) for graph in self.graphs]
+        pool.shutdown(wait=False)
+        try:
+            yield {graph: contained_file(self.path, self.manifest["graphs"][graph]["file"], ModelDirError,
+                                         f"graph file of {graph}", REMAKE) for graph in self.graphs}
+        finally:
+            for future in pending:  # the first damaged one in manifest order is the error
+                future.result()
+
+    def shared_initializers(self, graph: str, check: bool = True) -> dict[str, np.ndarray]:
+        return shared_initializers(self.path, self.manifest, _name(graph), check)
 
     def vocabulary(self) -> Vocabulary:
         return load_vocabulary(self.path, self.manifest)
+
+
+def _name(graph: str) -> str:
+    """A graph's manifest key, from its name or its Graph/GraphVariant member (whose str() is the member's name)."""
+    return getattr(graph, "value", graph)

@@ -10,7 +10,6 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import click
-from tqdm import tqdm
 
 from .. import __version__
 from ..core.errors import InputTextError, TfmExportError
@@ -183,13 +182,24 @@ def translate(texts: tuple[str, ...], model_path: Path, vocab: tuple[Path, ...],
     check_output_path(output, "--output", [*inputs, *translator.vocab.files])  # a checkpoint's tokenizer too
     options = DecodeOptions(beam_size, length_penalty, max_length, batch_size, truncate, n_best)
     show = input_file is not None and sys.stderr.isatty()
-    with output_stream(output) as write, tqdm(desc="translating", unit="line", disable=not show) as bar:
+    with output_stream(output) as write, progress_bar(show) as update:
         lines = 0
-        for done in translator.translate_stream(chunks, options, progress=bar.update):
+        for done in translator.translate_stream(chunks, options, progress=update):
             write([format_line(src, r, fmt) for src, r in done])
             lines += len(done)
         if not lines:
             raise InputTextError(f"{input_file or '<stdin>'}: is empty; nothing to translate")
+
+
+@contextlib.contextmanager
+def progress_bar(show: bool) -> Iterator[Callable[[int], object] | None]:
+    """tqdm's update where a bar is shown; tqdm is imported only then (it costs a start-up ~20 ms otherwise)."""
+    if not show:
+        yield None
+        return
+    from tqdm import tqdm
+    with tqdm(desc="translating", unit="line") as bar:
+        yield bar.update
 
 
 main.add_command(bench)

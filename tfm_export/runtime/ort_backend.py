@@ -93,9 +93,10 @@ class OrtBackend:
         have no fast path for symmetric int8 with per-channel weights, so it would dequantize every weight
         on every call (~10x slower than fp32 on the base config); folded, the weights are dequantized once
         at load and the numbers are the same Q/DQ model's. For int8 speed on CPU, quantize --mode dynamic."""
-        options = directory_options(model_dir, options)
-        specs, paths = graph_specs(model_dir.config), model_dir.verified_graphs()
-        return cls(*(open_graph(paths[g.value], specs[g], options) for g in Graph), model_dir.config, model_dir)
+        options, specs = directory_options(model_dir, options), graph_specs(model_dir.config)
+        with model_dir.opening() as paths:
+            sessions = [open_graph(paths[g.value], specs[g], options) for g in Graph]
+        return cls(*sessions, model_dir.config, model_dir)
 
     def run_encoder(self, src: np.ndarray) -> dict[str, np.ndarray]:
         return run_encoder(self.encoder, src, self.config.src_pad_idx)

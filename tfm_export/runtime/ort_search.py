@@ -14,6 +14,7 @@ one per layer and kind.
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -155,9 +156,9 @@ def move_order(rows: np.ndarray, moved: np.ndarray, per_piece: int) -> list[np.n
     return [piece for piece in np.split(moved, np.searchsorted(moved, cuts)) if len(piece)]
 
 
-def shared_values(model_dir: ModelDir, graph: GraphVariant = SEARCH) -> dict[str, ort.OrtValue]:
+def shared_values(model_dir: ModelDir, graph: GraphVariant = SEARCH, check: bool = True) -> dict[str, ort.OrtValue]:
     """The initializers a decoder variant shares with the encoder (the tied embedding table), read once."""
-    arrays = model_dir.shared_initializers(graph)
+    arrays = model_dir.shared_initializers(graph, check)
     return {name: ort.OrtValue.ortvalue_from_numpy(array) for name, array in arrays.items()}
 
 
@@ -230,12 +231,15 @@ class OrtSearchBackend:
         options = directory_options(model_dir, options)
         if options.memory_arena is None:
             options = replace(options, memory_arena=False)
-        config, paths = model_dir.config, model_dir.verified_graphs()
-        shared = shared_values(model_dir, graph)
-        encoder = open_graph(paths[Graph.ENCODER.value], graph_specs(config)[Graph.ENCODER], options,
-                             sharing(shared, prepacked=False))
-        decoder = open_graph(paths[graph.value], variant_specs(config)[graph], options, sharing(shared))
-        return cls(encoder, decoder, config, model_dir, capacity_step, shared)
+        config = model_dir.config
+        with model_dir.opening() as paths, ThreadPoolExecutor(2) as pool:  # both sessions load at once
+            shared = shared_values(model_dir, graph, check=False)  # the opening checks its file
+            encoder = pool.submit(open_graph, paths[Graph.ENCODER.value], graph_specs(config)[Graph.ENCODER],
+                                  options, sharing(shared, prepacked=False))
+            decoder = pool.submit(open_graph, paths[graph.value], variant_specs(config)[graph], options,
+                                  sharing(shared))
+            sessions = encoder.result(), decoder.result()
+        return cls(*sessions, config, model_dir, capacity_step, shared)
 
     def run_encoder(self, src: np.ndarray) -> dict[str, np.ndarray]:
         return run_encoder(self.encoder, src, self.config.src_pad_idx)
