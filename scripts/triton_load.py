@@ -70,7 +70,7 @@ def _arguments() -> argparse.Namespace:
 
 def _export_demo(output: Path) -> Path:
     from tfm_export.graphs.pipeline import export_model_dir
-    from tfm_export.model.checkpoint import load_checkpoint
+    from tfm_export.model.loading import load_checkpoint
     _log(f"exporting the demo model to {output}")
     export_model_dir(load_checkpoint(REPO / "models/demo/ckpt.pt"), output, force=True, progress=False)
     return output

@@ -40,7 +40,7 @@ def tiny_model() -> Transformer:
 def demo_onnx(tmp_path_factory) -> Path:
     """The demo checkpoint exported once per test session."""
     from tfm_export.graphs.pipeline import export_model_dir
-    from tfm_export.model.checkpoint import load_checkpoint
+    from tfm_export.model.loading import load_checkpoint
     out = tmp_path_factory.mktemp("demo-onnx") / "model"
     export_model_dir(load_checkpoint(DEMO_CKPT), out, progress=False)
     return out
@@ -59,7 +59,7 @@ def demo_generate(demo_onnx, tmp_path_factory) -> Path:
 def base_onnx(tmp_path_factory):
     """The base config (d_model 512, 8 heads, 6+6 layers, vocab 32,000, random weights): (checkpoint, export)."""
     from tfm_export.graphs.pipeline import export_model_dir
-    from tfm_export.model.checkpoint import load_checkpoint
+    from tfm_export.model.loading import load_checkpoint
     from tfm_export.model.synthetic import random_checkpoint
     root = tmp_path_factory.mktemp("base")
     ckpt = load_checkpoint(random_checkpoint(ModelConfig(src_vocab_size=32000, trg_vocab_size=32000), root / "ckpt"))

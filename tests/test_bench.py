@@ -19,7 +19,7 @@ from tfm_export.core.token_rules import TokenRules
 from tfm_export.core.tokenizer import EOS_ID
 from tfm_export.demo import numbers as demo_numbers
 from tfm_export.graphs.inputs import random_sources
-from tfm_export.model.checkpoint import load_checkpoint
+from tfm_export.model.loading import load_checkpoint
 from tfm_export.model.synthetic import random_checkpoint
 from tfm_export.runtime import decoding
 from tfm_export.runtime.decoding import StepRule

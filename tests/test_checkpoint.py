@@ -17,7 +17,8 @@ from seed_oracle import save_seed_checkpoint, seed_forward, seed_settings, seed_
 from tfm_export.cli.run_cli import main as run_main
 from tfm_export.core.errors import CheckpointError, VocabularyError
 from tfm_export.core.tokenizer import Vocabulary, plain_word_tokenizer
-from tfm_export.model.checkpoint import load_checkpoint, save_checkpoint
+from tfm_export.model.checkpoint import save_checkpoint
+from tfm_export.model.loading import load_checkpoint
 from tfm_export.model.transformer import Transformer
 
 

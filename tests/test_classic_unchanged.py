@@ -18,7 +18,7 @@ from seed_oracle import save_seed_checkpoint, seed_settings, seed_state_dict, se
 from tfm_export.core.files import file_sha256
 from tfm_export.core.graph_spec import Graph
 from tfm_export.graphs.pipeline import export_model_dir
-from tfm_export.model.checkpoint import load_checkpoint
+from tfm_export.model.loading import load_checkpoint
 
 RECORDED_WITH = {"torch": "2.13.0+cpu", "onnx": "1.23.2", "onnxscript": "0.7.2", "onnxruntime": "1.32.0"}
 DEMO = {

@@ -126,7 +126,7 @@ def test_inspect_reads_only_checked_manifest_fields(tiny_ckpt, tmp_path):
     on the strength of it (inspect printed d_model from it and died of a KeyError)."""
     from tfm_export.core.graph_spec import Graph
     from tfm_export.graphs.pipeline import build_manifest
-    from tfm_export.model.checkpoint import load_checkpoint
+    from tfm_export.model.loading import load_checkpoint
     manifest = build_manifest(load_checkpoint(tiny_ckpt), 17, {g: "0" * 64 for g in Graph}, {}, [])
     (tmp_path / "m").mkdir()
     for edit, message in ((lambda m: m["model"].pop("d_model"), "lacks model.d_model; export the model again"),
@@ -146,7 +146,7 @@ def test_a_signal_during_an_import_is_delivered_after_it(tmp_path):
                                              "time.sleep(0.5)  # the signal arrives here, inside the import\n"
                                              "COMPLETE = True\n")
     code = (f"import sys, time\nsys.path.insert(0, {str(tmp_path)!r})\n"
-            "from tfm_export.cli.entry import handle_signals\nhandle_signals()\n"
+            "from tfm_export.cli.signals import handle_signals\nhandle_signals()\n"
             "try:\n    import slow_module\n    time.sleep(10)\n    print('not interrupted')\n"
             "except KeyboardInterrupt:\n    print('interrupted after the import:', 'slow_module' in sys.modules)\n")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)

@@ -14,7 +14,7 @@ from conftest import DEMO_CKPT, REPO
 from tfm_export import DecodeOptions, Translator
 from tfm_export.cli.export_cli import main as export_main
 from tfm_export.demo import numbers as demo_numbers
-from tfm_export.model.checkpoint import load_checkpoint
+from tfm_export.model.loading import load_checkpoint
 
 
 @pytest.fixture(scope="module")

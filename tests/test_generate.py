@@ -29,7 +29,7 @@ from tfm_export.graphs.generate_dir import write_generate_dir
 from tfm_export.graphs.inputs import random_sources
 from tfm_export.graphs.pipeline import export_model_dir
 from tfm_export.model import reference_decoding
-from tfm_export.model.checkpoint import load_checkpoint
+from tfm_export.model.loading import load_checkpoint
 from tfm_export.model.synthetic import random_checkpoint
 from tfm_export.runtime import decoding
 from tfm_export.runtime.generate_backend import GenerateBackend

@@ -32,7 +32,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
 from tfm_export.cli.export_cli import main as export_main
 from tfm_export.cli.run_cli import main as run_main
-from tfm_export.model.checkpoint import load_checkpoint
+from tfm_export.model.loading import load_checkpoint
 
 transformers = pytest.importorskip("transformers", reason="the oracle needs the hf extra: pip install '.[hf]'")
 

@@ -25,7 +25,7 @@ from tfm_export.core.errors import TfmExportError
 from tfm_export.core.files import file_sha256
 from tfm_export.graphs.onnx_io import save_graph
 from tfm_export.graphs.pipeline import export_model_dir
-from tfm_export.model.checkpoint import load_checkpoint
+from tfm_export.model.loading import load_checkpoint
 from tfm_export.model.synthetic import random_checkpoint
 from tfm_export.runtime.ort_backend import OrtBackend
 from tfm_export.runtime.ort_search import FUSED, SEARCH, OrtSearchBackend

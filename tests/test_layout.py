@@ -4,6 +4,7 @@ the ONNX-only commands stay free of PyTorch (and the runtime of ONNX), and the r
 from __future__ import annotations
 
 import ast
+import graphlib
 import json
 import os
 import shutil
@@ -84,6 +85,43 @@ def test_the_layer_check_sees_an_upward_lazy_import(tmp_path):
     leak.write_text(leak.read_text() + "\n\ndef _leak():\n    from ..graphs.export import export_all\n")
     found = layer_violations(copy)
     assert len(found) == 1 and "graphs is not before runtime" in found[0]
+
+
+def _module_graph(root: Path) -> dict[str, set[str]]:
+    """Module -> the package's modules it imports (function-level imports included)."""
+    modules = {".".join(p.relative_to(root.parent).with_suffix("").parts).removesuffix(".__init__"): p
+               for p in root.rglob("*.py")}
+    graph = {}
+    for name, path in modules.items():
+        graph[name] = set()
+        for _, module in _imports(path, root):
+            while module and module not in modules:  # `from .x import name` names a module or a member
+                module = module.rpartition(".")[0]
+            if module and module != name:
+                graph[name].add(module)
+    return graph
+
+
+def import_cycle(root: Path = PACKAGE) -> list[str]:
+    """One cycle of modules importing each other (lazily or not), or []: a cycle means one of them belongs
+    elsewhere."""
+    try:
+        tuple(graphlib.TopologicalSorter(_module_graph(root)).static_order())
+    except graphlib.CycleError as error:
+        return error.args[1]
+    return []
+
+
+def test_no_module_imports_itself_through_others():
+    assert import_cycle() == []
+
+
+def test_the_cycle_check_sees_a_lazy_circle(tmp_path):
+    copy = tmp_path / "tfm_export"
+    shutil.copytree(PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    reader = copy / "model" / "checkpoint.py"
+    reader.write_text(reader.read_text() + "\n\ndef _hf():\n    from .huggingface import load_hf_checkpoint\n")
+    assert set(import_cycle(copy)) == {"tfm_export.model.checkpoint", "tfm_export.model.huggingface"}
 
 
 def _modules_after(code: str) -> set[str]:

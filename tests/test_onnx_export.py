@@ -29,7 +29,8 @@ from tfm_export.graphs.onnx_io import save_graph
 from tfm_export.graphs.parity import compare_stepwise
 from tfm_export.graphs.pipeline import export_model_dir
 from tfm_export.model import reference_decoding
-from tfm_export.model.checkpoint import file_sha256, load_checkpoint
+from tfm_export.model.checkpoint import file_sha256
+from tfm_export.model.loading import load_checkpoint
 from tfm_export.model.synthetic import random_checkpoint
 from tfm_export.runtime import decoding
 from tfm_export.runtime.ort_backend import OrtBackend

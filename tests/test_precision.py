@@ -24,8 +24,8 @@ from tfm_export.core.graph_spec import Graph
 from tfm_export.demo import numbers as demo_numbers
 from tfm_export.graphs.export import export_all
 from tfm_export.graphs.pipeline import export_model_dir
-from tfm_export.model.checkpoint import load_checkpoint
 from tfm_export.model.huggingface import load_hf_directory
+from tfm_export.model.loading import load_checkpoint
 from tfm_export.model.synthetic import random_checkpoint
 from tfm_export.model.transformer import Transformer
 from tfm_export.precision.fp16 import to_fp16

@@ -21,7 +21,8 @@ from tfm_export.core.token_rules import TokenRules
 from tfm_export.core.tokenizer import BOS_ID, EOS_ID, FIRST_TOKEN_ID
 from tfm_export.graphs.pipeline import export_model_dir
 from tfm_export.model import reference_decoding
-from tfm_export.model.checkpoint import load_checkpoint, save_checkpoint
+from tfm_export.model.checkpoint import save_checkpoint
+from tfm_export.model.loading import load_checkpoint
 from tfm_export.model.synthetic import random_checkpoint
 from tfm_export.runtime import decoding, ort_search
 from tfm_export.runtime.ort_backend import OrtBackend

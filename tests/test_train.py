@@ -9,7 +9,7 @@ import torch
 from conftest import tiny_config
 
 from tfm_export.core.tokenizer import Vocabulary, plain_word_tokenizer
-from tfm_export.model.checkpoint import load_checkpoint
+from tfm_export.model.loading import load_checkpoint
 from tfm_export.model.reference_decoding import greedy_decode
 from tfm_export.model.train import TrainSettings, make_batch, train, warmup_schedule
 from tfm_export.model.transformer import Transformer

@@ -239,7 +239,7 @@ def test_n_best_is_filled_up_where_the_beams_finish_fewer(demo_onnx):
     import torch
 
     from tfm_export.model import reference_decoding
-    from tfm_export.model.checkpoint import load_checkpoint
+    from tfm_export.model.loading import load_checkpoint
     texts = [en for en, _ in demo_numbers.held_out_pairs()[:40]]
     ckpt = load_checkpoint(DEMO_CKPT)
     options = ["--model", str(demo_onnx), "--beam-size", "4", "--n-best", "3", "--length-penalty", "0.6"]

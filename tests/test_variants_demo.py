@@ -15,7 +15,7 @@ from tfm_export.demo import numbers as demo_numbers
 from tfm_export.demo.evaluate import evaluate_demo
 from tfm_export.graphs.pipeline import export_model_dir
 from tfm_export.model import reference_decoding
-from tfm_export.model.checkpoint import load_checkpoint
+from tfm_export.model.loading import load_checkpoint
 from tfm_export.precision.pipeline import Calibration, quantize_model_dir
 from tfm_export.runtime import decoding
 from tfm_export.runtime.ort_backend import OrtBackend

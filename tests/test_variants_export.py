@@ -23,7 +23,7 @@ from tfm_export.graphs.parity import compare_stepwise
 from tfm_export.graphs.pipeline import export_model_dir
 from tfm_export.graphs.roles import role_groups
 from tfm_export.model import reference_decoding
-from tfm_export.model.checkpoint import load_checkpoint
+from tfm_export.model.loading import load_checkpoint
 from tfm_export.model.synthetic import random_checkpoint, random_texts
 from tfm_export.precision.int8 import logits_nodes
 from tfm_export.precision.pipeline import Calibration, quantize_model_dir

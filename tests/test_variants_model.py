@@ -19,7 +19,7 @@ from tfm_export.core.config import ModelConfig
 from tfm_export.core.errors import CheckpointError, TfmExportError
 from tfm_export.core.variants import ACTIVATIONS, CLASSIC, PRESETS
 from tfm_export.model.cache import ConcatCache
-from tfm_export.model.checkpoint import load_checkpoint
+from tfm_export.model.loading import load_checkpoint
 from tfm_export.model.positions import relative_buckets
 from tfm_export.model.synthetic import random_checkpoint
 from tfm_export.model.transformer import Transformer

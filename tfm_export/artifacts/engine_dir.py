@@ -115,6 +115,11 @@ class EngineDir:
     def target(self) -> str:
         return engine_target(self.manifest)
 
+    @property
+    def library_version(self) -> str:
+        """The exact version of the library that built the plans, e.g. "10.3.0.30"."""
+        return self.manifest["tensorrt"]["tensorrt"]
+
     def plan_path(self, graph: Graph) -> Path:
         return plan_path(self.path, self.manifest, graph)
 

@@ -277,6 +277,19 @@ class ModelDir:
     def has(self, graph: str) -> bool:
         return _name(graph) in self.manifest["graphs"]
 
+    def entry(self, graph: str) -> dict[str, Any]:
+        """A graph's manifest entry: file, sha256, inputs and outputs (name, dtype, shape)."""
+        return self.manifest["graphs"][_name(graph)]
+
+    def tensor_types(self, graph: str) -> dict[str, str]:
+        """A graph's inputs and outputs, name -> dtype, as its manifest entry records them."""
+        entry = self.entry(graph)
+        return {t["name"]: t["dtype"] for t in (*entry["inputs"], *entry["outputs"])}
+
+    @property
+    def tokenizer_files(self) -> tuple[str, ...]:
+        return tuple(self.manifest["tokenizer"].values())
+
     def graph_path(self, graph: str) -> Path:
         return graph_path(self.path, self.manifest, _name(graph))
 

@@ -80,7 +80,7 @@ def open_decoder(name: str, artifacts: Artifacts, threads: int) -> Decode:
         if threads:
             torch.set_num_threads(threads)
         if name == "torch-full":
-            from ..model.checkpoint import load_checkpoint
+            from ..model.loading import load_checkpoint
             from .torch_full import TorchFullBackend
             return _loop(TorchFullBackend(load_checkpoint(artifacts.checkpoint).model), artifacts.rules)
         return _loop(Translator.load(artifacts.checkpoint, backend="torch").backend, artifacts.rules)

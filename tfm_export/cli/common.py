@@ -14,7 +14,7 @@ from typing import Any
 import click
 
 from ..core.errors import TfmExportError
-from .entry import handle_signals, interrupted
+from .signals import handle_signals, interrupted
 
 
 class OneLineUsageError(click.ClickException):

@@ -145,7 +145,7 @@ def onnx_cmd(checkpoint: Path, vocab: tuple[Path, ...], output: Path, opset: str
     """Export encoder and decoder-step ONNX graphs with an explicit KV cache, checked against PyTorch."""
     require_extra("export", "tfm-export onnx")
     from ..graphs.pipeline import export_model_dir
-    from ..model.checkpoint import load_checkpoint
+    from ..model.loading import load_checkpoint
     ckpt = load_checkpoint(checkpoint, list(vocab))
     manifest = export_model_dir(ckpt, output, int(opset), optimize=not no_optimize, force=force,
                                 progress=sys.stderr.isatty())
@@ -241,7 +241,7 @@ def inspect_cmd(model_dir: Path) -> None:
     """Show graph inputs/outputs with shapes, op counts, sizes, precision and opset."""
     require_extra("export", "tfm-export inspect")
     from ..graphs.inspection import inspect_model, summary_lines
-    for line in summary_lines(model_dir, *inspect_model(model_dir)):
+    for line in summary_lines(*inspect_model(model_dir)):
         click.echo(line)
 
 
@@ -257,13 +257,13 @@ def check_cmd(model_dir: Path, with_trt: bool) -> None:
     TensorRT-RTX, which needs no GPU); then a Polygraphy run of every graph on generated inputs (past length 0
     included). Exit 1 on any problem."""
     require_extra("export", "tfm-export check")
-    from ..artifacts.model_dir import read_manifest
+    from ..artifacts.model_dir import ModelDir
     from ..trt.build_check import check_builds
     from ..trt.compat import check_model_dir
     from ..trt.polygraphy_check import check_onnxruntime
     if with_trt:
         from ..runtime.tensorrt_platform import current_platform
-        read_manifest(model_dir)  # a wrong directory first: TensorRT would not help with that
+        ModelDir.read(model_dir)  # a wrong directory first: TensorRT would not help with that
         click.echo(current_platform().describe())
     report = check_model_dir(model_dir)
     for line in report.lines():

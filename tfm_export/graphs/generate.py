@@ -10,14 +10,12 @@ and reordered; the computation is the exported graphs' own.
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Any
-
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from .. import __version__
+from ..artifacts.model_dir import ModelDir
 from ..core.config import ModelConfig
 from ..core.generate_spec import (
     DECODER_INPUTS,
@@ -38,17 +36,15 @@ SHARED_MIN_ELEMENTS = 1024  # weights both subgraphs hold are stored once, in th
 ONNX_TYPES = {"int32": TensorProto.INT32, "float32": TensorProto.FLOAT}
 
 
-def op_refusal(manifest: dict[str, Any], directory: Path) -> str | None:
+def op_refusal(directory: ModelDir) -> str | None:
     """Why the BeamSearch op cannot take this directory's graphs, or None."""
-    cfg = ModelConfig.from_dict(manifest["model"])
-    decoder = manifest["graphs"][Graph.DECODER_STEP.value]
-    dtypes = {t["name"]: t["dtype"] for t in (*decoder["inputs"], *decoder["outputs"])}
-    cache = dtypes.get(cache_names(cfg).self_inputs[0], "float32")
+    dtypes = directory.tensor_types(Graph.DECODER_STEP)
+    cache = dtypes.get(cache_names(directory.config).self_inputs[0], "float32")
     if cache != dtypes.get("logits", "float32"):
-        return (f"{directory}: its decoder_step takes a {cache} KV cache but returns {dtypes.get('logits')} logits; "
-                "ONNX Runtime's BeamSearch needs the logits in the cache's dtype (and its CPU kernel takes float32 "
-                "only), so make the fp16 directory with `tfm-export quantize --precision fp16 --keep-io-types`, or "
-                "use the fp32 directory")
+        return (f"{directory.path}: its decoder_step takes a {cache} KV cache but returns {dtypes.get('logits')} "
+                "logits; ONNX Runtime's BeamSearch needs the logits in the cache's dtype (and its CPU kernel takes "
+                "float32 only), so make the fp16 directory with `tfm-export quantize --precision fp16 "
+                "--keep-io-types`, or use the fp32 directory")
     return None
 
 

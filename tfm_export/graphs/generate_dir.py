@@ -15,7 +15,7 @@ import numpy as np
 from tqdm import tqdm
 
 from ..artifacts.manifest import write_manifest
-from ..artifacts.model_dir import TOKEN_RULES, file_hashes, graph_path, load_vocabulary, read_manifest
+from ..artifacts.model_dir import TOKEN_RULES, ModelDir, file_hashes
 from ..artifacts.staging import staged_directory
 from ..core.config import ModelConfig
 from ..core.errors import TfmExportError
@@ -37,29 +37,29 @@ def write_generate_dir(model_dir: Path, output: Path, early_stopping: bool = Fal
                        progress: bool = True) -> dict[str, Any]:
     """Write `output`: `model_dir` plus generate.onnx; returns the new manifest. Refuses, before any work,
     a directory whose graphs the BeamSearch op cannot take, saying why."""
-    manifest = read_manifest(model_dir)
+    source = ModelDir.read(model_dir)
+    manifest, cfg = source.manifest, source.config  # the new manifest copies the old one
     if TOKEN_RULES in manifest:
         raise TfmExportError(f"{model_dir}: generate.onnx is built for the seed's token layout; a Hugging Face model "
                              "decodes with `tfm-run translate` on the model directory itself")
-    refusal = op_refusal(manifest, model_dir)
+    refusal = op_refusal(source)
     if refusal:
         raise TfmExportError(refusal)
-    vocab = load_vocabulary(model_dir, manifest)
-    cfg = ModelConfig.from_dict(manifest["model"])
+    vocab = source.vocabulary()
     graphs = {g: load_graph(model_dir, manifest, g.value) for g in Graph}
     with staged_directory(output, force, keep=(model_dir,)) as staging, \
             tqdm(total=3, desc="generate", disable=not progress) as bar:
         proto = generate_graph(graphs[Graph.ENCODER], graphs[Graph.DECODER_STEP], cfg, early_stopping)
         save_graph(proto, staging / GENERATE_FILE)
         bar.update()
-        for name in manifest["graphs"]:  # the contract's graphs and any other the directory lists
-            source = graph_path(model_dir, manifest, name)
-            for path in (source, source.with_name(source.name + ".data")):
+        for name in source.graphs:  # the contract's graphs and any other the directory lists
+            graph = source.graph_path(name)
+            for path in (graph, graph.with_name(graph.name + ".data")):
                 if path.is_file():
                     shutil.copyfile(path, staging / path.name)
         for side, name in manifest["tokenizer"].items():
             getattr(vocab, side).save(staging / name)
-        files = {**manifest["files"], **file_hashes(staging, manifest["tokenizer"].values())}
+        files = {**manifest["files"], **file_hashes(staging, source.tokenizer_files)}
         entry = {"file": GENERATE_FILE, "sha256": file_sha256(staging / GENERATE_FILE), "op": OP, "model_type": 1,
                  "early_stopping": early_stopping, "inputs": tensors_of(proto.graph.input),
                  "outputs": tensors_of(proto.graph.output),

@@ -7,8 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..artifacts.model_dir import graph_path, load_vocabulary, read_manifest
-from ..core.config import ModelConfig
+from ..artifacts.model_dir import ModelDir
 from ..core.graph_spec import Graph, GraphVariant
 from ..core.variants import describe
 from .onnx_io import load_graph, tensors_of
@@ -30,30 +29,30 @@ class GraphInfo:
     roles: dict[str, str]  # RMSNorm / RoPE / relative bias -> the primitive ops they became
 
 
-def inspect_model(directory: Path) -> tuple[dict, list[GraphInfo]]:
-    manifest = read_manifest(directory)
-    load_vocabulary(directory, manifest)  # every file the manifest lists is checked, tokenizers included
+def inspect_model(model_dir: Path) -> tuple[ModelDir, list[GraphInfo]]:
+    directory = ModelDir.read(model_dir)
+    directory.vocabulary()  # every file the manifest lists is checked, tokenizers included
     infos = []
-    for name in [g.value for g in (*Graph, *GraphVariant) if g.value in manifest["graphs"]]:
-        path = graph_path(directory, manifest, name)
-        proto = load_graph(directory, manifest, name)
+    for name in [g.value for g in (*Graph, *GraphVariant) if directory.has(g)]:
+        path = directory.graph_path(name)
+        proto = load_graph(directory.path, directory.manifest, name)
         opset = next(o.version for o in proto.opset_import if o.domain in ("", "ai.onnx"))
         inits = proto.graph.initializer
         infos.append(GraphInfo(
-            name, path, path.stat().st_size + sum(p.stat().st_size for p in directory.glob(f"{path.name}.data")),
-            opset, manifest.get("precision", "fp32"), tensors_of(proto.graph.input), tensors_of(proto.graph.output),
+            name, path, path.stat().st_size + sum(p.stat().st_size for p in path.parent.glob(f"{path.name}.data")),
+            opset, directory.precision, tensors_of(proto.graph.input), tensors_of(proto.graph.output),
             dict(Counter(n.op_type for n in proto.graph.node).most_common()),
             sum(1 for _ in inits), sum(len(i.raw_data) for i in inits), role_summary(proto.graph)))
-    return manifest, infos
+    return directory, infos
 
 
-def summary_lines(directory: Path, manifest: dict[str, Any], infos: list[GraphInfo]) -> list[str]:
+def summary_lines(directory: ModelDir, infos: list[GraphInfo]) -> list[str]:
     """What `tfm-export inspect` prints: the model line, then per graph its size, tensors and op counts. Only
-    what read_manifest checked is read, so a damaged manifest is its one-line error, never a KeyError here."""
-    cfg = ModelConfig.from_dict(manifest["model"])  # every field read_manifest checked, defaults filled in
-    lines = [f"{directory}: {manifest['precision']}, opset {manifest['opset']}, d_model {cfg.d_model}, "
+    what ModelDir.read checked is read, so a damaged manifest is its one-line error, never a KeyError here."""
+    cfg, manifest = directory.config, directory.manifest
+    lines = [f"{directory.path}: {directory.precision}, opset {manifest['opset']}, d_model {cfg.d_model}, "
              f"{cfg.n_layers}+{cfg.n_layers} layers, {cfg.n_head} heads, vocab "
-             f"{cfg.src_vocab_size}/{cfg.trg_vocab_size}, max {manifest['limits']['max_source_length']} "
+             f"{cfg.src_vocab_size}/{cfg.trg_vocab_size}, max {directory.limits['max_source_length']} "
              f"positions; optimizations: {', '.join(manifest['optimizations']) or 'none'}",
              f"architecture: {describe(cfg.variant())}"]
     for g in infos:

@@ -238,15 +238,9 @@ def _refuse_part_of_hf_directory(path: Path) -> None:
                               f"directory they belong to ({HF_CONFIG_FILE}, weights and tokenizer files)")
 
 
-def load_checkpoint(path: str | Path, vocab: list[Path] | None = None) -> Checkpoint:
-    """Load either checkpoint format, or a Hugging Face model directory; `vocab` overrides (own format) or
-    supplies (seed) the vocabulary."""
-    path = Path(path)
-    if is_hf_directory(path):
-        from .huggingface import load_hf_checkpoint  # it builds on this module
-        if vocab:
-            raise VocabularyError(f"{path}: a Hugging Face model directory carries its own tokenizer; drop --vocab")
-        return load_hf_checkpoint(path)
+def load_own_checkpoint(path: Path, vocab: list[Path] | None = None) -> Checkpoint:
+    """Load the project's format or a seed checkpoint; `vocab` overrides (own format) or supplies (seed) the
+    vocabulary."""
     _refuse_part_of_hf_directory(path)
     data = read_checkpoint_file(path)
     kind, config, state = classify(data, path)

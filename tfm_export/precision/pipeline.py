@@ -24,15 +24,12 @@ from ..artifacts.model_dir import (
     FLOAT_EMBEDDINGS,
     INT8_MODES,
     SHARED,
+    ModelDir,
     copy_tokenizers,
     file_hashes,
-    graph_path,
-    load_vocabulary,
-    read_manifest,
 )
 from ..artifacts.model_dir import PRECISIONS as MODEL_PRECISIONS
 from ..artifacts.staging import staged_directory
-from ..core.config import ModelConfig
 from ..core.errors import TfmExportError
 from ..core.files import file_sha256
 from ..core.graph_spec import Graph, GraphVariant, graph_specs, variant_specs
@@ -79,7 +76,7 @@ class Calibration:
         return cls(path, decode_text(data, str(path)), max_length, hashlib.sha256(data).hexdigest())
 
 
-def check_request(manifest: dict[str, Any], directory: Path, precision: str, mode: str | None,
+def check_request(directory: ModelDir, precision: str, mode: str | None,
                   calibration: Calibration | None, keep_io_types: bool = False, float_embeddings: bool = False) -> str:
     """Every way the request can be wrong, before any slow work; returns the int8 mode (static by default)."""
     if precision not in PRECISIONS:
@@ -91,14 +88,14 @@ def check_request(manifest: dict[str, Any], directory: Path, precision: str, mod
         raise TfmExportError("--float-embeddings is only for --precision int8 (fp16 graphs store every table fp16)")
     if keep_io_types and precision != "fp16":
         raise TfmExportError("--keep-io-types is only for --precision fp16 (int8 graphs keep fp32 inputs/outputs)")
-    positions = manifest["limits"]["max_target_length"]
+    positions = directory.limits["max_target_length"]
     if calibration is not None and calibration.max_length is not None and calibration.max_length > positions:
         raise TfmExportError(f"--calibration-max-length {calibration.max_length} is beyond the model's {positions} "
                              "target positions; give at most that")
-    if manifest["precision"] != "fp32":
-        recorded = manifest.get("parent")
+    if directory.precision != "fp32":
+        recorded = directory.manifest.get("parent")
         parent = recorded.get("path", "its fp32 parent") if isinstance(recorded, dict) else "its fp32 parent"
-        raise TfmExportError(f"{directory}: is already {manifest['precision']}; quantize the fp32 model directory "
+        raise TfmExportError(f"{directory.path}: is already {directory.precision}; quantize the fp32 model directory "
                              f"({parent}) instead")
     if precision == "int8" and mode not in INT8_MODES:
         raise TfmExportError(f"unknown int8 mode {mode!r}; choose static or dynamic")
@@ -118,14 +115,15 @@ def quantize_model_dir(source: Path, output: Path, precision: str, mode: str | N
     """Write the fp16/int8 sibling of an fp32 model directory; returns its manifest. float_embeddings: int8
     keeps the embedding tables (and a projection tied to them) float: the strict reading of "embeddings in higher
     precision", at 2x the size."""
-    manifest = read_manifest(source)
-    mode = check_request(manifest, source, precision, mode, calibration, keep_io_types, float_embeddings)
-    vocab = load_vocabulary(source, manifest)  # present and parseable, before any slow work
-    variants = [v for v in GraphVariant if v.value in manifest["graphs"] and v.standard_ops] \
+    parent = ModelDir.read(source)
+    manifest = parent.manifest  # what the new manifest copies
+    mode = check_request(parent, precision, mode, calibration, keep_io_types, float_embeddings)
+    vocab = parent.vocabulary()  # present and parseable, before any slow work
+    variants = [v for v in GraphVariant if parent.has(v) and v.standard_ops] \
         if (precision, mode) != ("int8", "static") else []
     graphs = {g: load_graph(source, manifest, g.value) for g in (*Graph, *variants)}
-    for skipped in [g for g in manifest["graphs"] if g not in {v.value for v in (*Graph, *variants)}]:
-        graph_path(source, manifest, skipped)  # not converted, but a damaged directory is refused
+    for skipped in [g for g in parent.graphs if g not in {v.value for v in (*Graph, *variants)}]:
+        parent.graph_path(skipped)  # not converted, but a damaged directory is refused
     keep = (source, *([calibration.path] if calibration else []))
     with staged_directory(output, force, keep=keep) as staging, \
             tqdm(total=len(graphs) + 2, desc=f"{precision}", disable=not progress) as bar:
@@ -134,7 +132,7 @@ def quantize_model_dir(source: Path, output: Path, precision: str, mode: str | N
             bar.set_postfix_str("calibration traces")
             traces = _traces(source, vocab, calibration, progress)
         bar.update()
-        config = ModelConfig.from_dict(manifest["model"])
+        config = parent.config
         specs = {**graph_specs(config), **variant_specs(config)}
         entries, kept, listed, shared = {}, {}, [], {}
         encoder = None  # converted first; the graphs after it share its tied table
@@ -160,7 +158,7 @@ def quantize_model_dir(source: Path, output: Path, precision: str, mode: str | N
             new["int8"]["embeddings"] = FLOAT_EMBEDDINGS
         not_applied = {GraphVariant.DECODER_STEP_SEARCH: NO_STATIC_SEARCH,
                        GraphVariant.DECODER_STEP_SEARCH_FUSED: NO_FUSED}
-        for graph in [g for g in not_applied if g.value in manifest["graphs"] and g not in variants]:
+        for graph in [g for g in not_applied if parent.has(g) and g not in variants]:
             new.setdefault("optimizations_not_applied", {})[graph.value] = not_applied[graph]
         add_shared(new, shared)
         write_manifest(staging, new)

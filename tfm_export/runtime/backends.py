@@ -130,7 +130,7 @@ def _torch(model: Path, device: str, options: SessionOptions, vocab: Sequence[Pa
     require_extra("export", "--backend torch")
     import torch  # only this backend needs PyTorch
 
-    from ..model.checkpoint import load_checkpoint
+    from ..model.loading import load_checkpoint
     from .torch_backend import TorchBackend
     if (model / MANIFEST).is_file():
         raise TfmExportError(f"{model}: is a model directory; the torch backend takes a checkpoint file or a "

@@ -84,7 +84,7 @@ def bls_translator(directory: Path, parameters: dict[str, str], pb_utils: Any, g
     repository's native models."""
     engines = manifest_format(directory) == ENGINE_FORMAT
     source = EngineDir.read(directory) if engines else ModelDir.read(directory)
-    graphs = native_graphs(source.manifest)
+    graphs = native_graphs(source)
     encoder, decoder = (TritonGraph(pb_utils, parameters[f"{g.value}_model"], graphs[g], gpu) for g in Graph)
     backend = OrtBackend(encoder, decoder, source.config)
     return Translator.for_directory(source, backend, source.limits)

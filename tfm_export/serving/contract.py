@@ -11,11 +11,9 @@ engines were built with. Dims leave out the batch axis (Triton adds it) and writ
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
-from ..artifacts.engine_dir import TENSORRT, engine_target
-from ..artifacts.manifest import ENGINE_FORMAT
-from ..core.config import ModelConfig
+from ..artifacts.engine_dir import TENSORRT, EngineDir
+from ..artifacts.model_dir import ModelDir
 from ..core.graph_spec import Graph, graph_specs
 
 LAYOUTS = ("translator", "bls")
@@ -57,28 +55,27 @@ class NativeGraph:
     outputs: tuple[TritonTensor, ...]
 
 
-def native_graphs(manifest: dict[str, Any]) -> dict[Graph, NativeGraph]:
+def native_graphs(directory: ModelDir | EngineDir) -> dict[Graph, NativeGraph]:
     """Both graphs of a model or engine directory, from its manifest."""
-    if manifest.get("format") == ENGINE_FORMAT:
-        return _engine_graphs(manifest)
-    graphs = manifest["graphs"]
-    return {g: NativeGraph(g, *(tuple(_tensor(t["name"], t["dtype"], t["shape"]) for t in graphs[g.value][side])
+    if isinstance(directory, EngineDir):
+        return _engine_graphs(directory)
+    return {g: NativeGraph(g, *(tuple(_tensor(t["name"], t["dtype"], t["shape"]) for t in directory.entry(g)[side])
                                 for side in ("inputs", "outputs")))
             for g in Graph}
 
 
-def _engine_graphs(manifest: dict[str, Any]) -> dict[Graph, NativeGraph]:
+def _engine_graphs(directory: EngineDir) -> dict[Graph, NativeGraph]:
     """Engines take the contract's tensors. TensorRT before 10 narrows int64 ids to int32 (TensorRT-RTX keeps
     int64); fp16 engines (from graphs made without --keep-io-types, the default) keep the cache and hidden state in
     fp16, logits in fp32."""
-    narrow_ids = engine_target(manifest) == TENSORRT and int(manifest["tensorrt"]["tensorrt"].split(".")[0]) < 10
-    half = manifest["precision"] == "fp16"
+    narrow_ids = directory.target == TENSORRT and int(directory.library_version.split(".")[0]) < 10
+    half = directory.precision == "fp16"
 
     def dtype(name: str, declared: str) -> str:
         if declared == "int64":
             return "int32" if narrow_ids else "int64"
         return "float16" if half and name != "logits" else declared
-    specs = graph_specs(ModelConfig.from_dict(manifest["model"]))
+    specs = graph_specs(directory.config)
     return {g: NativeGraph(g, *(tuple(_tensor(t.name, dtype(t.name, t.dtype), t.shape) for t in tensors)
                                 for tensors in (spec.inputs, spec.outputs)))
             for g, spec in specs.items()}

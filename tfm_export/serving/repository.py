@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import __version__
-from ..artifacts.engine_dir import RTX, engine_target, plan_path, read_engine_manifest
+from ..artifacts.engine_dir import RTX, EngineDir
 from ..artifacts.manifest import (
     ENGINE_FORMAT,
     MANIFEST,
@@ -31,7 +31,7 @@ from ..artifacts.manifest import (
     manifest_format,
     write_manifest,
 )
-from ..artifacts.model_dir import graph_path, read_manifest, tokenizer_file
+from ..artifacts.model_dir import ModelDir, tokenizer_file
 from ..artifacts.staging import staged_directory
 from ..core.graph_spec import Graph
 from .contract import DEFAULT_MAX_BATCH, DEFAULT_NAME, DEVICES, LAYOUTS, native_graphs
@@ -66,21 +66,32 @@ class Repository:
 
 @dataclass(frozen=True)
 class _Source:
-    directory: Path
-    manifest: dict[str, Any]
-    engines: bool
+    view: ModelDir | EngineDir
+
+    @property
+    def engines(self) -> bool:
+        return isinstance(self.view, EngineDir)
+
+    @property
+    def directory(self) -> Path:
+        return self.view.path
+
+    @property
+    def graph_names(self) -> list[str]:
+        """Every graph the directory lists (engine directories hold the contract's two)."""
+        return [g.value for g in Graph] if self.engines else list(self.view.graphs)
 
     def graph_files(self, graph: str) -> list[Path]:
         """The graph (with its external weights) or plan, checked against the manifest's sha256."""
         if self.engines:
-            return [plan_path(self.directory, self.manifest, Graph(graph))]
-        path = graph_path(self.directory, self.manifest, graph)
+            return [self.view.plan_path(Graph(graph))]
+        path = self.view.graph_path(graph)
         data = path.with_name(path.name + ".data")
         return [path, data] if data.is_file() else [path]
 
     def tokenizer_files(self) -> list[Path]:
         """The tokenizer file(s), checked against the manifest's sha256."""
-        return sorted({tokenizer_file(self.directory, self.manifest, side) for side in ("source", "target")})
+        return sorted({tokenizer_file(self.directory, self.view.manifest, side) for side in ("source", "target")})
 
 
 def write_repository(request: RepositoryRequest) -> Repository:
@@ -105,7 +116,7 @@ def write_repository(request: RepositoryRequest) -> Repository:
 
 
 def _graph_entries(source: _Source) -> list[tuple[Graph, dict[str, Any]]]:
-    entries = source.manifest["engines" if source.engines else "graphs"]
+    entries = source.view.manifest["engines" if source.engines else "graphs"]
     return [(g, entries[g.value]) for g in Graph]
 
 
@@ -123,8 +134,8 @@ def _check_request(request: RepositoryRequest) -> None:
 
 def _read_source(path: Path) -> _Source:
     if path.is_dir() and manifest_format(path) == ENGINE_FORMAT:
-        return _Source(path, read_engine_manifest(path), engines=True)
-    return _Source(path, read_manifest(path), engines=False)  # every other case is read_manifest's one-line error
+        return _Source(EngineDir.read(path))
+    return _Source(ModelDir.read(path))  # every other case is ModelDir.read's one-line error
 
 
 def _deployment(request: RepositoryRequest, source: _Source) -> Deployment:
@@ -132,7 +143,7 @@ def _deployment(request: RepositoryRequest, source: _Source) -> Deployment:
     if source.engines and device == "cpu":
         raise ModelDirError(f"{source.directory}: holds TensorRT engines, which run only on a GPU; drop --device cpu, "
                             "or give the model directory they were built from")
-    limit = source.manifest["limits"]["max_batch"] if source.engines else None
+    limit = source.view.limits["max_batch"] if source.engines else None
     max_batch = request.max_batch or limit or DEFAULT_MAX_BATCH
     if limit is not None and max_batch > limit:
         raise ModelDirError(f"--max-batch {max_batch} exceeds the engines' profile ({limit} rows); lower it, or "
@@ -144,11 +155,11 @@ def _check_layout(request: RepositoryRequest, source: _Source, deployment: Deplo
     """What the native backends cannot run as the runtime does. Triton's onnxruntime backend has no setting to run
     int8 static (Q/DQ) graphs with their weights dequantized once, so on x86 CPUs it would run them ~15x slower
     than fp32; the translator layout runs them as `tfm-run` does."""
-    if request.layout == "bls" and source.engines and engine_target(source.manifest) == RTX:
+    if request.layout == "bls" and source.engines and source.view.target == RTX:
         raise ModelDirError(f"{source.directory}: TensorRT-RTX engines; Triton's TensorRT backend loads TensorRT "
                             "plans only: use --layout translator (it runs them through tfm-export's runtime)")
-    int8_mode = source.manifest.get("int8", {}).get("mode")
-    if request.layout == "bls" and not source.engines and int8_mode == "static" and deployment.device == "cpu":
+    static = not source.engines and source.view.int8_mode == "static"
+    if request.layout == "bls" and static and deployment.device == "cpu":
         raise ModelDirError(f"{source.directory}: int8 static (Q/DQ) graphs; Triton's onnxruntime backend cannot "
                             "run them with their weights dequantized once, which makes them ~15x slower than fp32 "
                             "on CPUs: use --layout translator, or an int8 dynamic directory")
@@ -164,8 +175,7 @@ def _files(request: RepositoryRequest, source: _Source, deployment: Deployment) 
     copied = [source.directory / MANIFEST, *source.tokenizer_files()]
     # every graph is checked, the optional ones (decoder_step_search, older directories' retired ones) included,
     # whichever the layout copies: a damaged directory is refused whole, as the runtime refuses it
-    names = [g.value for g in Graph] if source.engines else list(source.manifest["graphs"])
-    graph_files = {name: source.graph_files(name) for name in names}
+    graph_files = {name: source.graph_files(name) for name in source.graph_names}
     if request.layout == "translator":  # the copied manifest lists them all, and the runtime uses them
         copied += [p for paths in graph_files.values() for p in paths]
     files: dict[Path, Path | str] = {version / MODEL_SUBDIR / p.name: p for p in copied}
@@ -173,7 +183,7 @@ def _files(request: RepositoryRequest, source: _Source, deployment: Deployment) 
     parameters = {"layout": request.layout, "device": deployment.device, "model_directory": MODEL_SUBDIR,
                   "tool_version": __version__}
     if request.layout == "bls":
-        graphs = native_graphs(source.manifest)
+        graphs = native_graphs(source.view)
         for graph, native in zip(Graph, _native_names(request.name), strict=True):
             parameters[f"{graph.value}_model"] = native
             paths = graph_files[graph.value]

@@ -29,8 +29,6 @@ from ..artifacts.model_dir import (
     ModelDir,
     copy_tokenizers,
     file_hashes,
-    graph_path,
-    read_manifest,
 )
 from ..artifacts.staging import check_output, staged_directory
 from ..core.errors import TfmExportError
@@ -124,7 +122,7 @@ def build_engines(model_dir: Path, output: Path, precision: str | None = None, l
             bar.set_postfix_str("fp16 graphs")
             source = Path(tmp) / "fp16"
             quantize_model_dir(model_dir, source, "fp16", progress=False)
-        source_manifest = read_manifest(source)
+        graphs = ModelDir.read(source)  # the graphs the engines are built from
         cache = Path(tmp) / "timing.cache" if timing_cache else None
         if timing_cache and timing_cache.is_file():
             shutil.copyfile(timing_cache, cache)
@@ -133,29 +131,27 @@ def build_engines(model_dir: Path, output: Path, precision: str | None = None, l
         engines = {}
         for graph in Graph:
             bar.set_postfix_str(graph.value)
-            engines[graph.value] = _write_plan(graph, source, source_manifest, profile_shapes(specs[graph], limits),
+            engines[graph.value] = _write_plan(graph, graphs, profile_shapes(specs[graph], limits),
                                                plan, settings, target, staging)
             bar.update()
         tokenizers = file_hashes(staging, copy_tokenizers(model_dir, manifest, staging))
-        write_manifest(staging, _engine_manifest(manifest, model_dir, source_manifest, plan, platform, limits,
+        write_manifest(staging, _engine_manifest(manifest, model_dir, graphs, plan, platform, limits,
                                                  engines, tokenizers))
         if timing_cache:
             write_atomically({timing_cache: lambda tmp: shutil.copyfile(cache, tmp)}, "the timing cache")
     return read_engine_manifest(output)
 
 
-def _write_plan(graph: Graph, source: Path, source_manifest: dict[str, Any],
-                shapes: Shapes, plan: BuildPlan, settings: BuildSettings,
+def _write_plan(graph: Graph, source: ModelDir, shapes: Shapes, plan: BuildPlan, settings: BuildSettings,
                 target: str, staging: Path) -> dict[str, Any]:
     """Build one graph's plan into the staging directory; returns its manifest entry."""
-    onnx_path = graph_path(source, source_manifest, graph.value)
+    onnx_path = source.graph_path(graph)
     plan_bytes = build_engine(target, onnx_path, shapes, settings).plan
     if not plan.strongly_typed:
         _check_precision_applied(import_tensorrt(target), plan_bytes, plan.precision, onnx_path, shapes)
     (staging / plan_name(graph)).write_bytes(plan_bytes)
     return {"file": plan_name(graph), "sha256": file_sha256(staging / plan_name(graph)),
-            "source_graph": source_manifest["graphs"][graph.value]["file"],
-            "source_graph_sha256": source_manifest["graphs"][graph.value]["sha256"],
+            "source_graph": source.entry(graph)["file"], "source_graph_sha256": source.entry(graph)["sha256"],
             "profile": {name: [list(s) for s in min_opt_max] for name, min_opt_max in shapes.items()}}
 
 
@@ -189,7 +185,7 @@ def layer_precisions(info: dict[str, Any]) -> set[str]:
     return found
 
 
-def _engine_manifest(parent: dict[str, Any], model_dir: Path, source: dict[str, Any], plan: BuildPlan,
+def _engine_manifest(parent: dict[str, Any], model_dir: Path, source: ModelDir, plan: BuildPlan,
                      platform: Platform, limits: ShapeLimits, engines: dict[str, Any],
                      files: dict[str, str]) -> dict[str, Any]:
     return {
@@ -203,8 +199,8 @@ def _engine_manifest(parent: dict[str, Any], model_dir: Path, source: dict[str, 
                      "strongly_typed": plan.strongly_typed, "builder_flags": list(plan.flags),
                      "shape_limits": limits.to_dict()},
         "engines": engines, "files": files,
-        "source": {"path": str(model_dir.resolve()), "precision": source["precision"],
+        "source": {"path": str(model_dir.resolve()), "precision": source.precision,
                    "made_fp16_graphs": plan.make_fp16,
-                   "graphs_sha256": {g: e["sha256"] for g, e in source["graphs"].items()}},
+                   "graphs_sha256": {g: source.entry(g)["sha256"] for g in source.graphs}},
     }
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..artifacts.model_dir import read_manifest
+from ..artifacts.model_dir import ModelDir
 from ..core.errors import TfmExportError
 from ..core.sources import read_text_lines
 from ..graphs.parity import AGREEMENT_BEAM, DEFAULT_TOLERANCE, MIN_AGREEMENT, SAMPLES, STEPS, Tolerance
@@ -42,7 +42,7 @@ class VerifyOutcome:
 
 def verify_model_dir(request: VerifyRequest, check_report_dir=lambda path: None) -> VerifyOutcome:
     """check_report_dir(path): the caller's check that --report can be written, run before any slow work."""
-    precision = read_manifest(request.model_dir)["precision"]
+    precision = ModelDir.read(request.model_dir).precision
     if precision == "fp32":
         return _verify_fp32(request)
     return _verify_quantized(request, precision, check_report_dir)

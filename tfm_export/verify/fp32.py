@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..artifacts.model_dir import load_vocabulary, read_manifest, tokenizer_paths
+from ..artifacts.model_dir import ModelDir, tokenizer_paths
 from ..core.batching import pad_batch
 from ..core.errors import TfmExportError
 from ..core.sources import encode_lines
@@ -27,7 +27,8 @@ from ..graphs.parity import (
     token_agreement,
 )
 from ..model import reference_decoding
-from ..model.checkpoint import HUGGINGFACE, Checkpoint, is_hf_directory, load_checkpoint
+from ..model.checkpoint import HUGGINGFACE, Checkpoint, is_hf_directory
+from ..model.loading import load_checkpoint
 from ..runtime import decoding
 from ..runtime.decoding import GraphBackend
 from ..runtime.ort_backend import OrtBackend
@@ -54,15 +55,15 @@ def checkpoint_for(directory: Path, given: Path | None, vocab: Sequence[Path]) -
     """The checkpoint the directory was exported from (its sha256 checked). The manifest records its name,
     not where it was: the user names it. Without --vocab it is read with the directory's tokenizers, which
     the export wrote from it (a seed checkpoint carries none)."""
-    manifest = read_manifest(directory)
-    load_vocabulary(directory, manifest)  # the directory must be whole, its tokenizer included
-    source = manifest["source_checkpoint"]
+    model_dir = ModelDir.read(directory)
+    model_dir.vocabulary()  # the directory must be whole, its tokenizer included
+    source = model_dir.manifest["source_checkpoint"]
     if given is None:
         name = source.get("file") or "its checkpoint"
         raise TfmExportError(f"{directory}: was exported from {name} (sha256 {str(source['sha256'])[:12]}...); "
                              "pass it as --checkpoint PATH to compare with it")
     if not vocab and not is_hf_directory(given):
-        vocab = tokenizer_paths(directory, manifest)
+        vocab = tokenizer_paths(directory, model_dir.manifest)
     ckpt = load_checkpoint(given, list(vocab))
     if ckpt.sha256 != source["sha256"]:
         raise TfmExportError(f"{given}: is not the checkpoint {directory} was exported from (sha256 differs); "

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import sacrebleu
 
-from ..artifacts.model_dir import read_manifest
+from ..artifacts.model_dir import ModelDir
 from ..core.errors import TfmExportError
 from ..core.files import write_atomically, write_text_atomically
 from ..core.graph_spec import Graph
@@ -79,8 +79,7 @@ class PrecisionReport:
 
 def parent_directory(directory: Path, given: Path | None) -> Path:
     """The fp32 directory this one was made from: the one given, else the manifest's; graphs checked."""
-    manifest = read_manifest(directory)
-    recorded = manifest.get("parent")
+    recorded = ModelDir.read(directory).manifest.get("parent")
     if not isinstance(recorded, dict) or not isinstance(recorded.get("path"), str) \
             or not isinstance(recorded.get("graphs_sha256"), dict):
         raise TfmExportError(f"{directory}/manifest.json: names no fp32 parent (parent.path, parent.graphs_sha256); "
@@ -88,7 +87,8 @@ def parent_directory(directory: Path, given: Path | None) -> Path:
     parent = given or Path(recorded["path"])
     if not parent.is_dir():
         raise TfmExportError(f"{directory}: its fp32 parent {parent} is not here; pass --reference DIR")
-    parent_graphs = {g: e["sha256"] for g, e in read_manifest(parent)["graphs"].items()}
+    parent_dir = ModelDir.read(parent)
+    parent_graphs = {g: parent_dir.entry(g)["sha256"] for g in parent_dir.graphs}
     if parent_graphs != recorded["graphs_sha256"]:
         raise TfmExportError(f"{parent}: is not the fp32 directory {directory} was made from (graph sha256 "
                              "differs); pass the right --reference")
