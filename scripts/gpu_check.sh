@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # On a machine with an NVIDIA GPU: first ONNX Runtime CUDA (onnxruntime-gpu), decoder_step_search with its
-# whole cache on the device and no PyTorch, against the CPU on the 1,000 held-out numbers; then, where TensorRT
+# whole cache on the device and no PyTorch, against the CPU on the 1,000 held-out numbers, and `tfm-run bench
+# --device cuda` beside transformers' generate() (fp32 and fp16, same weights, GPU step floor); then, where TensorRT
 # (10.x or 11.x) is installed, build the demo model's fp16 and int8 engines, compare them with ONNX Runtime
 # (Polygraphy) and with fp32 PyTorch, time them beside the other backends, and the same parity for TensorRT-RTX
 # engines where the GPU is one that TensorRT-RTX runs on. Exits non-zero when a check fails.
@@ -72,6 +73,11 @@ same = sum(g == w for g, w in zip(got, want, strict=True))
 print(f"cuda fp16: {same}/{len(want)} identical to fp32 on the CPU (floor {100 * MIN_AGREEMENT['fp16']:.1f}%)")
 sys.exit(same / len(want) < MIN_AGREEMENT["fp16"])
 PY
+    step "GPU timing: tfm-run on the device against transformers' generate(), same weights (opus-mt-shaped Marian)"
+    "$BIN/python" scripts/opus_like_marian.py --output "$OUT/opus-like"
+    "$BIN/tfm-run" bench --device cuda --model "$OUT/opus-like" --work-dir "$OUT/bench-gpu" \
+        --backends ort-fp32,ort-fp16,hf-generate,hf-generate-fp16 --batch-sizes 1,32,128 --beam-sizes 1,4 \
+        --output-length 64 --repeats 3 --min-time 1 --json "$OUT/bench-gpu.json" --markdown "$OUT/bench-gpu.md"
 fi
 
 missing=$("$BIN/python" -c "from tfm_export.runtime.tensorrt_platform import missing_reason; print(missing_reason() or '')")

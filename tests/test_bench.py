@@ -23,6 +23,7 @@ from tfm_export.model.loading import load_checkpoint
 from tfm_export.model.synthetic import random_checkpoint
 from tfm_export.runtime import decoding
 from tfm_export.runtime.decoding import StepRule
+from tfm_export.runtime.session import has_cuda_provider
 from tfm_export.runtime.torch_backend import TorchBackend
 from tfm_export.runtime.translator import Translator
 
@@ -164,6 +165,8 @@ def test_bad_bench_requests_fail_before_any_work(tmp_path, demo_onnx):
              (["--work-dir", str(demo_onnx)], "is a model directory, which the benchmark would write into"),
              (["--beam-sizes", "1,1000"], "values must be 1..64"),
              (["--backends", ""], "give at least one backend")]
+    if not has_cuda_provider() and not torch.cuda.is_available():
+        cases.append((["--device", "cuda"], "--device cuda: no CUDA GPU here"))
     for args, message in cases:
         result = CliRunner().invoke(run_main, ["bench", "--model", str(DEMO_CKPT), *args])
         assert result.exit_code in (1, 2) and message in result.output, (args, result.output)
@@ -176,7 +179,7 @@ def test_a_bench_where_nothing_can_run_is_an_error(tmp_path):
     result = CliRunner().invoke(run_main, ["bench", "--model", str(ckpt), "--backends", "ort-fp16,tensorrt",
                                            "--batch-sizes", "1", "--beam-sizes", "1", "--output-length", "4"])
     assert result.exit_code == 1 and "no backend could run here" in result.output.splitlines()[-1]
-    assert "ort-fp16          skipped:" in result.output
+    assert "ort-fp16          skipped: fp16 is for GPUs; time it with --device cuda" in result.output
 
 
 def _report(rates: dict[str, list[float]], rss: dict[str, float]) -> dict:

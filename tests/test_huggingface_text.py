@@ -24,6 +24,8 @@ from hf_oracle import (
     translate,
 )
 
+from tfm_export.bench.artifacts import build_fp32, open_model
+from tfm_export.bench.runners import open_decoder, unavailable
 from tfm_export.cli.export_cli import main as export_main
 from tfm_export.cli.run_cli import main as run_main
 from tfm_export.model.loading import load_checkpoint
@@ -309,3 +311,19 @@ def test_bench_times_ctranslate2_on_the_same_hugging_face_weights(opus_like_mari
     backends = json.loads(report.read_text())["backends"]
     assert backends["ct2-fp32"]["skipped"] is None and backends["ct2-fp32"]["agreement"] == 1.0, backends
     assert {r["beam"] for r in backends["ct2-fp32"]["rows"]} == {1, 2}
+
+
+@pytest.mark.parametrize("beam", [1, 3])
+def test_the_bench_anchor_generate_decodes_as_tfm_run_does(opus_like_marian, tmp_path, beam) -> None:
+    """`tfm-run bench`'s hf-generate (transformers' generate() on the directory's weights) decodes the
+    benchmark's inputs as the ONNX Runtime backend does, free and with </s> barred to a forced length, so the two
+    time the same work; fp16 generate() is for GPUs and says so."""
+    built = build_fp32(open_model(opus_like_marian), tmp_path)
+    ckpt = load_checkpoint(opus_like_marian)
+    sources = [ckpt.vocab.source.encode(t, framed=True) for t in sample_texts()[:7]]
+    ours, theirs = (open_decoder(name, built.artifacts, threads=1) for name in ("ort-fp32", "hf-generate"))
+    for length, forced in ((12, False), (10, True)):
+        want = ours(sources, beam, length, forced)
+        assert theirs(sources, beam, length, forced) == want
+        assert not forced or {len(w) for w in want} == {length}
+    assert "--device cuda" in unavailable("hf-generate-fp16", built.artifacts)

@@ -9,16 +9,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from ..artifacts.manifest import MANIFEST
-from ..artifacts.model_dir import load_vocabulary, read_manifest, token_rules
-from ..core.config import ModelConfig
+from ..artifacts.model_dir import ModelDir
 from ..core.errors import TfmExportError
 from ..core.files import write_text_atomically
 from ..core.token_rules import SEED_RULES, TokenRules
 from ..core.tokenizer import Vocabulary
 from ..graphs.generate_dir import write_generate_dir
 from ..graphs.pipeline import export_model_dir
-from ..model.checkpoint import Checkpoint, is_hf_directory, load_checkpoint
+from ..model.checkpoint import Checkpoint, is_hf_directory
+from ..model.loading import load_checkpoint
 from ..precision.pipeline import Calibration, quantize_model_dir
 from ..runtime.session import has_cuda_provider
 from ..runtime.tensorrt_platform import missing_reason
@@ -64,12 +63,11 @@ def open_model(path: Path) -> BenchModel:
     if not path.is_dir() or is_hf_directory(path):
         ckpt = load_checkpoint(path)
         return BenchModel(path, ckpt, None, ckpt.config.n_position, ckpt.vocab, ckpt.rules)
-    manifest = read_manifest(path)
-    if manifest["precision"] != "fp32":
-        raise TfmExportError(f"{path}: is a {manifest['precision']} directory; bench --model takes a checkpoint or an "
+    directory = ModelDir.read(path)
+    if directory.precision != "fp32":
+        raise TfmExportError(f"{path}: is a {directory.precision} directory; bench --model takes a checkpoint or an "
                              "fp32 model directory and makes the fp16/int8 variants itself")
-    return BenchModel(path, None, path, ModelConfig.from_dict(manifest["model"]).n_position,
-                      load_vocabulary(path, manifest), token_rules(manifest, path / MANIFEST))
+    return BenchModel(path, None, path, directory.config.n_position, directory.vocabulary(), directory.rules)
 
 
 def build_fp32(model: BenchModel, work: Path, say: Callable[[str], None] = lambda _: None) -> Built:
@@ -103,7 +101,7 @@ def build_variants(built: Built, model: BenchModel, work: Path, calibration: Cal
         say(f"quantize {variant}")
         onnx[variant] = _timed(built, f"onnx {variant}", lambda v=variant, k=kwargs: quantize_model_dir(
             fp32, work / f"onnx-{v}", force=True, progress=False, **k) and work / f"onnx-{v}")
-    if "ort-generate" in backends:
+    if "ort-generate" in backends and model.rules == SEED_RULES:  # generate.onnx is for the seed's token layout
         say("write generate.onnx")
         onnx["generate"] = _timed(built, "onnx generate", lambda: write_generate_dir(
             fp32, work / "onnx-generate", force=True, progress=False) and work / "onnx-generate")

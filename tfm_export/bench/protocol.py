@@ -26,7 +26,8 @@ from ..core.machine import return_large_blocks
 from .runners import TIMED_BACKENDS, Artifacts, agreement, open_decoder, unavailable
 
 REFERENCE = "ort-fp32"
-SAME_MODEL = ("torch-full", "torch-cache", "ct2-fp32")  # must decode as the reference does before being timed
+# must decode as the reference does before being timed
+SAME_MODEL = ("torch-full", "torch-cache", "ct2-fp32", "hf-generate")
 MAX_BATCH_SIZE = 1024  # sentences per timed call; beyond it the caches alone outgrow a machine's memory
 MAX_SENTENCES = 100_000  # benchmark inputs held in memory at once
 SAME_MODEL_MIN = 0.95  # share of identical greedy outputs; fp32 reorderings may flip a rare near-tie
@@ -45,6 +46,7 @@ class BenchSettings:
     sweep_backends: tuple[str, ...] = ("torch-full", "torch-cache", "ort-fp32", "ort-int8-dynamic", "ct2-fp32")
     full_recompute_max_rows: int = 8  # torch-full only where batch x beam <= this (a base-size batch of 128
     # rows at 64 tokens takes minutes); its target ratio is taken at batch 1
+    device: str = "cpu"  # where every backend runs: "cpu" or "cuda"
 
 
 @dataclass
@@ -103,12 +105,12 @@ def measure(name: str, artifacts: Artifacts, sources: list[list[int]], length: i
             settings: BenchSettings, reference: list[tuple[int, ...]] | None = None) -> BackendResult:
     """One backend, start to end; runs in its own process. A backend that should run the reference's
     model (same weights, fp32) is timed only after its unforced greedy outputs are checked against it."""
-    result = BackendResult(name, skipped=unavailable(name, artifacts))
+    result = BackendResult(name, skipped=unavailable(name, artifacts, settings.device))
     if result.skipped:
         return result
     return_large_blocks()  # as tfm-run does; CTranslate2's peak falls further with it, so every backend gets it
     start = time.perf_counter()
-    decode = open_decoder(name, artifacts, settings.threads)
+    decode = open_decoder(name, artifacts, settings.threads, settings.device)
     result.load_s = time.perf_counter() - start
     result.outputs = [o for batch in _batches(sources, 8) for o in decode(batch, 1, length, False)]
     if reference is not None and name in SAME_MODEL and agreement(result.outputs, reference) < SAME_MODEL_MIN:
@@ -156,7 +158,7 @@ def run_backends(artifacts: Artifacts, sources: list[list[int]], length: int, po
     return results
 
 
-def machine_info() -> dict[str, Any]:
+def machine_info(device: str = "cpu") -> dict[str, Any]:
     cpu = platform.processor() or platform.machine()
     try:
         cpu = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
@@ -164,13 +166,19 @@ def machine_info() -> dict[str, Any]:
     except (OSError, StopIteration):
         pass
     versions = {}
-    for package in ("tfm-export", "torch", "onnxruntime", "onnx", "ctranslate2", "numpy"):
+    for package in ("tfm-export", "torch", "onnxruntime", "onnxruntime-gpu", "onnx", "ctranslate2", "transformers",
+                    "numpy"):
         try:
             versions[package] = metadata.version(package)
         except metadata.PackageNotFoundError:
             versions[package] = None
-    return {"cpu": cpu, "cores": multiprocessing.cpu_count(), "python": platform.python_version(),
-            "platform": platform.platform(), "versions": versions, "date": time.strftime("%Y-%m-%d %H:%M:%S")}
+    info = {"cpu": cpu, "cores": multiprocessing.cpu_count(), "python": platform.python_version(),
+            "platform": platform.platform(), "versions": versions, "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+            "device": device}
+    if device == "cuda":
+        import torch  # the parent only asks its name; the backends' processes use the GPU
+        info["gpu"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    return info
 
 
 def _rate(results: list[BackendResult], name: str, beam: int, batch: int) -> float | None:
@@ -192,4 +200,7 @@ def ratios(results: list[BackendResult]) -> dict[str, float | None]:
     for batch in (1, 32):
         out[f"ort-fp32 / ct2-fp32, batch {batch}"] = ratio("ort-fp32", "ct2-fp32", batch)
         out[f"ort-int8-dynamic / ct2-int8, batch {batch}"] = ratio("ort-int8-dynamic", "ct2-int8", batch)
+    for batch in (1, 32, 128):
+        out[f"ort-fp32 / hf-generate, batch {batch}"] = ratio("ort-fp32", "hf-generate", batch)
+        out[f"ort-fp16 / hf-generate-fp16, batch {batch}"] = ratio("ort-fp16", "hf-generate-fp16", batch)
     return out

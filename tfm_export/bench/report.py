@@ -40,7 +40,8 @@ def markdown(results: list[BackendResult], sizes: dict[str, float], build_s: dic
     """The same figures as markdown tables, for docs/benchmarks.md."""
     machine = info["machine"]
     versions = ", ".join(f"{k} {v}" for k, v in machine["versions"].items() if v)
-    lines = [f"Machine: {machine['cpu']}, {machine['cores']} cores; {versions}; {machine['date']}.",
+    gpu = f", GPU {machine['gpu']}" if machine.get("gpu") else ""
+    lines = [f"Machine: {machine['cpu']}, {machine['cores']} cores{gpu}; {versions}; {machine['date']}.",
              f"Inputs: {info['sentences']} sentences ({info['input']}), output length {info['output_length']}"
              + (" (forced: </s> barred until then)." if info["forced"] else " at most (stops at </s>)."), "",
              "| backend | decode | batch | median ms | p95 ms | sentences/s | tokens/s |",
@@ -66,6 +67,10 @@ def markdown(results: list[BackendResult], sizes: dict[str, float], build_s: dic
                   "|---|" + "---:|" * len(lengths)]
         lines += [f"| {r.name} | " + " | ".join(f"{r.sweep[n]:.0f}" if n in r.sweep else "-" for n in lengths) + " |"
                   for r in sweep]
+    floors = info.get("step_floor_ms", {})
+    if floors:
+        lines += ["", "| decoder_step_search alone on the GPU (bench.step_floor) | ms per step |", "|---|---:|"]
+        lines += [f"| {cell} | {ms:.3f} |" for cell, ms in floors.items()]
     return "\n".join(lines) + "\n"
 
 

@@ -16,6 +16,7 @@ from ..core.files import write_text_atomically
 from ..core.sources import cut_source, encode_lines, read_text_lines
 from ..core.token_rules import SEED_RULES
 from ..core.tokenizer import BOS_ID, EOS_ID, FIRST_TOKEN_ID
+from ..runtime.session import has_cuda_provider
 from .artifacts import BenchModel, Built, build_fp32, build_variants, calibration_for, open_model
 from .protocol import BackendResult, BenchSettings, machine_info, ratios, run_backends
 from .report import markdown, plot, summary, table, to_json
@@ -42,13 +43,15 @@ class BenchRun:
     def lines(self) -> list[str]:
         """The tables and the ratios this run measured (the JSON keeps the ones it did not)."""
         out = [*table(self.results), "", *summary(self.results, self.built.size_mb, self.built.build_s), ""]
-        return out + [f"ratio {name}: {value:.2f}x" for name, value in self.ratios.items() if value is not None]
+        out += [f"ratio {name}: {value:.2f}x" for name, value in self.ratios.items() if value is not None]
+        return out + [f"step floor, {cell}: {ms:.3f} ms" for cell, ms in self.info.get("step_floor_ms", {}).items()]
 
     def write(self, json_path: Path | None, plot_path: Path | None, markdown_path: Path | None) -> None:
         if json_path:
             to_json(json_path, self.results, self.settings, self.info)
         if plot_path:
-            plot(plot_path, self.results, f"{self.info['model']} on {self.info['machine']['cpu']}")
+            machine = self.info["machine"]
+            plot(plot_path, self.results, f"{self.info['model']} on {machine.get('gpu') or machine['cpu']}")
         if markdown_path:
             write_text_atomically(markdown_path, markdown(self.results, self.built.size_mb, self.built.build_s,
                                                           self.ratios, self.info), "the markdown report")
@@ -64,6 +67,7 @@ def run_benchmark(request: BenchRequest, say: Callable[[str], None] = lambda _: 
     """Everything is checked (work directory, output length, input lines) before the slow work starts."""
     settings = request.settings
     _check_work_dir(request.work_dir)
+    _check_device(settings.device)
     model = open_model(request.model)
     length = settings.output_length or model.positions
     if length > model.positions:
@@ -88,12 +92,27 @@ def run_benchmark(request: BenchRequest, say: Callable[[str], None] = lambda _: 
                        max(settings.batch_sizes) * max(settings.beam_sizes), say=say)
         results = run_backends(built.artifacts, sources, length, model.positions, settings,
                                progress=lambda n: say(f"measure {n}"))
+        floors = _gpu_step_floors(model, settings, sources, length, say) if settings.device == "cuda" else {}
     found = ratios(results)
-    info = {"machine": machine_info(), "model": str(request.model),
+    info = {"machine": machine_info(settings.device), "model": str(request.model),
             "input": str(request.input_file) if request.input_file else "random", "sentences": request.sentences,
             "output_length": length, "forced": settings.output_length > 0, "sizes_mb": built.size_mb,
-            "build_s": built.build_s, "ratios": found}
+            "build_s": built.build_s, "ratios": found, **({"step_floor_ms": floors} if floors else {})}
     return BenchRun(results, built, found, info, settings)
+
+
+def _gpu_step_floors(model: BenchModel, settings: BenchSettings, sources: list[list[int]], length: int,
+                     say: Callable[[str], None]) -> dict[str, float]:
+    """decoder_step_search alone on the GPU (bench.step_floor), per (beam, batch) timed, at the mean cache length
+    and source length: the step no loop around it can beat. Needs the model's weights (not an fp32 directory)."""
+    if model.checkpoint is None or not has_cuda_provider():
+        return {}
+    from .step_floor import step_floor_ms
+    say("GPU step floor")
+    source = round(sum(map(len, sources)) / len(sources))
+    return {f"beam {beam}, batch {batch}": step_floor_ms(model.checkpoint.model, batch, beam, (length - 1) // 2,
+                                                         source, device="cuda")["CUDA"]
+            for beam in settings.beam_sizes for batch in settings.batch_sizes}
 
 
 def _input_rows(texts: list[str], model: BenchModel) -> list[list[int]]:
@@ -132,6 +151,15 @@ def _texts(model: BenchModel, vocab_size: int, count: int, seed: int = 0) -> lis
         return [" ".join(tokens[i] for i in ids) for ids in _random_ids(model, vocab_size, count, seed)]
     size = model.vocab.target.vocab_size
     return [model.vocab.target.decode(ids) for ids in _random_ids(model, size, count, seed)]
+
+
+def _check_device(device: str) -> None:
+    if device != "cuda" or has_cuda_provider():
+        return
+    import torch
+    if not torch.cuda.is_available():
+        raise TfmExportError("--device cuda: no CUDA GPU here (onnxruntime has no CUDA provider, PyTorch sees no GPU); "
+                             "run on a machine with one and onnxruntime-gpu, or drop --device")
 
 
 def _check_work_dir(work_dir: Path | None) -> None:

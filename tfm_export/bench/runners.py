@@ -6,12 +6,14 @@ runs in a fresh process)."""
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from ..artifacts.manifest import is_hf_directory
 from ..core.batching import pad_batch
 from ..core.token_rules import SEED_RULES, TokenRules
 from ..core.tokenizer import BOS_ID, EOS_ID
@@ -28,7 +30,16 @@ TIMED_BACKENDS = {
     "tensorrt": "TensorRT fp16 engines (built from the fp32 graphs' fp16 version)",
     "ct2-fp32": "CTranslate2 float32 (same weights)",
     "ct2-int8": "CTranslate2 int8 (same weights)",
+    "hf-generate": "transformers' own generate(), eager fp32 (a Hugging Face model directory's weights)",
+    "hf-generate-fp16": "transformers' own generate(), eager fp16 on CUDA (a Hugging Face model directory's weights)",
 }
+DEVICES = ("cpu", "cuda")
+GPU_ONLY = {"ort-fp16": "fp16 is for GPUs; time it with --device cuda",
+            "tensorrt": "TensorRT engines run on GPUs; time them with --device cuda",
+            "hf-generate-fp16": "fp16 is for GPUs; time it with --device cuda"}
+CPU_ONLY = {"ort-int8-dynamic": "its int8 operators (DynamicQuantizeLinear, MatInteger) are ONNX Runtime CPU kernels"}
+# what `--device cuda` times by default: every GPU backend, and generate() as the anchor
+GPU_BACKENDS = ("ort-fp32", "ort-fp16", "ort-generate", "tensorrt", "torch-cache", "hf-generate", "hf-generate-fp16")
 ONNX_VARIANTS = {"ort-fp32": "fp32", "ort-int8-static": "int8-static", "ort-int8-dynamic": "int8-dynamic",
                  "ort-fp16": "fp16", "ort-generate": "generate"}
 
@@ -52,13 +63,23 @@ class Artifacts:
     rules: TokenRules = SEED_RULES  # ids and beam rule of the model (a pretrained model's own)
 
 
-def unavailable(name: str, artifacts: Artifacts) -> str | None:
-    """Why a backend cannot run here, or None."""
+def unavailable(name: str, artifacts: Artifacts, device: str = "cpu") -> str | None:
+    """Why a backend cannot run here on `device`, or None."""
+    if device == "cpu" and name in GPU_ONLY:
+        return GPU_ONLY[name]
+    if device == "cuda" and name in CPU_ONLY:
+        return f"CPU only: {CPU_ONLY[name]}"
+    if name.startswith("hf-"):
+        return _generate_unavailable(artifacts, device)
+    if device == "cuda":
+        problem = _no_gpu(name)
+        if problem:
+            return problem
+    if name == "ort-generate" and artifacts.rules != SEED_RULES:
+        return "generate.onnx is built for the seed's token layout; a Hugging Face model decodes with the loop"
     if name == "tensorrt" and artifacts.tensorrt is None:
         from ..runtime.tensorrt_platform import missing_reason
         return missing_reason() or "the engines could not be built (see the [bench] log)"
-    if name == "ort-fp16" and not _has_cuda_provider():
-        return "fp16 is for GPUs; this onnxruntime has no CUDA provider"
     if name in ONNX_VARIANTS and ONNX_VARIANTS[name] not in artifacts.onnx:
         return f"no {ONNX_VARIANTS[name]} model directory"
     if name.startswith("torch") and artifacts.checkpoint is None:
@@ -68,11 +89,34 @@ def unavailable(name: str, artifacts: Artifacts) -> str | None:
     return None
 
 
-def open_decoder(name: str, artifacts: Artifacts, threads: int) -> Decode:
+def _no_gpu(name: str) -> str | None:
+    """Why `name` cannot run on a CUDA GPU here, or None."""
+    if name.startswith("ct2"):
+        import ctranslate2
+        return None if ctranslate2.get_cuda_device_count() else "CTranslate2 sees no CUDA GPU"
+    if name.startswith("torch"):
+        import torch
+        return None if torch.cuda.is_available() else "PyTorch sees no CUDA GPU"
+    if name.startswith("ort") and not _has_cuda_provider():
+        return "this onnxruntime has no CUDA provider"
+    return None
+
+
+def _generate_unavailable(artifacts: Artifacts, device: str) -> str | None:
+    if artifacts.checkpoint is None or not is_hf_directory(artifacts.checkpoint):
+        return "generate() runs Hugging Face models: give bench --model a Hugging Face model directory"
+    if importlib.util.find_spec("transformers") is None:
+        return "transformers is not installed (pip install 'tfm-export[hf]')"
+    return _no_gpu("torch") if device == "cuda" else None
+
+
+def open_decoder(name: str, artifacts: Artifacts, threads: int, device: str = "cpu") -> Decode:
     """decode(sources with <s>/</s>, beam size, length, forced) -> generated ids per source (best only). Our
     backends are opened as `tfm-run translate` opens them (Translator.load), but for the cache-less baseline."""
     if name.startswith("ct2"):
-        return _ctranslate2(artifacts, "int8" if name == "ct2-int8" else "float32", threads)
+        return _ctranslate2(artifacts, "int8" if name == "ct2-int8" else "float32", threads, device)
+    if name.startswith("hf-"):
+        return _generate(artifacts, name == "hf-generate-fp16", threads, device)
     from ..runtime.session import SessionOptions
     from ..runtime.translator import Translator
     if name.startswith("torch"):
@@ -83,10 +127,9 @@ def open_decoder(name: str, artifacts: Artifacts, threads: int) -> Decode:
             from ..model.loading import load_checkpoint
             from .torch_full import TorchFullBackend
             return _loop(TorchFullBackend(load_checkpoint(artifacts.checkpoint).model), artifacts.rules)
-        return _loop(Translator.load(artifacts.checkpoint, backend="torch").backend, artifacts.rules)
+        return _loop(Translator.load(artifacts.checkpoint, backend="torch", device=device).backend, artifacts.rules)
     if name == "tensorrt":
         return _loop(Translator.load(artifacts.tensorrt, backend="tensorrt").backend, artifacts.rules)
-    device = "cuda" if name == "ort-fp16" else "cpu"
     options = SessionOptions(intra_op_threads=threads, device=device)
     if name == "ort-generate":
         return _search(Translator.load(artifacts.onnx["generate"], backend="onnxruntime-generate",
@@ -122,9 +165,33 @@ def _search(backend) -> Decode:
     return decode
 
 
-def _ctranslate2(artifacts: Artifacts, compute_type: str, threads: int) -> Decode:
+def _generate(artifacts: Artifacts, half: bool, threads: int, device: str) -> Decode:
+    """transformers' generate() on the directory's own weights, with the model's generation config as tfm-run
+    decodes with it, less the forced </s> at the length limit (as for every backend here)."""
+    import torch
+    import transformers
+    if threads:
+        torch.set_num_threads(threads)
+    dtype = torch.float16 if half else torch.float32
+    model = transformers.AutoModelForSeq2SeqLM.from_pretrained(artifacts.checkpoint, dtype=dtype).to(device).eval()
+    rules = artifacts.rules
+
+    def decode(sources: Sequence[Sequence[int]], beam: int, length: int, forced: bool) -> list[tuple[int, ...]]:
+        ids = torch.from_numpy(pad_batch(sources, rules.pad))
+        mask = torch.zeros_like(ids)
+        for i, row in enumerate(sources):
+            mask[i, :len(row)] = 1
+        with torch.inference_mode():
+            out = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device), num_beams=beam,
+                                 max_new_tokens=length, min_new_tokens=length if forced else 0, do_sample=False,
+                                 forced_eos_token_id=None, num_return_sequences=1)
+        return [tuple(row[:row.index(rules.eos)] if rules.eos in row else row) for row in out[:, 1:].tolist()]
+    return decode
+
+
+def _ctranslate2(artifacts: Artifacts, compute_type: str, threads: int, device: str) -> Decode:
     import ctranslate2
-    translator = ctranslate2.Translator(str(artifacts.ctranslate2), device="cpu", compute_type=compute_type,
+    translator = ctranslate2.Translator(str(artifacts.ctranslate2), device=device, compute_type=compute_type,
                                         intra_threads=threads, inter_threads=1)
     vocab = artifacts.source_tokens
     index = {token: i for i, token in enumerate(artifacts.target_tokens)}

@@ -39,9 +39,10 @@ def step_inputs(model: nn.Module, batch: int, beam: int, cache_length: int,
 
 
 def step_floor_ms(model: nn.Module, batch: int, beam: int, cache_length: int, source_length: int,
-                  threads: int = 0) -> dict[str, float]:
+                  threads: int = 0, device: str = "cpu") -> dict[str, float]:
     """Best step time (ms) of decoder_step_search for `batch` sources x `beam` rows after `cache_length` cached
-    tokens, per setting: `threads` intra-op threads and one, each spinning within the run and sleeping."""
+    tokens, per setting: on the CPU `threads` intra-op threads and one, each spinning within the run and sleeping;
+    on a GPU ("cuda") the one setting, every tensor in its memory."""
     feeds = step_inputs(model, batch, beam, cache_length, source_length)
     names = cache_names(model.config)
     present = dict(zip(names.self_inputs, names.self_outputs, strict=True)).get  # each buffer, written in place
@@ -49,6 +50,8 @@ def step_floor_ms(model: nn.Module, batch: int, beam: int, cache_length: int, so
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / GRAPH.filename
         save_graph(export_graph(model.eval(), spec_of(model.config), DEFAULT_OPSET), path)
+        if device == "cuda":
+            return {"CUDA": best_run_ms(path, feeds, SessionOptions(device="cuda"), present)}
         for count in dict.fromkeys((threads, 1)):
             for spinning in (True, False):
                 label = f"{count or 'all'} thread{'s' if count != 1 else ''}, {'spinning' if spinning else 'sleeping'}"

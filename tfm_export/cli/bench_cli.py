@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from ..bench.protocol import MAX_BATCH_SIZE, MAX_SENTENCES, BenchSettings
-from ..bench.runners import TIMED_BACKENDS
+from ..bench.runners import DEVICES, GPU_BACKENDS, TIMED_BACKENDS
 from ..core.errors import TfmExportError
 from ..core.extras import require_extra
 from ..core.files import check_output_path
@@ -40,8 +40,12 @@ def _backends(text: str) -> tuple[str, ...]:
 @click.command("bench")
 @click.option("--model", "model_path", required=True, type=click.Path(exists=True, path_type=Path),
               help="A checkpoint (exported, quantized and converted here, timed) or an fp32 model directory.")
-@click.option("--backends", default=",".join(TIMED_BACKENDS), show_default=True,
-              help="Comma-separated: " + "; ".join(f"{name}: {what}" for name, what in TIMED_BACKENDS.items()) + ".")
+@click.option("--device", type=click.Choice(DEVICES), default="cpu", show_default=True,
+              help="Where every backend runs. cuda: an NVIDIA GPU (onnxruntime-gpu; PyTorch with CUDA for generate() "
+                   "and the PyTorch backends), timing by default " + ", ".join(GPU_BACKENDS) + ".")
+@click.option("--backends", default=None,
+              help="Comma-separated: " + "; ".join(f"{name}: {what}" for name, what in TIMED_BACKENDS.items()) +
+                   ". Default: all of them on cpu (each one that cannot run here says why), the GPU ones on cuda.")
 @click.option("--batch-sizes", default="1,8,32", show_default=True,
               help=f"Comma-separated sentences per batch call (at most {MAX_BATCH_SIZE}); each is timed for every "
                    "beam size.")
@@ -71,7 +75,7 @@ def _backends(text: str) -> tuple[str, ...]:
               help="PNG: tokens/s per backend and batch size, and latency against output length.")
 @click.option("--markdown", "markdown_path", type=click.Path(path_type=Path, dir_okay=False), default=None,
               help="The tables as markdown (docs/benchmarks.md is made from these).")
-def bench(model_path: Path, backends: str, batch_sizes: str, beam_sizes: str, output_length: int,
+def bench(model_path: Path, device: str, backends: str | None, batch_sizes: str, beam_sizes: str, output_length: int,
           input_file: Path | None, sentences: int, calibration: Path | None, repeats: int, min_time: float,
           threads: int, full_recompute_max_rows: int, work_dir: Path | None, json_path: Path | None,
           plot_path: Path | None, markdown_path: Path | None) -> None:
@@ -83,9 +87,11 @@ def bench(model_path: Path, backends: str, batch_sizes: str, beam_sizes: str, ou
     """
     require_extra("export", "tfm-run bench")
     from ..bench.run import BenchRequest, run_benchmark
-    settings = BenchSettings(_backends(backends), _ints(batch_sizes, "--batch-sizes", maximum=MAX_BATCH_SIZE),
+    default = GPU_BACKENDS if device == "cuda" else tuple(TIMED_BACKENDS)
+    chosen = _backends(backends) if backends is not None else default
+    settings = BenchSettings(chosen, _ints(batch_sizes, "--batch-sizes", maximum=MAX_BATCH_SIZE),
                              _ints(beam_sizes, "--beam-sizes", maximum=MAX_BEAM), output_length, repeats, min_time,
-                             threads, full_recompute_max_rows=full_recompute_max_rows)
+                             threads, full_recompute_max_rows=full_recompute_max_rows, device=device)
     for path, option in ((json_path, "--json"), (plot_path, "--plot"), (markdown_path, "--markdown")):
         check_output_path(path, option, inputs=[p for p in (model_path, input_file, calibration) if p])
     request = BenchRequest(model_path, settings, input_file, sentences, calibration, work_dir)
