@@ -28,7 +28,7 @@ from .manifest import (
     manifest_format,
     read_declared,
 )
-from .model_dir import check_model_fields, load_vocabulary, token_rules, verified_file
+from .model_dir import ReadDirectory, check_model_fields, load_vocabulary, token_rules, verified_file
 
 # Which library builds and runs the plans. A plan loads only in the library (and version) that built it.
 TENSORRT, RTX = "tensorrt", "rtx"
@@ -88,23 +88,11 @@ def plan_path(directory: Path, manifest: dict[str, Any], graph: Graph) -> Path:
 
 
 @dataclass(frozen=True)
-class EngineDir:
-    """An engine directory read once (ModelDir's counterpart): its manifest checked, config and rules parsed, its
-    plans and tokenizers read through it against the manifest's sha256."""
+class EngineDir(ReadDirectory):
+    """An engine directory (TensorRT plans); its plans and tokenizers are read through it against the manifest's
+    sha256."""
 
-    path: Path
-    manifest: dict[str, Any]
-    config: ModelConfig
-    rules: TokenRules
-
-    @classmethod
-    def read(cls, directory: str | Path) -> EngineDir:
-        directory = Path(directory)
-        return cls(directory, *_checked(directory))
-
-    @property
-    def precision(self) -> str:
-        return self.manifest["precision"]
+    _checked = staticmethod(_checked)
 
     @property
     def limits(self) -> dict[str, int]:

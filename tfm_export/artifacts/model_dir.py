@@ -14,7 +14,7 @@ from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -242,25 +242,38 @@ def load_vocabulary(directory: Path, manifest: dict[str, Any]) -> Vocabulary:
     return Vocabulary(source, target)
 
 
+_Read = TypeVar("_Read", bound="ReadDirectory")
+
+
 @dataclass(frozen=True)
-class ModelDir:
-    """A model directory read once: its manifest checked (read_manifest) and what readers take from it parsed, the
-    model config and decoding rules among it, so that no reader looks fields up or rebuilds the config again. Its
-    files are read through it, each checked against the manifest's sha256."""
+class ReadDirectory:
+    """A model or engine directory read once: its manifest checked and what readers take from it parsed, the model
+    config and decoding rules among it, so that no reader looks fields up or rebuilds the config again."""
 
     path: Path
     manifest: dict[str, Any]  # as read: what writers copy, and fields one reader alone needs
     config: ModelConfig
     rules: TokenRules
 
+    @staticmethod
+    def _checked(directory: Path) -> tuple[dict[str, Any], ModelConfig, TokenRules]:
+        raise NotImplementedError
+
     @classmethod
-    def read(cls, directory: str | Path) -> ModelDir:
+    def read(cls: type[_Read], directory: str | Path) -> _Read:
         directory = Path(directory)
-        return cls(directory, *_checked(directory))
+        return cls(directory, *cls._checked(directory))
 
     @property
     def precision(self) -> str:
         return self.manifest["precision"]
+
+
+@dataclass(frozen=True)
+class ModelDir(ReadDirectory):
+    """A model directory (ONNX graphs); its files are read through it, each checked against the manifest's sha256."""
+
+    _checked = staticmethod(_checked)
 
     @property
     def limits(self) -> dict[str, int]:
