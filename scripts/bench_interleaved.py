@@ -79,7 +79,8 @@ def _decoder(name: str, artifacts, threads: int):
     if name == "ort-fp32-contract":
         from tfm_export.runtime.ort_backend import OrtBackend
         from tfm_export.runtime.session import SessionOptions
-        return runners._loop(OrtBackend.open(artifacts.onnx["fp32"], SessionOptions(intra_op_threads=threads)))
+        return runners._loop(OrtBackend.open(artifacts.onnx["fp32"], SessionOptions(intra_op_threads=threads)),
+                             artifacts.rules)
     return runners.open_decoder(name, artifacts, threads)
 
 

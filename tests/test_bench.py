@@ -276,3 +276,24 @@ def test_the_kernel_floor_multiplies_by_every_weight_a_step_reads(config):
     assert step_matmuls(model)[-1] == (d, config.trg_vocab_size)
     floor = matmul_floor_ms(model)
     assert set(floor) == {"spinning", "sleeping"} and all(0 < v < 1000 for v in floor.values())
+
+
+def test_make_bench_script_runs_every_kind_of_backend_it_names(tmp_path):
+    """scripts/bench_interleaved.py (what `make bench` and `make bench-anchor` run), one small round: each backend
+    kind it opens its own way times its cell, and the greedy output of ours equals CTranslate2's."""
+    import subprocess
+    import sys
+
+    from conftest import REPO
+    report = tmp_path / "report.json"
+    result = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "bench_interleaved.py"), "--model", str(DEMO_CKPT),
+         "--work-dir", str(tmp_path / "work"), "--lengths", "16", "--batch-sizes", "2", "--beam-sizes", "2",
+         "--threads", "1", "--rounds", "1", "--repeats", "1", "--min-time", "0",
+         "--backends", "ort-fp32,ct2-fp32,ort-fp32-contract", "--json", str(report)],
+        capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    results = json.loads(report.read_text())["rounds"][0]["results"]
+    assert {name: results[name]["cells"]["len 16, beam 2, batch 2"]["tokens_per_s"] > 0 for name in results} == \
+        dict.fromkeys(("ort-fp32", "ct2-fp32", "ort-fp32-contract"), True)
+    assert results["ct2-fp32"]["agreement"] == 1.0 and results["ort-fp32-contract"]["agreement"] == 1.0

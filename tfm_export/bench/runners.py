@@ -189,7 +189,7 @@ def _generate(artifacts: Artifacts, half: bool, threads: int, device: str) -> De
     return decode
 
 
-def _ctranslate2(artifacts: Artifacts, compute_type: str, threads: int, device: str) -> Decode:
+def _ctranslate2(artifacts: Artifacts, compute_type: str, threads: int, device: str = "cpu") -> Decode:
     import ctranslate2
     translator = ctranslate2.Translator(str(artifacts.ctranslate2), device=device, compute_type=compute_type,
                                         intra_threads=threads, inter_threads=1)
