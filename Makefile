@@ -72,11 +72,11 @@ lint: setup
 	$(VENV)/bin/ruff check tfm_export tests
 
 BENCH := build/bench
-# Speed and memory against CTranslate2 (issue 18's targets, docs/benchmarks.md): the shipped demo model and a random
+# Speed and memory against CTranslate2 (the targets in docs/benchmarks.md): the shipped demo model and a random
 # base-config model (d_model 512, 6+6 layers, vocab 32,000), each backend in a fresh process with both cores (the
 # fastest setting for both libraries when the machine is quiet; under other jobs' load one thread is, see
-# docs/benchmarks.md), rounds interleaved; ends with the targets table. 12-25 minutes on 2 cores. The
-# demo model's steps are tiny, so its cells repeat for at least a second each.
+# docs/benchmarks-history.md), rounds interleaved; ends with the targets table and a plot (scripts/plot_bench.py).
+# 12-25 minutes on 2 cores. The demo model's steps are tiny, so its cells repeat for at least a second each.
 # `tfm-run bench` is the same measurement for one model in one pass, with plots.
 BENCH_CELLS := --lengths 64,128 --batch-sizes 1,8,32 --beam-sizes 1,4 --threads 2 \
 	--backends ort-fp32,ct2-fp32,ort-int8-dynamic,ct2-int8
@@ -88,6 +88,7 @@ bench: setup
 	$(PY) scripts/bench_interleaved.py --model $(BENCH)/base-model/ckpt.pt --work-dir $(BENCH)/base $(BENCH_CELLS) \
 		--rounds 3 --repeats 1 --min-time 0 --json $(BENCH)/base.json > $(BENCH)/base.md
 	$(PY) scripts/bench_interleaved.py --targets demo=$(BENCH)/demo.json base=$(BENCH)/base.json > $(BENCH)/targets.md
+	$(PY) scripts/plot_bench.py --output $(BENCH)/bench.png demo=$(BENCH)/demo.json base=$(BENCH)/base.json
 	cat $(BENCH)/demo.md $(BENCH)/base.md $(BENCH)/targets.md
 
 # The contract's decoder_step (whole-cache Concat) beside decoder_step_search and CTranslate2, base config, 64 tokens.
@@ -99,7 +100,7 @@ bench-anchor: setup
 		--backends ort-fp32,ct2-fp32,ort-int8-dynamic,ct2-int8,ort-fp32-contract --json $(BENCH)/il.json
 
 # ONNX Runtime against CTranslate2 on the same Hugging Face weights: a random opus-mt-en-de-shaped Marian directory
-# (scripts/opus_like_marian.py), two interleaved rounds, one thread each (issue 16; see docs/benchmarks.md).
+# (scripts/opus_like_marian.py), two interleaved rounds, one thread each (docs/benchmarks-history.md).
 bench-hf: setup
 	mkdir -p $(BENCH)
 	$(PY) scripts/opus_like_marian.py --output $(BENCH)/opus-like

@@ -1,5 +1,5 @@
 """One CTranslate2 setting timed on one 64-token sentence (batch 1) and a batch of 8, one intra thread, best of 2:
-how the anchor's best CPU settings were chosen for docs/benchmarks.md. Settings that act through the
+how the anchor's best CPU settings were chosen (docs/benchmarks-history.md). Settings that act through the
 environment (CT2_USE_MKL, CT2_USE_EXPERIMENTAL_PACKED_GEMM, CT2_FORCE_CPU_ISA) are given to the process:
 
     for spec in float32 "float32 CT2_USE_MKL=1" int8 int8_float32 int16 "int8 CT2_FORCE_CPU_ISA=AVX2" ...; do

@@ -666,7 +666,8 @@ class Trial:
             return "silent-wrong", f"accepted (exit 0){': ' + why if why else ''}; out={short(r.out, 60)!r}"
         if is_clean_error(r):
             return "clean-error", short(r.err_lines[0])
-        return "multi-line-error", f"exit {r.rc}, {len(r.err_lines)} stderr lines: {short(' | '.join(r.err_lines[-3:]))}"
+        return "multi-line-error", (f"exit {r.rc}, {len(r.err_lines)} stderr lines: "
+                                    f"{short(' | '.join(r.err_lines[-3:]))}")
 
     def names_fix(self, r: Result, *fragments: str) -> tuple[str, str]:
         """The command must refuse in one clean line that contains every fragment (the fix)."""
@@ -775,7 +776,8 @@ def run_case(ctx: Ctx, case: Case) -> tuple[str, str]:
         if verdict not in FINE:
             findings.append((verdict, reason))
         first = findings[0]
-        extra = f" (+{len(findings) - 1} more: {', '.join(sorted({f[0] for f in findings[1:]}))})" if len(findings) > 1 else ""
+        others = sorted({f[0] for f in findings[1:]})
+        extra = f" (+{len(findings) - 1} more: {', '.join(others)})" if len(findings) > 1 else ""
         return first[0], short(first[1], 150) + extra
     return verdict, reason
 
@@ -1357,7 +1359,8 @@ def vocab_case(content: Callable[[Trial], bytes], command: str, expect: str, vna
 
 
 for _cmd in ("onnx", "translate"):
-    add("tracebacks", f"deep-json-vocab-list/{_cmd}", vocab_case(lambda t: nested_json(100_000).encode(), _cmd, "error"))
+    add("tracebacks", f"deep-json-vocab-list/{_cmd}",
+        vocab_case(lambda t: nested_json(100_000).encode(), _cmd, "error"))
     add("tracebacks", f"deep-json-vocab-dict/{_cmd}",
         vocab_case(lambda t: nested_json(100_000, "dict").encode(), _cmd, "error"))
     add("tracebacks", f"seed-vocab-plain/{_cmd} (control)",
@@ -1649,7 +1652,8 @@ WEIGHT_POISON = {
     "nan": "sd['encoder.layer_stack.0.pos_ffn.w_1.weight'][0, 0] = float('nan')",
     "inf": "sd['decoder.layer_stack.0.enc_attn.fc.weight'][1, 1] = float('inf')",
     "neg-inf": "sd['encoder.layer_norm.bias'][0] = float('-inf')",
-    "int-weight": "sd['encoder.layer_stack.0.pos_ffn.w_2.weight'] = sd['encoder.layer_stack.0.pos_ffn.w_2.weight'].long()",
+    "int-weight": "sd['encoder.layer_stack.0.pos_ffn.w_2.weight'] = "
+                  "sd['encoder.layer_stack.0.pos_ffn.w_2.weight'].long()",
     "all-int": "ck['model'] = {k: v.round().to(torch.int32) for k, v in sd.items()}",
     "bool-weight": "sd['encoder.layer_norm.weight'] = sd['encoder.layer_norm.weight'] > 0",
     "complex-weight": "sd['encoder.layer_norm.weight'] = sd['encoder.layer_norm.weight'].to(torch.complex64)",
@@ -1848,7 +1852,8 @@ add("wrong-answer", "bench-model-int8-dir", bench_model_case("int8"))
 add("wrong-answer", "bench-model-fp16-dir", bench_model_case("fp16"))
 
 
-def bench_args_case(args: tuple, expect: str = "error", mem_gb: float | None = None) -> Callable[[Trial], tuple[str, str]]:
+def bench_args_case(args: tuple, expect: str = "error",
+                    mem_gb: float | None = None) -> Callable[[Trial], tuple[str, str]]:
     def fn(t: Trial) -> tuple[str, str]:
         out = t.p("b.json")
         t.output(out)
@@ -2136,7 +2141,8 @@ CONFIG_BAD = {
     "pad-out-of-range": "cfg['src_pad_idx'] = 40", "pad-negative": "cfg['src_pad_idx'] = -1",
     "pad-string": "cfg['src_pad_idx'] = '1'", "pad-float": "cfg['trg_pad_idx'] = 1.5",
     "d_model-bool": "cfg['d_model'] = True", "d_model-0": "cfg['d_model'] = 0", "d_model-neg": "cfg['d_model'] = -5",
-    "d_model-1e12-float": "cfg['d_model'] = 1e12", "d_model-1e12-int": "cfg['d_model'] = 10**12", "d_model-17": "cfg['d_model'] = 17",
+    "d_model-1e12-float": "cfg['d_model'] = 1e12", "d_model-1e12-int": "cfg['d_model'] = 10**12",
+    "d_model-17": "cfg['d_model'] = 17",
     "n_layers-float": "cfg['n_layers'] = 1.5", "n_layers-0": "cfg['n_layers'] = 0",
     "n_layers-1e6": "cfg['n_layers'] = 10**6",
     "n_head-0": "cfg['n_head'] = 0", "d_k-1e9": "cfg['d_k'] = 10**9", "d_inner-1e12": "cfg['d_inner'] = 10**12",
@@ -2378,7 +2384,8 @@ def graph_swap_case(kind: str, reader: str) -> Callable[[Trial], tuple[str, str]
         if kind == "same-graph-twice":
             man["graphs"]["decoder_step"]["file"] = "encoder.onnx"
         elif kind == "graphs-swapped":
-            man["graphs"]["encoder"]["file"], man["graphs"]["decoder_step"]["file"] = "decoder_step.onnx", "encoder.onnx"
+            graphs = man["graphs"]
+            graphs["encoder"]["file"], graphs["decoder_step"]["file"] = "decoder_step.onnx", "encoder.onnx"
         elif kind == "encoder-of-other-model":
             shutil.copyfile(t.ctx.demo() / "encoder.onnx", m / "encoder.onnx")
         elif kind == "decoder-of-other-model":
@@ -2601,7 +2608,8 @@ add("tracebacks", "output-control-chars/translate",
     lambda t: (t.output(t.p("out\x01\x7f\n.txt")), t.either(writer_run(t, "translate", t.p("out\x01\x7f\n.txt"))))[1])
 
 
-def big_option_case(args: list[Any], expect: str = "error", mem_gb: float | None = 12) -> Callable[[Trial], tuple[str, str]]:
+def big_option_case(args: list[Any], expect: str = "error",
+                    mem_gb: float | None = 12) -> Callable[[Trial], tuple[str, str]]:
     def fn(t: Trial) -> tuple[str, str]:
         full = [a if not callable(a) else a(t) for a in args]
         r = t.run(*full, mem_gb=mem_gb, timeout=2 * t.ctx.timeout)

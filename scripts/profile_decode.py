@@ -1,4 +1,4 @@
-"""Where decoding time goes, for docs/benchmarks.md: ONNX Runtime's per-operator profile of the CPU decoder step
+"""Where decoding time goes (docs/benchmarks-history.md): ONNX Runtime's per-operator profile of the CPU decoder step
 (decoder_step_search, as tfm-run translate runs it), and a cProfile of the Python search loop around the sessions,
 at batch 1 greedy and at --batch x --beam.
 

@@ -1,4 +1,4 @@
-"""The shipped demo model: small, self-contained, and as accurate as README says."""
+"""The shipped demo model: small, self-contained, and as accurate as docs/quickstart.md says."""
 
 from __future__ import annotations
 
@@ -46,7 +46,7 @@ def test_exact_match_on_held_out_numbers(translator, beam_size):
     pairs = demo_numbers.held_out_pairs()
     results = translator.translate([en for en, _ in pairs], DecodeOptions(beam_size=beam_size, batch_size=100))
     score, _ = demo_numbers.exact_match([r.text for r in results], [fr for _, fr in pairs])
-    assert score >= 0.995  # README: 996/1000 both ways; at most one more miss than measured
+    assert score >= 0.995  # docs/quickstart.md: 996/1000 both ways; at most one more miss than measured
 
 
 def test_eval_demo_command_reports_exact_match():

@@ -1,6 +1,6 @@
 """An independent NumPy rendering of the Transformer variants' forward pass, reading a state_dict by name.
 
-Written from the formulae the README's variant table gives (RMSNorm, the four placements, gated FFNs,
+Written from the formulae docs/variants.md's table gives (RMSNorm, the four placements, gated FFNs,
 RoPE on consecutive pairs, T5's relative position buckets), sharing no code with tfm_export, so the
 tests can hold every option of the package's model to it. Classic options reduce it to seed_oracle.
 """
