@@ -30,7 +30,7 @@ class GraphBuild:
     def line(self) -> str:
         if self.problem:
             return f"  {self.graph:21} FAILED: {self.problem}"
-        said = f", {self.warnings} warning(s) (-v shows them)" if self.warnings else ""
+        said = f", {self.warnings} warning(s) (`tfm-export -v check` shows them)" if self.warnings else ""
         return f"  {self.graph:21} built: {self.plan_bytes / 1e6:.1f} MB plan in {self.seconds:.2f} s{said}"
 
 
