@@ -1,8 +1,11 @@
 from __future__ import annotations
 
 import contextlib
+import os
+import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -55,16 +58,35 @@ def demo_generate(demo_onnx, tmp_path_factory) -> Path:
     return out
 
 
+def made_once(tmp_path_factory, name: str, make: Callable[[Path], None]) -> Path:
+    """A directory made once per test run and shared by the xdist workers: the first to ask makes it, the others
+    wait for it. Base-size models take a minute or more each to export and quantize."""
+    from filelock import FileLock
+    shared = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        shared = shared.parent  # this run's own directory, above each worker's
+    path, made = shared / name, shared / f"{name}.made"
+    with FileLock(f"{path}.lock"):
+        if not made.exists():
+            shutil.rmtree(path, ignore_errors=True)
+            make(path)
+            made.touch()
+    return path
+
+
 @pytest.fixture(scope="session")
 def base_onnx(tmp_path_factory):
     """The base config (d_model 512, 8 heads, 6+6 layers, vocab 32,000, random weights): (checkpoint, export)."""
     from tfm_export.graphs.pipeline import export_model_dir
+    from tfm_export.model.checkpoint import CHECKPOINT_FILE
     from tfm_export.model.loading import load_checkpoint
     from tfm_export.model.synthetic import random_checkpoint
-    root = tmp_path_factory.mktemp("base")
-    ckpt = load_checkpoint(random_checkpoint(ModelConfig(src_vocab_size=32000, trg_vocab_size=32000), root / "ckpt"))
-    export_model_dir(ckpt, root / "model", progress=False)
-    return ckpt, root / "model"
+
+    def make(root: Path) -> None:
+        ckpt = random_checkpoint(ModelConfig(src_vocab_size=32000, trg_vocab_size=32000), root / "ckpt")
+        export_model_dir(load_checkpoint(ckpt), root / "model", progress=False)
+    root = made_once(tmp_path_factory, "base", make)
+    return load_checkpoint(root / "ckpt" / CHECKPOINT_FILE), root / "model"
 
 
 @pytest.fixture(scope="session")
@@ -89,17 +111,18 @@ def base_variants(base_onnx, tmp_path_factory) -> dict[str, Path]:
     from tfm_export.model.synthetic import random_texts
     from tfm_export.precision.pipeline import Calibration, quantize_model_dir
     ckpt, fp32 = base_onnx
-    root = tmp_path_factory.mktemp("base-precision")
-    texts = random_texts(ckpt.config, 16)
-    (root / "calib.txt").write_text("\n".join(texts) + "\n")
-    made = {"fp32": fp32}
-    for name, kwargs in {"int8-static": dict(precision="int8", calibration=Calibration(root / "calib.txt", texts,
+    names = ("int8-static", "int8-dynamic", "fp16")
+
+    def make(root: Path) -> None:
+        texts = random_texts(ckpt.config, 16)
+        root.mkdir(parents=True)
+        (root / "calib.txt").write_text("\n".join(texts) + "\n")
+        for name, kwargs in zip(names, (dict(precision="int8", calibration=Calibration(root / "calib.txt", texts,
                                                                                         max_length=4)),
-                         "int8-dynamic": dict(precision="int8", mode="dynamic"),
-                         "fp16": dict(precision="fp16")}.items():
-        quantize_model_dir(fp32, root / name, progress=False, **kwargs)
-        made[name] = root / name
-    return made
+                                        dict(precision="int8", mode="dynamic"), dict(precision="fp16")), strict=True):
+            quantize_model_dir(fp32, root / name, progress=False, **kwargs)
+    root = made_once(tmp_path_factory, "base-precision", make)
+    return {"fp32": fp32, **{name: root / name for name in names}}
 
 
 def listing(directory: Path) -> list[str]:
