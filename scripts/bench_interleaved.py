@@ -257,13 +257,14 @@ def finish(args, model, partial: dict) -> None:
 def step_floors(model, partial: dict, sources: list[list[int]], threads: int, say) -> dict:
     """Per cell, ONNX Runtime's fastest whole step (bench.step_floor) at the cell's rows, at the mean cache
     length of its steps and the shortest source (a floor: no real step of the cell has less to do)."""
-    from tfm_export.bench.step_floor import step_floor_ms
+    from tfm_export.bench.step_floor import exported_step, step_floor_ms
     say("ONNX Runtime's fastest whole step, per cell")
     source = min(len(s) for s in sources)
     floors = {}
-    for cell in next(iter(partial["rounds"][0]["results"].values()))["cells"]:
-        length, beam, batch = cell_sizes(cell)
-        floors[cell] = step_floor_ms(model, batch, beam, (length - 1) // 2, source, threads)
+    with exported_step(model) as graph:
+        for cell in next(iter(partial["rounds"][0]["results"].values()))["cells"]:
+            length, beam, batch = cell_sizes(cell)
+            floors[cell] = step_floor_ms(graph, model, batch, beam, (length - 1) // 2, source, threads)
     return {"step_floor_ms": floors, "step_floor_source_length": source}
 
 

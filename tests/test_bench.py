@@ -248,9 +248,9 @@ def test_the_step_floor_runs_decoder_step_search_writing_its_buffers_in_place():
     def keep(*args):
         fed.update(real(*args))
         return fed
-    with pytest.MonkeyPatch.context() as patch:
+    with pytest.MonkeyPatch.context() as patch, step_floor.exported_step(model) as graph:
         patch.setattr(step_floor, "step_inputs", keep)
-        floor = step_floor.step_floor_ms(model, batch=2, beam=3, cache_length=7, source_length=5, threads=2)
+        floor = step_floor.step_floor_ms(graph, model, batch=2, beam=3, cache_length=7, source_length=5, threads=2)
     assert set(floor) == {"2 threads, spinning", "2 threads, sleeping", "1 thread, spinning", "1 thread, sleeping"}
     assert all(0 < v < 1000 for v in floor.values())
     key = fed["past_key_values.0.decoder.key"]

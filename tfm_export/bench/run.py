@@ -107,12 +107,13 @@ def _gpu_step_floors(model: BenchModel, settings: BenchSettings, sources: list[l
     and source length: the step no loop around it can beat. Needs the model's weights (not an fp32 directory)."""
     if model.checkpoint is None or not has_cuda_provider():
         return {}
-    from .step_floor import step_floor_ms
+    from .step_floor import exported_step, step_floor_ms
     say("GPU step floor")
-    source = round(sum(map(len, sources)) / len(sources))
-    return {f"beam {beam}, batch {batch}": step_floor_ms(model.checkpoint.model, batch, beam, (length - 1) // 2,
-                                                         source, device="cuda")["CUDA"]
-            for beam in settings.beam_sizes for batch in settings.batch_sizes}
+    source, weights = round(sum(map(len, sources)) / len(sources)), model.checkpoint.model
+    with exported_step(weights) as graph:
+        return {f"beam {beam}, batch {batch}": step_floor_ms(graph, weights, batch, beam, (length - 1) // 2, source,
+                                                             device="cuda")["CUDA"]
+                for beam in settings.beam_sizes for batch in settings.batch_sizes}
 
 
 def _input_rows(texts: list[str], model: BenchModel) -> list[list[int]]:

@@ -5,7 +5,9 @@ this graph meets the target; what the loop adds on top is the Python between ste
 
 from __future__ import annotations
 
+import contextlib
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -38,23 +40,29 @@ def step_inputs(model: nn.Module, batch: int, beam: int, cache_length: int,
     return feeds
 
 
-def step_floor_ms(model: nn.Module, batch: int, beam: int, cache_length: int, source_length: int,
-                  threads: int = 0, device: str = "cpu") -> dict[str, float]:
-    """Best step time (ms) of decoder_step_search for `batch` sources x `beam` rows after `cache_length` cached
-    tokens, per setting: on the CPU `threads` intra-op threads and one, each spinning within the run and sleeping;
-    on a GPU ("cuda") the one setting, every tensor in its memory."""
-    feeds = step_inputs(model, batch, beam, cache_length, source_length)
-    names = cache_names(model.config)
-    present = dict(zip(names.self_inputs, names.self_outputs, strict=True)).get  # each buffer, written in place
-    best = {}
+@contextlib.contextmanager
+def exported_step(model: nn.Module) -> Iterator[Path]:
+    """The model's decoder_step_search in a temporary file: exported once, for every cell timed on it."""
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / GRAPH.filename
         save_graph(export_graph(model.eval(), spec_of(model.config), DEFAULT_OPSET), path)
-        if device == "cuda":
-            return {"CUDA": best_run_ms(path, feeds, SessionOptions(device="cuda"), present)}
-        for count in dict.fromkeys((threads, 1)):
-            for spinning in (True, False):
-                label = f"{count or 'all'} thread{'s' if count != 1 else ''}, {'spinning' if spinning else 'sleeping'}"
-                options = SessionOptions(intra_op_threads=count, spinning=spinning, memory_arena=False)  # as tfm-run
-                best[label] = best_run_ms(path, feeds, options, present)
+        yield path
+
+
+def step_floor_ms(graph: Path, model: nn.Module, batch: int, beam: int, cache_length: int, source_length: int,
+                  threads: int = 0, device: str = "cpu") -> dict[str, float]:
+    """Best step time (ms) of decoder_step_search (`graph`, from exported_step) for `batch` sources x `beam` rows
+    after `cache_length` cached tokens, per setting: on the CPU `threads` intra-op threads and one, each spinning
+    within the run and sleeping; on a GPU ("cuda") the one setting, every tensor in its memory."""
+    feeds = step_inputs(model, batch, beam, cache_length, source_length)
+    names = cache_names(model.config)
+    present = dict(zip(names.self_inputs, names.self_outputs, strict=True)).get  # each buffer, written in place
+    if device == "cuda":
+        return {"CUDA": best_run_ms(graph, feeds, SessionOptions(device="cuda"), present)}
+    best = {}
+    for count in dict.fromkeys((threads, 1)):
+        for spinning in (True, False):
+            label = f"{count or 'all'} thread{'s' if count != 1 else ''}, {'spinning' if spinning else 'sleeping'}"
+            options = SessionOptions(intra_op_threads=count, spinning=spinning, memory_arena=False)  # as tfm-run
+            best[label] = best_run_ms(graph, feeds, options, present)
     return best
