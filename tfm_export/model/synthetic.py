@@ -26,13 +26,18 @@ def random_checkpoint(config: ModelConfig, directory: Path, seed: int = 0, force
     check_checkpoint_output(directory / CHECKPOINT_FILE, True, force)
     torch.manual_seed(seed)
     model = Transformer(config).eval()
-    words = [f"w{i}" for i in range(max(config.src_vocab_size, config.trg_vocab_size) - len(SPECIALS))]
-    tok = plain_word_tokenizer([*SPECIALS, *words], "random")
     try:
         directory.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise CheckpointError(f"{directory}: cannot create the output directory ({exc.strerror})") from None
-    return save_checkpoint(model, Vocabulary(tok, tok), directory / CHECKPOINT_FILE, force=force)
+    return save_checkpoint(model, random_vocabulary(config), directory / CHECKPOINT_FILE, force=force)
+
+
+def random_vocabulary(config: ModelConfig) -> Vocabulary:
+    """The special tokens, then words w0, w1, ...: one vocabulary for both sides, as large as the larger."""
+    words = [f"w{i}" for i in range(max(config.src_vocab_size, config.trg_vocab_size) - len(SPECIALS))]
+    tok = plain_word_tokenizer([*SPECIALS, *words], "random")
+    return Vocabulary(tok, tok)
 
 
 def random_texts(config: ModelConfig, count: int, min_words: int = 5, max_words: int = 30,

@@ -98,11 +98,22 @@ def decode_agreement(name: str, ckpt: Checkpoint, backends: dict[str, GraphBacke
             got[label][0].extend(h.tokens for h in decoding.greedy(backend, chunk, max_length, rules=ckpt.rules))
             got[label][1].extend(h[0].tokens for h in decoding.beam_search_for(ckpt.rules)(
                 backend, chunk, beam_size, max_length, rules=ckpt.rules))
-    def ties(mine: list[tuple[int, ...]], theirs: list[tuple[int, ...]], greedy: bool) -> Callable[[int], bool]:
-        return lambda row: near_tie(ckpt, src[row], mine[row], theirs[row], greedy, max_length, tolerance)
-    return [agreement for label, (greedy, beam) in got.items() for agreement in
-            (token_agreement(f"greedy, {name}{label}", greedy, want_g, ties(greedy, want_g, True)),
-             token_agreement(f"beam {beam_size}, {name}{label}", beam, want_b, ties(beam, want_b, False)))]
+    return [agreement for label, (greedy, beam) in got.items()
+            for agreement in judged(f"{name}{label}", ckpt, src, (greedy, want_g), (beam, want_b), beam_size,
+                                    max_length, tolerance)]
+
+
+Decodes = tuple[list[tuple[int, ...]], list[tuple[int, ...]]]  # (a backend's, the reference's), row by row
+
+
+def judged(name: str, ckpt: Checkpoint, src: np.ndarray, greedy: Decodes, beam: Decodes, beam_size: int,
+           max_length: int, tolerance: Tolerance) -> tuple[Agreement, Agreement]:
+    """The greedy and the beam agreement, each differing decode judged by its own rule (near_tie)."""
+    def ties(decodes: Decodes, is_greedy: bool) -> Callable[[int], bool]:
+        mine, theirs = decodes
+        return lambda row: near_tie(ckpt, src[row], mine[row], theirs[row], is_greedy, max_length, tolerance)
+    return (token_agreement(f"greedy, {name}", *greedy, ties(greedy, True)),
+            token_agreement(f"beam {beam_size}, {name}", *beam, ties(beam, False)))
 
 
 def near_tie(ckpt: Checkpoint, src: np.ndarray, got: tuple[int, ...], want: tuple[int, ...], greedy: bool,
