@@ -63,7 +63,7 @@ def _reference_candidates(logits: np.ndarray, rule: StepRule) -> tuple[np.ndarra
 
 
 RULES = {"seed": StepRule(SEED_RULES, 1), "eos barred": StepRule(SEED_RULES, 1, allow_eos=False),
-         "forced": StepRule(SEED_RULES, 1, forced=7),
+         "forced": StepRule(SEED_RULES, 1, forced=7), "forced id 0": StepRule(SEED_RULES, 1, forced=0),
          "more banned": StepRule(TokenRules(banned=(1, 5, 30), eos=9), 1, allow_eos=False)}
 
 
@@ -83,7 +83,7 @@ def test_the_graphs_candidates_are_its_logits_ranked_under_the_rules(models, nam
         finite = np.isfinite(values[:, :k])
         np.testing.assert_allclose(found.values[finite], values[:, :k][finite], atol=1e-5)
         assert np.array_equal(np.isfinite(found.values), finite)
-        if name == "tied" or rule == "forced":  # ties everywhere: the order is the ids' own
+        if name == "tied" or rule.startswith("forced"):  # ties everywhere: the order is the ids' own
             assert np.array_equal(found.ids, ids[:, :k])
         else:
             assert np.array_equal(found.ids[finite], ids[:, :k][finite])
@@ -134,7 +134,8 @@ def test_every_architecture_gets_a_standard_search_step(tmp_path, preset):
 
 def test_simplify_keeps_every_output_and_takes_nodes_out(models):
     """The rewrites only remove nodes: the exported step graph and its simplified form give the same outputs
-    (bit for bit where no sum is regrouped), with the Q/K/V MatMuls of each layer merged into one."""
+    (to float32 rounding: a merged Q/K/V MatMul is free to block its sums otherwise), with the Q/K/V MatMuls of
+    each layer merged into one."""
     from tfm_export.core.graph_spec import search_step_spec
     from tfm_export.graphs.export import export_graph
     from tfm_export.graphs.simplify import simplify
@@ -148,7 +149,7 @@ def test_simplify_keeps_every_output_and_takes_nodes_out(models):
     feeds = step_feeds(ckpt.config, rows=6, sources=2, capacity=8, length=5)
     got, want = (run(ort.InferenceSession(p.SerializeToString()), feeds) for p in (simple, raw))
     for name, value in want.items():
-        np.testing.assert_allclose(got[name], value, atol=1e-6, err_msg=name)
+        np.testing.assert_allclose(got[name], value, rtol=1e-5, atol=1e-6, err_msg=name)
 
 
 def step_feeds(cfg, rows: int, sources: int, capacity: int, length: int) -> dict[str, np.ndarray]:
