@@ -23,7 +23,7 @@ from tfm_export.artifacts.staging import staged_directory
 from tfm_export.cli.export_cli import main as export_main
 from tfm_export.cli.run_cli import main as run_main
 from tfm_export.core.errors import TfmExportError
-from tfm_export.core.files import write_atomically, write_text_atomically
+from tfm_export.core.files import PARTIAL_SUFFIX, streamed_text, write_atomically, write_text_atomically
 
 
 def test_a_failed_write_leaves_the_previous_file_and_no_temporary(tmp_path):
@@ -37,6 +37,25 @@ def test_a_failed_write_leaves_the_previous_file_and_no_temporary(tmp_path):
     with pytest.raises(TfmExportError, match=r"bench.json: cannot write the JSON \(No space left on device\)"):
         write_atomically({target: half_then_fail}, "the JSON")
     assert target.read_text() == '{"previous": true}' and listing(tmp_path) == ["bench.json"]
+
+
+@pytest.mark.parametrize("written", ["", "quarante-deux\n"])
+def test_ctrl_c_keeps_a_partial_file_only_when_something_was_written(tmp_path, written):
+    """Interrupted before the first line: no empty .partial and no message pointing at one; after it, the done
+    lines are kept beside the untouched target and the message names where."""
+    target = tmp_path / "out.txt"
+    target.write_text("the previous run's\n")
+    with pytest.raises(KeyboardInterrupt) as interrupted, streamed_text(target, "translations") as f:
+        f.write(written)
+        f.flush()
+        raise KeyboardInterrupt
+    partial = tmp_path / f"out.txt{PARTIAL_SUFFIX}"
+    assert target.read_text() == "the previous run's\n"
+    if written:
+        assert listing(tmp_path) == ["out.txt", partial.name] and partial.read_text() == written
+        assert str(interrupted.value) == f"the translations done so far are in {partial} ({target} is unchanged)"
+    else:
+        assert listing(tmp_path) == ["out.txt"] and str(interrupted.value) == ""
 
 
 def test_links_planted_at_guessable_names_are_never_followed(tmp_path):

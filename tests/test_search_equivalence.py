@@ -216,6 +216,59 @@ def test_exact_ties_go_to_the_lower_beam_and_token_everywhere(tied, backend_name
         [h.tokens for h in reference_decoding.greedy_decode(ckpt.model, torch.from_numpy(src), 6)]
 
 
+@pytest.mark.parametrize("backend_name", ["torch", "search"])
+def test_the_last_step_keeps_every_unfinished_input_and_no_finished_one(flat, backend_name):
+    """At max lengths of 2 to 6 the search is cut while some inputs' best beams have ended and others' have
+    not: the last step files the continuations of exactly the inputs still searching (n-best = beam, so each
+    input's whole list is compared, its finished flags included)."""
+    ckpt, directory = flat
+    backend = open_backend(backend_name, ckpt, directory)
+    src = _sources(ckpt.config.src_vocab_size, 7, 5)
+    ended_early = cut = 0
+    for max_length in range(2, 7):
+        for k, penalty in ((4, 1.0), (3, 0.6), (2, 2.0)):
+            got = decoding.beam_search(backend, src, k, max_length, penalty, n_best=k)
+            want = reference_decoding.beam_search(ckpt.model, torch.from_numpy(src), k, max_length, penalty,
+                                                  n_best=k)
+            assert_same_nbest(got, want)
+            ended_early += sum(nb[0].finished for nb in want)
+            cut += sum(not h.finished for nb in want for h in nb)
+    assert ended_early and cut, "the test needs inputs whose best beam ended before the cut and inputs cut"
+
+
+@pytest.mark.parametrize("penalty", [-1.0, 0.0, 0.6, 2.0])
+def test_inputs_search_on_exactly_when_generates_own_rule_says(penalty):
+    """Pretrained models' beam search stops an input as generate() does: transformers' own stopping heuristic
+    (GenerationMixin._check_early_stop_heuristic) is the oracle, on inputs with fewer than k and with k finished
+    hypotheses, whose best live score lies on either side of the worst finished one, at every length; "never"
+    judges a positive penalty at max_length, False at the current length."""
+    from transformers.generation.utils import GenerationMixin
+    rng = np.random.default_rng(int(penalty * 10) + 11)
+    k, max_length, inputs = 3, 8, 64
+    going, parted = [], False
+    for length in range(1, max_length + 1):
+        finished = [sorted((Hypothesis(tuple(range(rng.integers(0, length))), -rng.uniform(0.1, 4), penalty)
+                            for _ in range(k - (i % 4 == 0))), key=lambda h: -h.normalized_score)
+                    for i in range(inputs)]
+        best = -rng.uniform(0.1, 4, inputs).astype(np.float32)
+        finished[1] = [Hypothesis((), float(best[1]), penalty)] * k  # a live beam exactly as good: it may stop
+        worst = torch.tensor([[min(h.normalized_score for h in f)] if f else [0.0] for f in finished])
+        whole = torch.tensor([[len(f) == k] for f in finished])
+        outcomes = {}
+        for rule in (False, "never"):
+            want = GenerationMixin._check_early_stop_heuristic(
+                torch.ones(inputs, 1, dtype=torch.bool), torch.from_numpy(best)[:, None], worst, whole,
+                cur_len=length + 1, max_length=max_length + 1, decoder_prompt_len=1, early_stopping=rule,
+                length_penalty=penalty)
+            got = decoding._may_improve(finished, best, k, length, max_length, penalty, rule)
+            assert got == want[:, 0].tolist()
+            outcomes[rule] = got
+        going += outcomes[False]
+        parted |= outcomes["never"] != outcomes[False]
+    assert 0 < sum(going) < len(going), "inputs must stop and go on"
+    assert parted == (penalty > 0), "the two rules part exactly where the penalty is positive"
+
+
 @pytest.mark.parametrize("tokens, finished, score, penalty", [
     ((5, 6, 7), True, -3.0, 1.0), ((5, 6, 7), False, -3.0, 1.0), ((), True, -0.5, 0.6), ((9,), True, -2.0, 0.0),
     ((4, 5), True, -1.5, 2.0), ((), False, -0.1, 1.0)])

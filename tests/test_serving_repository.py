@@ -31,6 +31,7 @@ from tfm_export.serving.requests import (
     TextRequest,
     decode_options,
     decode_texts,
+    parse_request,
     request_parameters,
     translate_requests,
 )
@@ -233,7 +234,9 @@ def test_request_texts_and_parameters_are_checked(demo_onnx):
                                 ({"target_lang": 5}, "target_lang must be a language code (a string), got 5"),
                                 ({"length_penalty": float("nan")}, "length_penalty nan is outside -10..10"),
                                 ({"length_penalty": 11}, "length_penalty 11 is outside -10..10"),
-                                ({"max_length": 201}, "max_length 201 is outside 1..200")):
+                                ({"max_length": 201}, "max_length 201 is outside 1..200"),
+                                ({"beam_size": 2, "n_best": 3}, "n_best 3 is outside 1..2: it may not exceed "
+                                                                "beam_size")):
         with pytest.raises(InputTextError, match=re.escape(message)):
             decode_options(request_parameters(parameters), translator)
 
@@ -251,6 +254,27 @@ def test_grouped_requests_equal_one_translator_call_each(demo_onnx):
         if isinstance(request, TextRequest):
             own = translator.translate(request.texts, request.options)
             assert [_untimed(t) for t in result] == [_untimed(t) for t in own]
+
+
+def test_requests_keep_their_languages_apart(demo_onnx, tmp_path):
+    """Language codes reach the Translator as the request named them, the source as the source and the target as
+    the target. The stand-in multilingual directory is the demo's, whose rules name two of its French words as
+    target language codes, which the first generated token must be."""
+    model = tmp_path / "model"
+    shutil.copytree(demo_onnx, model)
+    manifest = json.loads((model / "manifest.json").read_text())
+    manifest["token_rules"] = {**SEED_RULES.to_dict(), "languages": ["sept", "huit"], "language_rule": "forced_bos"}
+    (model / "manifest.json").write_text(json.dumps(manifest))
+    translator = Translator.load(model).bounded(8)
+    raw = np.array([[b"forty-two"], [b"eighty"]], dtype=object)
+    request = parse_request(translator, raw, '{"target_lang": "huit"}')
+    assert request.languages == (None, "huit")
+    [result] = translate_requests(translator, [request])
+    want = translator.with_languages(None, "huit").translate(request.texts, request.options)
+    assert [_untimed(t) for t in result] == [_untimed(t) for t in want]
+    assert all(t.text.startswith("huit") for t in want)  # the code acts
+    with pytest.raises(InputTextError, match="source_lang: this model's sources carry no language code"):
+        parse_request(translator, raw, '{"source_lang": "huit"}')
 
 
 def _local_bls(repository: Path) -> SimpleNamespace:

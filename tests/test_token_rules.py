@@ -36,8 +36,16 @@ def test_bad_rules_name_the_field(change, field) -> None:
         TokenRules.from_dict({**RULES.to_dict(), **change}, 100)
 
 
-def test_ids_outside_the_vocabulary_and_unknown_fields_are_refused() -> None:
-    with pytest.raises(TfmExportError, match="outside the target vocabulary of 100"):
-        TokenRules.from_dict({**RULES.to_dict(), "forced_bos": 100}, 100)
+@pytest.mark.parametrize("field", ["pad", "start", "eos", "forced_bos", "forced_eos", "banned"])
+def test_each_id_outside_the_vocabulary_is_refused_by_name(field) -> None:
+    def with_id(token: int) -> dict:
+        return {**RULES.to_dict(), field: [1, token] if field == "banned" else token}
+    assert TokenRules.from_dict(with_id(99), 100)  # the last id is in
+    with pytest.raises(TfmExportError, match=f"token_rules.{field} names id 100, outside the target vocabulary "
+                                             "of 100"):
+        TokenRules.from_dict(with_id(100), 100)
+
+
+def test_unknown_fields_are_refused() -> None:
     with pytest.raises(TfmExportError, match="exactly the fields"):
         TokenRules.from_dict({**RULES.to_dict(), "temperature": 0.7}, 100)

@@ -37,7 +37,8 @@ DEVICES = ("cpu", "cuda")
 GPU_ONLY = {"ort-fp16": "fp16 is for GPUs; time it with --device cuda",
             "tensorrt": "TensorRT engines run on GPUs; time them with --device cuda",
             "hf-generate-fp16": "fp16 is for GPUs; time it with --device cuda"}
-CPU_ONLY = {"ort-int8-dynamic": "its int8 operators (DynamicQuantizeLinear, MatMulInteger) are ONNX Runtime CPU kernels"}
+CPU_ONLY = {"ort-int8-dynamic":
+            "its int8 operators (DynamicQuantizeLinear, MatMulInteger) are ONNX Runtime CPU kernels"}
 # what `--device cuda` times by default: every GPU backend, and generate() as the anchor
 GPU_BACKENDS = ("ort-fp32", "ort-fp16", "ort-generate", "tensorrt", "torch-cache", "hf-generate", "hf-generate-fp16")
 ONNX_VARIANTS = {"ort-fp32": "fp32", "ort-int8-static": "int8-static", "ort-int8-dynamic": "int8-dynamic",

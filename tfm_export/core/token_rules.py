@@ -63,9 +63,11 @@ class TokenRules:
         for name, ok, what in _checks(data):
             if not ok:
                 raise TfmExportError(f"token_rules.{name} must be {what}")
-        ids = [data[n] for n in ("pad", "start", "eos", "forced_bos", "forced_eos") if data[n] is not None]
-        if any(i >= vocab_size for i in [*ids, *data["banned"]]):
-            raise TfmExportError(f"token_rules names an id outside the target vocabulary of {vocab_size}")
+        ids = [(n, data[n]) for n in ("pad", "start", "eos", "forced_bos", "forced_eos") if data[n] is not None]
+        for name, token in [*ids, *(("banned", i) for i in data["banned"])]:
+            if token >= vocab_size:
+                raise TfmExportError(f"token_rules.{name} names id {token}, outside the target vocabulary of "
+                                     f"{vocab_size}")
         return cls(**{**data, "banned": tuple(data["banned"]), "languages": tuple(data["languages"])})
 
 
