@@ -66,7 +66,7 @@ browser:
 	@command -v chromium >/dev/null || { command -v apt-get >/dev/null && \
 		$$([ "$$(id -u)" = 0 ] || echo sudo -n) sh -c 'apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
 		apt-get install -y -qq --no-install-recommends chromium >/dev/null'; } || \
-		echo "chromium could not be installed: tests/test_web_example.py will skip"
+		echo "chromium could not be installed: tests/examples/test_web_example.py will skip"
 
 lint: setup
 	$(VENV)/bin/ruff check tfm_export tests

@@ -67,20 +67,19 @@ def _decoder(name: str, artifacts, threads: int):
         os.environ.update(env)  # before ctranslate2 is imported in this fresh process
         return runners._ctranslate2(artifacts, compute, threads)
     if name.startswith("ort-fp32+"):  # settings levers: +arena, +nospin
+        from tfm_export.runtime.backends import open_backend
         from tfm_export.runtime.session import SessionOptions
-        from tfm_export.runtime.translator import Translator
         flags = set(name.split("+")[1:])
         if flags - {"arena", "nospin"}:
             raise SystemExit(f"unknown ONNX Runtime setting in {name}: use +arena, +nospin")
         options = SessionOptions(intra_op_threads=threads, memory_arena="arena" in flags,
                                  spinning="nospin" not in flags)
-        return runners._loop(Translator.load(artifacts.onnx["fp32"], backend="onnxruntime",
-                                             session_options=options).backend, artifacts.rules)
+        return runners._searching(open_backend(artifacts.onnx["fp32"], options=options).searcher, artifacts.rules)
     if name == "ort-fp32-contract":
-        from tfm_export.runtime.ort_backend import OrtBackend
+        from tfm_export.runtime.backends import open_backend
         from tfm_export.runtime.session import SessionOptions
-        return runners._loop(OrtBackend.open(artifacts.onnx["fp32"], SessionOptions(intra_op_threads=threads)),
-                             artifacts.rules)
+        options = SessionOptions(intra_op_threads=threads, cache="concat")
+        return runners._searching(open_backend(artifacts.onnx["fp32"], options=options).searcher, artifacts.rules)
     return runners.open_decoder(name, artifacts, threads)
 
 

@@ -33,9 +33,9 @@ def compare_batches(loop: Translator, generate: Translator, lines: list[str], re
                     settings: dict[str, DecodeOptions]) -> None:
     """The same graph sent whole batches, as a graph made with --early-stopping is: with early_stopping 0 that is
     where ONNX Runtime checks an input's stopping rule on another input's scores."""
-    backend = copy.copy(generate.backend)
-    backend.batched = True
-    batched = Translator(backend, generate.vocab, generate.config)
+    searcher = copy.copy(generate.searcher)
+    searcher.batched = True
+    batched = Translator(searcher, generate.vocab, generate.config)
     print(f"{len(lines)} inputs; {repeats} interleaved runs each; median seconds")
     print("| decoding | one input per call: identical to tfm-run, time | batches of 32: identical, time |")
     print("|---|---|---|")
@@ -73,7 +73,7 @@ def main() -> None:
         compare_batches(loop, generate, lines, args.repeats, dict(list(settings.items())[:2]))
         return
     print(f"{len(lines)} inputs from {args.input}; {args.repeats} interleaved runs each; median seconds")
-    calls = "batches of 32" if generate.backend.batched else "one input per call"
+    calls = "batches of 32" if generate.searcher.batched else "one input per call"
     print("| decoding | identical to tfm-run | tfm-run, batch 32 | tfm-run, one input per call | "
           f"generate.onnx, {calls} | generate.onnx / tfm-run one per call |")
     print("|---|---|---|---|---|---|")

@@ -17,12 +17,13 @@ import numpy as np
 
 from tfm_export.core.token_rules import SEED_RULES
 from tfm_export.core.tokenizer import FIRST_TOKEN_ID
-from tfm_export.runtime.decoding import StepRule
-from tfm_export.runtime.ort_search import CAPACITY_STEP, OrtSearchBackend
-from tfm_export.runtime.session import SessionOptions
+from tfm_export.runtime.backends import open_backend
+from tfm_export.runtime.backends.inplace import InPlaceBackend
+from tfm_export.runtime.session import CAPACITY_STEP, SessionOptions
+from tfm_export.runtime.step import StepRule
 
 
-def loop_ms(backend: OrtSearchBackend, rows: int, source_length: int, repeats: int) -> list[float]:
+def loop_ms(backend: InPlaceBackend, rows: int, source_length: int, repeats: int) -> list[float]:
     """Per repeat, the mean time of the minimal step over one capacity block of cache positions."""
     src = np.random.default_rng(0).integers(FIRST_TOKEN_ID, backend.config.src_vocab_size, (rows, source_length))
     times = []
@@ -48,7 +49,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=20)
     args = parser.parse_args()
     for threads in (1, 2):
-        backend = OrtSearchBackend.open(args.model, SessionOptions(intra_op_threads=threads))
+        options = SessionOptions(intra_op_threads=threads, cache="in-place", fused=False)
+        backend = open_backend(args.model, options=options).backend
         for rows in map(int, args.rows.split(",")):
             times = loop_ms(backend, rows, args.source_length, args.repeats)
             print(f"{rows} rows, {threads} thread(s): best {min(times):.3f} ms/step, "

@@ -81,10 +81,10 @@ def main() -> None:
                                    min_decoding_length=args.length, max_batch_size=0)
     else:
         from tfm_export.runtime import decoding
+        from tfm_export.runtime.backends import open_backend
         from tfm_export.runtime.session import SessionOptions
-        from tfm_export.runtime.translator import Translator
         print(f"imported: {memory()}")
-        backend = Translator.load(args.model, backend="onnxruntime", session_options=SessionOptions(
+        backend = open_backend(args.model, "onnxruntime", options=SessionOptions(
             intra_op_threads=args.threads, memory_arena=args.arena)).backend  # what tfm-run translate runs
         print(f"loaded: {memory()}")
         if args.trace:

@@ -19,12 +19,14 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from tfm_export.artifacts.model_dir import read_manifest
 from tfm_export.core.batching import pad_batch
-from tfm_export.core.config import ModelConfig
 from tfm_export.core.token_rules import SEED_RULES
 from tfm_export.runtime import decoding
-from tfm_export.runtime.ort_search import SEARCH, OrtSearchBackend, shared_values, sharing
+from tfm_export.runtime.backends import open_backend
+from tfm_export.runtime.backends.loaders import open_graph
+from tfm_export.runtime.backends.search_step import SEARCH
+from tfm_export.runtime.session import SessionOptions
+from tfm_export.runtime.step import StepRule
 
 
 def sources(count: int, vocab: int, seed: int = 0) -> np.ndarray:
@@ -32,17 +34,15 @@ def sources(count: int, vocab: int, seed: int = 0) -> np.ndarray:
     return pad_batch([[2, *(rng.randrange(4, vocab) for _ in range(rng.randint(12, 24))), 3] for _ in range(count)])
 
 
-def _backend(model: Path, profile_prefix: str | None = None) -> OrtSearchBackend:
-    """What tfm-run translate runs on the CPU: the encoder and decoder_step_search, sharing the tied table, the
-    decoder's kernels profiled if a prefix is given."""
-    manifest = read_manifest(model)
-    shared = shared_values(model, manifest)
-    options = sharing(shared)
-    if profile_prefix:
-        options.enable_profiling, options.profile_file_prefix = True, profile_prefix
-    encoder = ort.InferenceSession(str(model / "encoder.onnx"), sharing(shared), providers=["CPUExecutionProvider"])
-    decoder = ort.InferenceSession(str(model / SEARCH.filename), options, providers=["CPUExecutionProvider"])
-    return OrtSearchBackend(encoder, decoder, ModelConfig.from_dict(manifest["model"]), manifest, shared=shared)
+def _backend(model: Path, profile_prefix: str | None = None):
+    """What tfm-run translate runs on the CPU (the encoder and decoder_step_search sharing the tied table, opened
+    through the runtime's door), the sessions' kernels profiled if a prefix is given."""
+    def profiled(path, spec, options, so):
+        so = so or ort.SessionOptions()
+        if profile_prefix:
+            so.enable_profiling, so.profile_file_prefix = True, f"{profile_prefix}-{path.stem}"
+        return open_graph(path, spec, options, so)
+    return open_backend(model, options=SessionOptions(cache="in-place", fused=False), loader=profiled).backend
 
 
 def operator_profile(model: Path, batch: int, beam: int, steps: int) -> None:
@@ -53,7 +53,7 @@ def operator_profile(model: Path, batch: int, beam: int, steps: int) -> None:
         state = backend.encode(sources(batch, backend.config.src_vocab_size))
         state = backend.expand(state, beam)
         for _ in range(steps):
-            state, _ = backend.step(state, np.full(batch * beam, 5), decoding.StepRule(SEED_RULES, 2 * beam))
+            state, _ = backend.step(state, np.full(batch * beam, 5), StepRule(SEED_RULES, 2 * beam))
         events = json.loads(Path(backend.decoder.end_profiling()).read_text())
     by_op, by_node = collections.Counter(), collections.Counter()
     for e in events:

@@ -1,36 +1,25 @@
+"""Fixtures shared by every test package (the helpers themselves live in `support`): the demo model exported once,
+its precisions, the base config, and one thread for PyTorch."""
+
 from __future__ import annotations
 
-import contextlib
-import os
-import shutil
-import subprocess
 import sys
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))  # test helpers such as seed_oracle
+sys.path.insert(0, str(Path(__file__).parent))  # the test helpers: `support`
+
+from support.common import CALIBRATION, DEMO_CKPT, made_once, tiny_config  # noqa: E402
 
 from tfm_export.core.config import ModelConfig  # noqa: E402
 from tfm_export.model.transformer import Transformer  # noqa: E402
-
-REPO = Path(__file__).resolve().parents[1]
-DEMO_CKPT = REPO / "models" / "demo" / "ckpt.pt"
-CALIBRATION = REPO / "calibration" / "demo.en.txt"
 
 
 @pytest.fixture(autouse=True)
 def _single_thread():
     torch.set_num_threads(1)  # deterministic and fair on a shared 2-core machine
-
-
-def tiny_config(**overrides) -> ModelConfig:
-    base = dict(src_vocab_size=13, trg_vocab_size=13, d_model=16, d_inner=32, n_layers=2, n_head=2, d_k=8,
-                d_v=8, n_position=32)
-    base.update(overrides)
-    return ModelConfig(**base)
 
 
 @pytest.fixture
@@ -56,22 +45,6 @@ def demo_generate(demo_onnx, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("demo-generate") / "model"
     write_generate_dir(demo_onnx, out, progress=False)
     return out
-
-
-def made_once(tmp_path_factory, name: str, make: Callable[[Path], None]) -> Path:
-    """A directory made once per test run and shared by the xdist workers: the first to ask makes it, the others
-    wait for it. Base-size models take a minute or more each to export and quantize."""
-    from filelock import FileLock
-    shared = tmp_path_factory.getbasetemp()
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        shared = shared.parent  # this run's own directory, above each worker's
-    path, made = shared / name, shared / f"{name}.made"
-    with FileLock(f"{path}.lock"):
-        if not made.exists():
-            shutil.rmtree(path, ignore_errors=True)
-            make(path)
-            made.touch()
-    return path
 
 
 @pytest.fixture(scope="session")
@@ -123,32 +96,3 @@ def base_variants(base_onnx, tmp_path_factory) -> dict[str, Path]:
             quantize_model_dir(fp32, root / name, progress=False, **kwargs)
     root = made_once(tmp_path_factory, "base-precision", make)
     return {"fp32": fp32, **{name: root / name for name in names}}
-
-
-def listing(directory: Path) -> list[str]:
-    """Every path under a directory, to show that a failed command wrote nothing."""
-    return sorted(str(p.relative_to(directory)) for p in directory.rglob("*"))
-
-
-@contextlib.contextmanager
-def unwritable_dir(path: Path):
-    """A directory nobody may write into, root included (immutable flag), else by permissions."""
-    path.mkdir(parents=True, exist_ok=True)
-    immutable = subprocess.run(["chattr", "+i", str(path)], capture_output=True).returncode == 0
-    if not immutable:
-        path.chmod(0o500)
-    try:
-        probe = path / ".probe"
-        try:
-            probe.touch()
-        except OSError:
-            pass
-        else:
-            probe.unlink()
-            pytest.skip("cannot make a directory unwritable here (root without chattr)")
-        yield path
-    finally:
-        if immutable:
-            subprocess.run(["chattr", "-i", str(path)], check=True)
-        else:
-            path.chmod(0o700)

@@ -1,5 +1,5 @@
 // Drive the page in a real headless Chromium: serve it, type sentences, translate greedy and with beam 4, try
-// bad input, save a screenshot, and print what the page showed as JSON (tests/test_web_example.py compares it
+// bad input, save a screenshot, and print what the page showed as JSON (tests/examples/test_web_example.py compares it
 // with tfm-run).
 //
 //   node check.mjs --model MODEL_DIR --inputs FILE [--screenshot PNG] [--chromium /usr/bin/chromium]

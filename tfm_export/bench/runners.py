@@ -17,7 +17,7 @@ from ..artifacts.manifest import is_hf_directory
 from ..core.batching import pad_batch
 from ..core.token_rules import SEED_RULES, TokenRules
 from ..core.tokenizer import BOS_ID, EOS_ID
-from ..runtime import decoding
+from ..runtime.search import Searcher, SearchOptions
 
 TIMED_BACKENDS = {
     "torch-full": "PyTorch eager, full recompute every step (how the seed code decodes)",
@@ -118,8 +118,9 @@ def open_decoder(name: str, artifacts: Artifacts, threads: int, device: str = "c
         return _ctranslate2(artifacts, "int8" if name == "ct2-int8" else "float32", threads, device)
     if name.startswith("hf-"):
         return _generate(artifacts, name == "hf-generate-fp16", threads, device)
+    from ..runtime.backends import open_backend
+    from ..runtime.search import LoopSearcher
     from ..runtime.session import SessionOptions
-    from ..runtime.translator import Translator
     if name.startswith("torch"):
         import torch
         if threads:
@@ -127,16 +128,17 @@ def open_decoder(name: str, artifacts: Artifacts, threads: int, device: str = "c
         if name == "torch-full":
             from ..model.loading import load_checkpoint
             from .torch_full import TorchFullBackend
-            return _loop(TorchFullBackend(load_checkpoint(artifacts.checkpoint).model), artifacts.rules)
-        return _loop(Translator.load(artifacts.checkpoint, backend="torch", device=device).backend, artifacts.rules)
+            return _searching(LoopSearcher(TorchFullBackend(load_checkpoint(artifacts.checkpoint).model)),
+                              artifacts.rules)
+        return _searching(open_backend(artifacts.checkpoint, "torch", device).searcher, artifacts.rules)
     if name == "tensorrt":
-        return _loop(Translator.load(artifacts.tensorrt, backend="tensorrt").backend, artifacts.rules)
+        return _searching(open_backend(artifacts.tensorrt, "tensorrt").searcher, artifacts.rules)
     options = SessionOptions(intra_op_threads=threads, device=device)
     if name == "ort-generate":
-        return _search(Translator.load(artifacts.onnx["generate"], backend="onnxruntime-generate",
-                                       session_options=options).backend)
-    return _loop(Translator.load(artifacts.onnx[ONNX_VARIANTS[name]], backend="onnxruntime", device=device,
-                                 session_options=options).backend, artifacts.rules)
+        return _searching(open_backend(artifacts.onnx["generate"], "onnxruntime-generate", options=options).searcher,
+                          artifacts.rules)
+    return _searching(open_backend(artifacts.onnx[ONNX_VARIANTS[name]], "onnxruntime", device, options).searcher,
+                      artifacts.rules)
 
 
 def _has_cuda_provider() -> bool:
@@ -144,25 +146,15 @@ def _has_cuda_provider() -> bool:
     return has_cuda_provider()
 
 
-def _loop(backend: decoding.StepBackend, rules: TokenRules) -> Decode:
-    """The decoding loop under the model's rules (a pretrained model's: generate()'s beam rule), less a forced
-    </s> at the length limit, which CTranslate2 has no option for: every backend generates the same tokens."""
+def _searching(searcher: Searcher, rules: TokenRules) -> Decode:
+    """A searcher under the model's rules (a pretrained model's: generate()'s beam rule), less a forced </s> at the
+    length limit, which CTranslate2 has no option for: every backend generates the same tokens. A forced length
+    bars </s> until it (min_length), in the loops and in generate.onnx alike."""
     rules = dataclasses.replace(rules, forced_eos=None)
-    search = decoding.beam_search_for(rules)
 
     def decode(sources: Sequence[Sequence[int]], beam: int, length: int, forced: bool) -> list[tuple[int, ...]]:
-        src, floor = pad_batch(sources, rules.pad), length if forced else 0
-        if beam == 1:
-            return [h.tokens for h in decoding.greedy(backend, src, length, min_length=floor, rules=rules)]
-        return [h[0].tokens for h in search(backend, src, beam, length, min_length=floor, rules=rules)]
-    return decode
-
-
-def _search(backend) -> Decode:
-    """generate.onnx: the op runs the search; min_length bars </s> as the loop's forced length does."""
-    def decode(sources: Sequence[Sequence[int]], beam: int, length: int, forced: bool) -> list[tuple[int, ...]]:
-        hypotheses = backend.search(pad_batch(sources), beam, length, min_length=length if forced else 0)
-        return [h[0].tokens for h in hypotheses]
+        options = SearchOptions(length, beam, min_length=length if forced else 0)
+        return [h[0].tokens for h in searcher.search(pad_batch(sources, rules.pad), options, rules)]
     return decode
 
 

@@ -9,7 +9,7 @@ import torch
 from torch import Tensor
 
 from ..model.transformer import Transformer, get_pad_mask, get_subsequent_mask
-from ..runtime.decoding import Candidates, StepRule
+from ..runtime.step import Candidates, Reorders, StepRule
 
 
 @dataclass(frozen=True)
@@ -18,8 +18,12 @@ class FullState:
     src_mask: Tensor  # (N, 1, S) bool
     prefix: Tensor  # (N, t) target tokens so far, <s> first
 
+    @property
+    def rows(self) -> int:
+        return len(self.prefix)
 
-class TorchFullBackend:
+
+class TorchFullBackend(Reorders):
     """StepBackend without a cache: every step runs the decoder over the whole prefix, as the seed's
     translator does. Only the benchmarks use it, as the baseline the cached backends are measured against."""
 
@@ -38,9 +42,6 @@ class TorchFullBackend:
         x = self.model.decoder(prefix, trg_mask, state.enc_output, state.src_mask)
         logits = self.model.project(x)[:, -1].float().cpu().numpy()
         return FullState(state.enc_output, state.src_mask, prefix), rule.candidates(logits)
-
-    def expand(self, state: FullState, beams: int) -> FullState:
-        return self.select(state, np.repeat(np.arange(len(state.prefix)), beams))
 
     def select(self, state: FullState, rows: np.ndarray) -> FullState:
         index = self._index(rows)

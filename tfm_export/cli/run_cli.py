@@ -176,7 +176,8 @@ def translate(texts: tuple[str, ...], model_path: Path, vocab: tuple[Path, ...],
     check_output_path(output, "--output", inputs)
     chunks = read_chunks(input_file, texts, batch_size)
     session = SessionOptions(intra_op_threads=threads, optimization=ort_opt_level, memory_arena=memory_arena,
-                             spinning=spinning, search_graph=search_graph, fused=fused, tensorrt_ep=ort_trt)
+                             spinning=spinning, cache=None if search_graph else "concat", fused=fused,
+                             tensorrt_ep=ort_trt)
     translator = Translator.load(model_path, vocab, backend, device, session)
     translator = translator.with_languages(source_lang, target_lang)
     check_output_path(output, "--output", [*inputs, *translator.vocab.files])  # a checkpoint's tokenizer too

@@ -3,7 +3,7 @@ encoder-decoder) over subgraphs made from encoder.onnx and decoder_step.onnx.
 
 The op fixes the names, order and dtypes of its subgraphs' inputs and outputs; this module says how the
 graph contract's tensors map onto them, and what the graph takes and returns. graphs.generate builds the
-graph from it, runtime.generate_backend feeds it, docs/graph-contract.md documents it.
+graph from it, runtime.backends.generate feeds it, docs/graph-contract.md documents it.
 """
 
 from __future__ import annotations

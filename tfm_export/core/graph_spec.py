@@ -56,12 +56,12 @@ class GraphVariant(_GraphFile, str, Enum):
     loses only speed."""
 
     # One token per row and call, with the search's reduction at its end and the cache in caller-owned buffers
-    # of fixed capacity written in place (model.cache.BufferCache): ONNX Runtime and TensorRT runtimes decode
+    # of fixed capacity written in place (graphs.buffer_cache.BufferCache): ONNX Runtime and TensorRT runtimes decode
     # with it, embedders keep the contract's decoder_step.
     DECODER_STEP_SEARCH = "decoder_step_search"
     # decoder_step_search's maths, inputs and outputs with its attention in ONNX Runtime's kernels (com.microsoft
     # GroupQueryAttention writing the buffers itself, MultiHeadAttention over the source): what tfm-run runs on the
-    # CPU where the directory has it; fp32 only, never TensorRT's (model.cache.FusedBufferCache).
+    # CPU where the directory has it; fp32 only, never TensorRT's (graphs.buffer_cache.FusedBufferCache).
     DECODER_STEP_SEARCH_FUSED = "decoder_step_search_fused"
 
 

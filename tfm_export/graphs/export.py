@@ -19,9 +19,9 @@ import torch
 from torch.export import Dim
 
 from ..core.graph_spec import SUPPORTED_OPSETS, Graph, GraphSpec, GraphVariant, graph_specs, variant_specs
-from ..model.cache import write_at
 from ..model.transformer import Transformer
 from ..runtime.session import runs_fused_graphs
+from .buffer_cache import write_at
 from .modules import DecoderStepGraph, EncoderGraph, example_inputs
 from .onnx_io import ExportError, check_contract, share_tied_weights, strip_exporter_metadata
 from .search import SearchStepGraph, search_example_inputs
@@ -65,7 +65,7 @@ def export_graph(model: Transformer, spec: GraphSpec, opset: int, optimize: bool
 
 
 def _translations() -> dict:
-    """model.cache's write as the one ONNX node it stands for."""
+    """buffer_cache.write_at as the one ONNX node it stands for."""
     from onnxscript import opset18 as op
 
     def scatter_nd(buffer, index, update):

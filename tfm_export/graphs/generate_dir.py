@@ -7,6 +7,7 @@ files are written again, so they carry the <s> ... </s> post-processor.
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 from pathlib import Path
 from typing import Any
@@ -22,10 +23,12 @@ from ..core.errors import TfmExportError
 from ..core.files import file_sha256
 from ..core.generate_spec import GENERATE_FILE, MIN_ONNXRUNTIME, OP, OP_MAX_LENGTH
 from ..core.graph_spec import Graph
+from ..core.token_rules import SEED_RULES
 from ..core.tokenizer import BOS_ID, EOS_ID, PAD_ID
-from ..runtime import decoding
-from ..runtime.generate_backend import GENERATE, GenerateBackend
-from ..runtime.ort_backend import OrtBackend
+from ..runtime.backends import open_backend
+from ..runtime.backends.generate import GENERATE
+from ..runtime.search import SearchOptions
+from ..runtime.session import DEFAULT_OPTIONS
 from .generate import generate_graph, op_refusal
 from .inputs import random_sources
 from .onnx_io import load_graph, save_graph, tensors_of
@@ -82,16 +85,18 @@ def check_generate(directory: Path, cfg: ModelConfig, shown: Path | None = None)
     </s> barred until the length limit (so neither side's stopping rule decides). The loop takes one source at a
     time without padding, as the backend sends it: int8 dynamic graphs quantize activations with each call's own
     range, padding included."""
-    loop, generate = OrtBackend.open(directory), GenerateBackend.open(directory)
+    concat = dataclasses.replace(DEFAULT_OPTIONS, cache="concat")
+    loop, generate = (open_backend(directory, kind, options=options).searcher for kind, options in
+                      (("onnxruntime", concat), ("onnxruntime-generate", DEFAULT_OPTIONS)))
     src = random_sources(cfg.src_vocab_size, CHECK_ROWS, min(cfg.n_position, CHECK_SOURCE), seed=0)
     steps = min(cfg.n_position, CHECK_STEPS)
     alone = [row[None, :int((row != PAD_ID).sum())] for row in src]
-    cases = {"greedy": ([decoding.greedy(loop, row, steps)[0].tokens for row in alone],
-                        [h[0].tokens for h in generate.search(src, 1, steps)]),
-             f"beam {CHECK_BEAM}": ([h[0].tokens for h in decoding.beam_search(loop, src[:1], CHECK_BEAM, steps,
-                                                                                min_length=steps)],
-                                    [h[0].tokens for h in generate.search(src[:1], CHECK_BEAM, steps,
-                                                                          min_length=steps)])}
+    greedy, beam = SearchOptions(steps), SearchOptions(steps, CHECK_BEAM, min_length=steps)
+
+    def tokens(searcher, rows: np.ndarray, options: SearchOptions) -> list[tuple[int, ...]]:
+        return [h[0].tokens for h in searcher.search(rows, options, SEED_RULES)]
+    cases = {"greedy": ([tokens(loop, row, greedy)[0] for row in alone], tokens(generate, src, greedy)),
+             f"beam {CHECK_BEAM}": (tokens(loop, src[:1], beam), tokens(generate, src[:1], beam))}
     for name, (want, got) in cases.items():
         if want != got:
             rows = int(np.sum([w != g for w, g in zip(want, got, strict=True)]))

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..core.graph_spec import cache_names
-from ..runtime.decoding import GraphBackend
+from ..runtime.step import GraphBackend
 
 if TYPE_CHECKING:
     from ..model.transformer import Transformer

@@ -20,9 +20,7 @@ from ..core.graph_spec import DEFAULT_OPSET, Graph, GraphVariant, graph_specs, v
 from ..core.token_rules import SEED_RULES
 from ..core.tokenizer import SPECIAL_IDS, tokenizer_files
 from ..model.checkpoint import Checkpoint
-from ..runtime.ort_backend import OrtBackend
-from ..runtime.ort_search import FUSED, SEARCH, OrtSearchBackend
-from ..runtime.session import open_session
+from ..runtime.backends import graph_decoders
 from .export import export_all
 from .inputs import random_sources, random_targets
 from .onnx_io import add_shared, save_graph_of
@@ -75,13 +73,10 @@ def build_manifest(ckpt: Checkpoint, opset: int, hashes: dict[Graph | GraphVaria
 
 def check_parity(ckpt: Checkpoint, directory: Path, steps: int = 3, seed: int = 0) -> float:
     """Export ends by comparing ONNX Runtime with PyTorch on a padded batch at the longest source and
-    target the model takes, a few steps with the cache fed back. Raises beyond the default Tolerance."""
+    target the model takes, a few steps with the cache fed back, every decoder graph of the directory opened as
+    the runtime opens it. Raises beyond the default Tolerance."""
     cfg = ckpt.config
-    encoder = open_session(directory / Graph.ENCODER.filename)
-    backends = [OrtBackend(encoder, open_session(directory / Graph.DECODER_STEP.filename), cfg)]
-    for graph in (SEARCH, FUSED):
-        if (directory / graph.filename).exists():
-            backends.append(OrtSearchBackend(encoder, open_session(directory / graph.filename), cfg))
+    backends = list(graph_decoders(directory).values())
     src = random_sources(cfg.src_vocab_size, 3, cfg.n_position, seed, cfg.src_pad_idx)
     trg = random_targets(cfg.trg_vocab_size, 3, cfg.n_position, seed, cfg.trg_pad_idx)
     diffs = [d for backend in backends for d in compare_stepwise(ckpt.model, backend, src, trg, steps)]
@@ -116,15 +111,15 @@ def export_model_dir(ckpt: Checkpoint, output: Path, opset: int = DEFAULT_OPSET,
         for side, name in tokenizer_files(ckpt.vocab.shared).items():
             getattr(ckpt.vocab, side).save(staging / name)
             listed.append(name)
-        bar.set_postfix_str("parity")
-        worst = check_parity(ckpt, staging)
-        log.info("parity with PyTorch: max abs difference %.2e", worst)
-        bar.update()
         applied = ["tied weights stored once"]
         if optimize:
             applied.insert(0, "torch.onnx/onnxscript optimizer: constant folding, dead code elimination")
         manifest = build_manifest(ckpt, opset, hashes, file_hashes(staging, listed), applied)
         add_shared(manifest, shared)
         write_manifest(staging, manifest)
+        bar.update()
+        bar.set_postfix_str("parity")
+        worst = check_parity(ckpt, staging)
+        log.info("parity with PyTorch: max abs difference %.2e", worst)
         bar.update()
     return manifest

@@ -1,7 +1,7 @@
 """decoder_step_search: the decoder's own step over in-place cache buffers, ending in the search's reduction
 (core.graph_spec.search_step_spec).
 
-The maths is the model's (`Decoder.step` over a model.cache.BufferCache); this module only adds what the search
+The maths is the model's (`Decoder.step` over a buffer_cache.BufferCache); this module only adds what the search
 does with a step's logits, so that K numbers per row leave the graph instead of the vocabulary's logits:
 log-softmax over every token, the decoding rules (an additive token bias: banned ids and </s> before the minimum
 length at -inf; a forced token, whose log-probability becomes 0 as generate()'s forcing leaves it), then TopK,
@@ -16,8 +16,8 @@ from torch import Tensor, nn
 
 from ..core.graph_spec import search_top_k
 from ..core.tokenizer import FIRST_TOKEN_ID
-from ..model.cache import BufferCache, FusedBufferCache
 from ..model.transformer import Transformer
+from .buffer_cache import BufferCache, FusedBufferCache
 
 
 def select(logits: Tensor, token_bias: Tensor, forced_token: Tensor, k: int) -> tuple[Tensor, Tensor]:

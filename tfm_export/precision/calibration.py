@@ -11,7 +11,8 @@ from __future__ import annotations
 import logging
 import random
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
@@ -19,11 +20,13 @@ from tqdm import tqdm
 
 from ..core.batching import length_buckets, pad_batch
 from ..core.errors import TfmExportError
-from ..core.graph_spec import Graph
+from ..core.graph_spec import Graph, GraphSpec
 from ..core.sources import encode_lines, source_ids
 from ..core.tokenizer import UNK_ID, TextTokenizer
 from ..runtime import decoding
-from ..runtime.ort_backend import OrtBackend
+from ..runtime.backends import open_backend
+from ..runtime.backends.loaders import open_graph
+from ..runtime.session import DEFAULT_OPTIONS, SessionOptions
 
 MAX_FEEDS = 128  # per graph; a base model's decoder feeds (the whole cache) are ~10 MB each
 MAX_UNKNOWN_RATE = 0.5  # above this, the texts are probably not in the model's source language
@@ -75,10 +78,11 @@ class RecordingSession:
         return self.session.run(names, feeds)
 
 
-def recording_backend(backend: OrtBackend, traces: Traces) -> OrtBackend:
-    """The same graphs, with every call's inputs recorded into `traces`."""
-    return OrtBackend(RecordingSession(backend.encoder, Graph.ENCODER, traces),
-                      RecordingSession(backend.decoder, Graph.DECODER_STEP, traces), backend.config, backend.model_dir)
+def recording(traces: Traces):
+    """A session loader (runtime.backends.loaders) whose sessions record every call's inputs into `traces`."""
+    def load(path: Path, spec: GraphSpec, options: SessionOptions, so: ort.SessionOptions | None) -> RecordingSession:
+        return RecordingSession(open_graph(path, spec, options, so), spec.graph, traces)
+    return load
 
 
 def calibration_sources(texts: Sequence[str], tokenizer: TextTokenizer, max_positions: int,
@@ -110,22 +114,25 @@ def language_warning(texts: Sequence[str], source: TextTokenizer, target: TextTo
     return None
 
 
-def record_traces(backend: OrtBackend, texts: Sequence[str], tokenizer: TextTokenizer, name: str,
+def record_traces(directory: Path, texts: Sequence[str], tokenizer: TextTokenizer, name: str,
                   batch_size: int = 8, max_length: int | None = None, max_feeds: int = MAX_FEEDS,
                   target: TextTokenizer | None = None, consequence: str = "the int8 ranges will be wrong",
                   progress: bool = False) -> Traces:
-    """Greedy-decode `texts` on the fp32 graphs and record every encoder and decoder_step input."""
-    cfg = backend.config
+    """Greedy-decode `texts` on a directory's fp32 graphs (the contract's encoder and decoder_step) and record every
+    encoder and decoder_step input."""
+    traces = Traces(max_feeds)
+    opened = open_backend(directory, "onnxruntime", options=replace(DEFAULT_OPTIONS, cache="concat"),
+                          loader=recording(traces))
+    cfg = opened.config
     rows, unknown = calibration_sources(texts, tokenizer, cfg.n_position, name)
     problem = language_warning(texts, tokenizer, target, unknown)
     if problem:
         log.warning("%s: %s; these texts are probably not in the model's source language, and %s. Use texts "
                     "like the training data (calibration/README.md).", name, problem, consequence)
-    traces = Traces(max_feeds, sentences=len(rows), unknown_rate=unknown)
-    recorder = recording_backend(backend, traces)
+    traces.sentences, traces.unknown_rate = len(rows), unknown
     with tqdm(total=len(rows), desc="calibration", unit="sentence", disable=not progress, leave=False) as bar:
         for bucket in length_buckets([len(r) for r in rows], batch_size):
             src = pad_batch([rows[i] for i in bucket], cfg.src_pad_idx)
-            decoding.greedy(recorder, src, max_length or cfg.n_position)
+            decoding.greedy(opened.backend, src, max_length or cfg.n_position)
             bar.update(len(bucket))
     return traces

@@ -38,8 +38,7 @@ from ..core.tokenizer import Vocabulary
 from ..graphs.inputs import random_sources
 from ..graphs.onnx_io import add_shared, check_contract, load_graph, save_graph_of, sharing_note, tensors_of
 from ..runtime import decoding
-from ..runtime.ort_backend import OrtBackend
-from ..runtime.ort_search import SEARCH, OrtSearchBackend
+from ..runtime.backends import graph_decoders
 from .calibration import Traces, record_traces
 from .fp16 import to_fp16
 from .int8 import float_ops, quantize_dynamic_graph, quantize_static_graph
@@ -169,7 +168,7 @@ def quantize_model_dir(source: Path, output: Path, precision: str, mode: str | N
 
 
 def _traces(source: Path, vocab: Vocabulary, calibration: Calibration, progress: bool) -> Traces:
-    return record_traces(OrtBackend.open(source), calibration.texts, vocab.source, str(calibration.path),
+    return record_traces(source, calibration.texts, vocab.source, str(calibration.path),
                          max_length=calibration.max_length, target=vocab.target, progress=progress)
 
 
@@ -223,10 +222,11 @@ def _manifest(parent: dict[str, Any], source: Path, precision: str, mode: str, k
 
 def _smoke_test(staging: Path, output: Path, source: Path) -> None:
     """The new graphs load in ONNX Runtime and decode a few tokens; an unusable artifact is never left."""
-    backend = OrtBackend.open(staging)
+    decoders = graph_decoders(staging)  # the fused step stays fp32 and is not made here
+    backend = decoders["decoder_step"]
     cfg, precision = backend.config, backend.model_dir.precision
     src = random_sources(cfg.src_vocab_size, 2, min(8, cfg.n_position), seed=0)
-    backends = [backend, *([OrtSearchBackend.from_dir(backend.model_dir)] if backend.model_dir.has(SEARCH) else [])]
+    backends = list(decoders.values())
     hyps = [h for b in backends for h in decoding.greedy(b, src, min(4, cfg.n_position))]
     if any(not np.isfinite(h.score) for h in hyps):
         hint = "try --keep-io-types or int8" if precision == "fp16" else "try the other --mode or fp16"

@@ -1,10 +1,9 @@
-"""Translation without the export code: the one greedy/beam decoding loop over a backend interface (encode,
-step, and the three reorders expand/select/permute), backends for ONNX Runtime (decoder_step_search over IO
-binding, or the contract's decoder_step), PyTorch and TensorRT opened by one registry (backends.open_backend), and
-the Translator (text in, text out). Importing it loads neither PyTorch nor ONNX; the PyTorch, IO-binding and
-TensorRT backends import torch when they are opened.
+"""Translation without the export code. Open a model through the one door (backends.open_backend); the Translator
+(text in, text out) calls its Searcher (search.py) once per batch: the loops of decoding.py over a step backend
+(step.py says what a step is), or generate.onnx in one call. Each backend is one file of backends/, named by the
+cache it drives. Importing the runtime loads neither PyTorch nor ONNX; a backend's libraries load when it is opened.
 
-May import: core, artifacts, model (the PyTorch backend only).
+May import: core, artifacts, model (the PyTorch reference backend only).
 """
 
 from ..core.lazy import lazy_exports
@@ -12,8 +11,7 @@ from ..core.lazy import lazy_exports
 __all__, __getattr__ = lazy_exports(__name__, {
     "translator": ("Translator", "DecodeOptions", "Translation"),
     "backends": ("open_backend", "BACKENDS"),
-    "ort_backend": ("OrtBackend",),
-    "generate_backend": ("GenerateBackend",),
+    "search": ("SearchOptions",),
     "session": ("SessionOptions",),
     "decoding": ("greedy", "beam_search"),
 })

@@ -20,6 +20,9 @@ OPT_LEVELS = {"disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
               "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL}
 
 
+CAPACITY_STEP = 16  # positions added when a cache buffer is full: attention reads at most this many unused
+
+
 @dataclass(frozen=True)
 class SessionOptions:
     """Defaults follow TFM_THREADS and TFM_ORT_OPT_LEVEL, as the CLI's flags do; checked when a session opens."""
@@ -32,9 +35,12 @@ class SessionOptions:
     # intra-op threads spin between a run's ops and stop when the run returns (session.force_spinning_stop):
     # quick hand-offs within a decoder step, a free core for the search between steps. False: they sleep.
     spinning: bool = True
-    # decoder_step_search (the cache in place, the search's reduction in the graph) where the directory has it;
-    # False: the contract's decoder_step, its logits reduced in NumPy
-    search_graph: bool = True
+    # which ONNX Runtime backend (runtime.backends.CACHES): "concat" (the contract's decoder_step, its logits
+    # reduced in NumPy), "in-place" (decoder_step_search: the cache written in place, the search's reduction in the
+    # graph; host buffers) or "device" (decoder_step_search with all decode memory on the device; on the CPU, the
+    # GPU path rehearsed). None: in-place on the CPU, device on a GPU, concat without decoder_step_search.
+    cache: str | None = None
+    cache_step: int = CAPACITY_STEP  # positions a full cache buffer grows by
     # on the CPU, decoder_step_search_fused (the same step in ONNX Runtime's attention kernels) where the directory
     # has it; False: decoder_step_search, standard ONNX operators only
     fused: bool = True

@@ -120,21 +120,53 @@ def import_tensorrt(target: str = TENSORRT) -> ModuleType:
     return trt
 
 
+def _cuda_runtime() -> ModuleType | None:
+    """cuda-python's CUDA runtime bindings (tfm-export[gpu]), under either of its module names, or None."""
+    for name in ("cuda.bindings.runtime", "cuda.cudart"):
+        try:
+            return importlib.import_module(name)
+        except (ImportError, OSError):
+            continue
+    return None
+
+
+CU_COMPUTE_CAPABILITY = (75, 76)  # CUdevice_attribute: major, minor
+
+
 def gpu_facts(target: str = TENSORRT) -> tuple[str, str]:
-    """(name, compute capability) of GPU 0, read through PyTorch's CUDA runtime (the backend's device buffers are
-    PyTorch tensors too)."""
+    """(name, compute capability) of GPU 0, read from the NVIDIA driver itself (libcuda, through ctypes): no
+    PyTorch or CUDA toolkit needed, and a machine without a driver or a GPU says so in one line."""
+    import ctypes
+    where = ("TensorRT engines are built and run on an NVIDIA GPU: " + INSTALL_HINT if target == TENSORRT else
+             f"TensorRT-RTX engines run on an NVIDIA GPU of compute capability {', '.join(RTX_RUNS_ON)} (they "
+             "build without one)")
     try:
-        import torch
-    except ImportError:
-        raise TensorRTUnavailable("the TensorRT backend needs PyTorch with CUDA for its device buffers; pip install "
-                                  "torch") from None
-    if not torch.cuda.is_available():
-        where = ("TensorRT engines are built and run on an NVIDIA GPU: " + INSTALL_HINT if target == TENSORRT else
-                 f"TensorRT-RTX engines run on an NVIDIA GPU of compute capability {', '.join(RTX_RUNS_ON)} (they "
-                 "build without one)")
-        raise TensorRTUnavailable(f"no CUDA GPU is visible (PyTorch: torch.cuda.is_available() is False); {where}")
-    major, minor = torch.cuda.get_device_capability(0)
-    return torch.cuda.get_device_name(0), f"{major}.{minor}"
+        cuda = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        raise TensorRTUnavailable(f"no CUDA GPU is visible (no NVIDIA driver: libcuda.so.1 not found); {where}") \
+            from None
+    count, device = ctypes.c_int(0), ctypes.c_int(0)
+    if cuda.cuInit(0) or cuda.cuDeviceGetCount(ctypes.byref(count)) or not count.value:
+        raise TensorRTUnavailable(f"no CUDA GPU is visible (the NVIDIA driver finds none); {where}")
+    name, (major, minor) = ctypes.create_string_buffer(256), (ctypes.c_int(0), ctypes.c_int(0))
+    cuda.cuDeviceGet(ctypes.byref(device), 0)
+    cuda.cuDeviceGetName(name, len(name), device)
+    for value, attribute in zip((major, minor), CU_COMPUTE_CAPABILITY, strict=True):
+        cuda.cuDeviceGetAttribute(ctypes.byref(value), attribute, device)
+    return name.value.decode(errors="replace"), f"{major.value}.{minor.value}"
+
+
+def cuda_stream() -> int:
+    """A CUDA stream of its own for TensorRT's enqueues (cuda-python's, tfm-export[gpu]), or 0, the default stream,
+    without it. Created blocking, so that copies on the default stream (ONNX Runtime's uploads and downloads) wait
+    for it."""
+    cudart = _cuda_runtime()
+    if cudart is None:
+        return 0
+    error, stream = cudart.cudaStreamCreate()
+    if int(error) != 0:
+        raise TensorRTUnavailable(f"the CUDA runtime cannot create a stream ({error}); check the NVIDIA driver")
+    return int(stream)
 
 
 def current_platform(target: str = TENSORRT) -> Platform:

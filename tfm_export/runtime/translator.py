@@ -1,7 +1,8 @@
-"""Text in, text out: tokenize, bucket by length, decode with the one loop, detokenize, restore order.
+"""Text in, text out: tokenize, bucket by length, search, detokenize, restore order.
 
-`Translator.load` picks the backend from what it is given: an exported model directory runs on ONNX
-Runtime, a checkpoint file on PyTorch (with a KV cache). The search itself lives in `decoding`, once.
+`Translator.load` opens what it is given through the one door (runtime.backends.open_backend): an exported model
+directory runs on ONNX Runtime, an engine directory on TensorRT, a checkpoint file on PyTorch. The search is the
+opened model's Searcher (runtime.search), called once per batch.
 """
 
 from __future__ import annotations
@@ -17,8 +18,6 @@ from pathlib import Path
 
 import numpy as np
 
-from ..artifacts.engine_dir import EngineDir
-from ..artifacts.model_dir import ModelDir
 from ..core.batching import length_buckets, pad_batch
 from ..core.config import ModelConfig
 from ..core.errors import InputTextError
@@ -27,9 +26,8 @@ from ..core.languages import CLI_NAMES, choose_languages
 from ..core.sources import encode_lines
 from ..core.token_rules import SEED_RULES, TokenRules
 from ..core.tokenizer import Vocabulary
-from . import decoding
-from .backends import open_backend
-from .decoding import StepBackend
+from .backends import Opened, open_backend
+from .search import Searcher, SearchOptions
 from .session import DEFAULT_OPTIONS, SessionOptions
 
 log = logging.getLogger(__name__)
@@ -80,14 +78,14 @@ class DecodeOptions:
 
 
 class Translator:
-    """Translate sentences with any StepBackend."""
+    """Translate sentences with any Searcher."""
 
-    def __init__(self, backend: StepBackend, vocab: Vocabulary, config: ModelConfig,
+    def __init__(self, searcher: Searcher, vocab: Vocabulary, config: ModelConfig,
                  limits: dict[str, int] | None = None, rules: TokenRules = SEED_RULES) -> None:
         """limits: what engines were built for (max_batch rows, max_source_length, max_target_length);
         without them the model's positions bound both lengths and rows are unbounded. rules: the model's ids and
         default length (a pretrained model's generation config)."""
-        self.backend, self.vocab, self.config, self.rules = backend, vocab, config, rules
+        self.searcher, self.vocab, self.config, self.rules = searcher, vocab, config, rules
         limits = limits or {}
         self.max_rows = limits.get("max_batch")
         self.max_source = min(config.n_position, limits.get("max_source_length", config.n_position))
@@ -98,15 +96,13 @@ class Translator:
              session_options: SessionOptions = DEFAULT_OPTIONS) -> Translator:
         """A model directory (ONNX Runtime), an engine directory (TensorRT) or a checkpoint (PyTorch), opened by
         runtime.backends; the device defaults to the GPU for TensorRT and the CPU otherwise."""
-        opened = open_backend(model, backend, device, session_options, vocab)
-        return cls(opened.backend, opened.vocab, opened.config, opened.limits, opened.rules)
+        return cls.of(open_backend(model, backend, device, session_options, vocab))
 
     @classmethod
-    def for_directory(cls, source: ModelDir | EngineDir, backend: StepBackend,
-                      limits: dict[str, int] | None = None) -> Translator:
-        """A model or engine directory's Translator over any backend: its tokenizers, token rules, languages and
-        generation defaults read as tfm-run reads them, for the Triton models too."""
-        return cls(backend, source.vocabulary(), source.config, limits, source.rules)
+    def of(cls, opened: Opened) -> Translator:
+        """The Translator of what open_backend opened: its tokenizers, token rules, languages and generation
+        defaults, as tfm-run reads them (the Triton models too)."""
+        return cls(opened.searcher, opened.vocab, opened.config, opened.limits, opened.rules)
 
     def bounded(self, max_rows: int) -> Translator:
         """This translator decoding at most `max_rows` rows (sentences x beams) at a time (a server's batch)."""
@@ -203,13 +199,8 @@ class Translator:
 
     def _decode(self, src: np.ndarray, options: DecodeOptions) -> list[list[Hypothesis]]:
         max_length = options.max_length or min(self.rules.max_new_tokens or self.max_target, self.max_target)
-        if hasattr(self.backend, "search"):  # generate.onnx: the whole search runs in the graph
-            return self.backend.search(src, options.beam_size, max_length, options.length_penalty, options.n_best)
-        if options.beam_size == 1:
-            return [[hyp] for hyp in decoding.greedy(self.backend, src, max_length, rules=self.rules)]
-        search = decoding.beam_search_for(self.rules)
-        return search(self.backend, src, options.beam_size, max_length, options.length_penalty, options.n_best,
-                      rules=self.rules)
+        return self.searcher.search(src, SearchOptions(max_length, options.beam_size, options.length_penalty,
+                                                       options.n_best), self.rules)
 
     def _result(self, nbest: list[Hypothesis], time_ms: float, options: DecodeOptions) -> Translation:
         target, best = self.vocab.target, nbest[0]

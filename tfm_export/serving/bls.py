@@ -9,18 +9,19 @@ the device); only the logits come to the host for the search.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from ..artifacts.engine_dir import EngineDir
-from ..artifacts.manifest import ENGINE_FORMAT, manifest_format
+from ..artifacts.engine_dir import EngineDir, is_engine_dir
 from ..artifacts.model_dir import ModelDir
 from ..core.errors import TfmExportError
-from ..core.graph_spec import Graph
-from ..runtime.ort_backend import OrtBackend
+from ..core.graph_spec import Graph, GraphSpec
+from ..runtime.backends import open_backend
+from ..runtime.session import DEFAULT_OPTIONS, SessionOptions
 from ..runtime.translator import Translator
 from .contract import NativeGraph, native_graphs
 
@@ -81,10 +82,13 @@ class TritonGraph:
 
 def bls_translator(directory: Path, parameters: dict[str, str], pb_utils: Any, gpu: int | None) -> Translator:
     """The model directory's Translator (as `tfm-run` builds it) whose backend runs the decoding loop over the
-    repository's native models."""
-    engines = manifest_format(directory) == ENGINE_FORMAT
-    source = EngineDir.read(directory) if engines else ModelDir.read(directory)
+    repository's native models: opened through the runtime's one door, with a session loader that answers each
+    graph by its native Triton model."""
+    source = EngineDir.read(directory) if is_engine_dir(directory) else ModelDir.read(directory)
     graphs = native_graphs(source)
-    encoder, decoder = (TritonGraph(pb_utils, parameters[f"{g.value}_model"], graphs[g], gpu) for g in Graph)
-    backend = OrtBackend(encoder, decoder, source.config)
-    return Translator.for_directory(source, backend, source.limits)
+    names = {g.filename: parameters[f"{g.value}_model"] for g in Graph}
+
+    def load(path: Path, spec: GraphSpec, options: SessionOptions, so: Any) -> TritonGraph:
+        return TritonGraph(pb_utils, names[path.name], graphs[spec.graph], gpu)
+    concat = dataclasses.replace(DEFAULT_OPTIONS, cache="concat")
+    return Translator.of(open_backend(directory, "onnxruntime", options=concat, loader=load))

@@ -3,9 +3,9 @@
 It is a thin layer: TEXT and request parameters in, checked per request (`requests`), one Translator call per
 group of requests that share options and languages, TRANSLATION/SCORE/N_BEST out. The translator layout's
 Translator runs the copied model or engine directory as `tfm-run translate` does; the bls layout's runs the same
-decoding loop over the repository's native encoder/decoder_step models (`bls`). Both are built by
-`Translator.for_directory`, as `tfm-run`'s are. Only the runtime is imported, so the runtime-only install is enough
-inside the server.
+decoding loop over the repository's native encoder/decoder_step models (`bls`). Both are opened by the runtime's
+one door (runtime.backends.open_backend), as `tfm-run`'s are. Only the runtime is imported, so the runtime-only
+install is enough inside the server.
 """
 
 from __future__ import annotations

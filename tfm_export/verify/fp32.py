@@ -12,6 +12,7 @@ import torch
 from ..artifacts.model_dir import ModelDir, tokenizer_paths
 from ..core.batching import pad_batch
 from ..core.errors import TfmExportError
+from ..core.graph_spec import Graph
 from ..core.sources import encode_lines
 from ..graphs.inputs import random_sources, random_targets
 from ..graphs.parity import (
@@ -30,10 +31,8 @@ from ..model import reference_decoding
 from ..model.checkpoint import HUGGINGFACE, Checkpoint, is_hf_directory
 from ..model.loading import load_checkpoint
 from ..runtime import decoding
-from ..runtime.decoding import GraphBackend
-from ..runtime.ort_backend import OrtBackend
-from ..runtime.ort_search import FUSED, SEARCH, OrtSearchBackend
-from ..runtime.session import runs_fused_graphs
+from ..runtime.backends import graph_decoders
+from ..runtime.step import GraphBackend
 from .hf_generate import HfGenerate
 
 
@@ -172,11 +171,8 @@ def _oracle(ckpt: Checkpoint) -> Callable[[np.ndarray, int, int], list[tuple[int
 def graph_backends(directory: Path) -> dict[str, GraphBackend]:
     """The directory's decoders, each labelled for the report: the contract's decoder_step, and
     decoder_step_search and its fused twin (what `tfm-run translate` runs on the CPU) where the directory has them."""
-    backends: dict[str, GraphBackend] = {"": OrtBackend.open(directory)}
-    for graph in (SEARCH, FUSED):
-        if backends[""].model_dir.has(graph) and (graph is SEARCH or runs_fused_graphs()):
-            backends[f", {graph.value}"] = OrtSearchBackend.from_dir(backends[""].model_dir, graph=graph)
-    return backends
+    return {"" if name == Graph.DECODER_STEP.value else f", {name}": backend
+            for name, backend in graph_decoders(directory).items()}
 
 
 def verify(backends: dict[str, GraphBackend], ckpt: Checkpoint, texts: Sequence[str] = (), samples: int = SAMPLES,

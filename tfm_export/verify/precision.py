@@ -9,7 +9,7 @@ token, BLEU with the fp32 outputs as reference, and exact match and BLEU against
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -22,8 +22,9 @@ from ..core.graph_spec import Graph
 from ..core.sources import encode_lines
 from ..graphs.parity import AGREEMENT_BEAM, MIN_AGREEMENT, Agreement, token_agreement
 from ..precision.calibration import record_traces
-from ..runtime.ort_backend import OrtBackend
-from ..runtime.session import run
+from ..runtime.backends import open_backend
+from ..runtime.backends.concat import ConcatBackend
+from ..runtime.session import DEFAULT_OPTIONS, run
 from ..runtime.translator import DecodeOptions, Translator
 
 HISTOGRAM_SAMPLES = 200_000
@@ -95,12 +96,15 @@ def parent_directory(directory: Path, given: Path | None) -> Path:
     return parent
 
 
-def graph_errors(model: OrtBackend, parent: OrtBackend, texts: Sequence[str], tokenizer) -> list[ErrorStats]:
-    """Each graph of `model` fed exactly what the fp32 graphs saw while greedy-decoding `texts`."""
+def graph_errors(directory: Path, parent: Path, texts: Sequence[str], tokenizer) -> list[ErrorStats]:
+    """Each contract graph of `directory` fed exactly what the parent's fp32 graphs saw while greedy-decoding
+    `texts`."""
     traces = record_traces(parent, texts, tokenizer, "--input", consequence="the comparison says little")
+    concat = replace(DEFAULT_OPTIONS, cache="concat")
+    model, fp32 = (open_backend(d, "onnxruntime", options=concat).backend for d in (directory, parent))
     stats = []
     for graph, compared in ((Graph.ENCODER, None), (Graph.DECODER_STEP, ("logits",))):
-        ours, theirs = _session(model, graph), _session(parent, graph)
+        ours, theirs = _session(model, graph), _session(fp32, graph)
         dtypes = {i.name: i.type for i in ours.get_inputs()}
         got, want = [], []
         for feeds in traces.feeds[graph]:
@@ -114,7 +118,7 @@ def graph_errors(model: OrtBackend, parent: OrtBackend, texts: Sequence[str], to
     return stats
 
 
-def _session(backend: OrtBackend, graph: Graph):
+def _session(backend: ConcatBackend, graph: Graph):
     return backend.encoder if graph is Graph.ENCODER else backend.decoder
 
 
@@ -150,16 +154,17 @@ def compare_precision(directory: Path, parent: Path, texts: Sequence[str], refer
     if references is not None and len(references) != len(texts):
         raise TfmExportError(f"--references has {len(references)} lines but --input has {len(texts)}; "
                              "they must match line by line")
-    model, reference = Translator.load(directory), Translator.load(parent)
+    opened = open_backend(directory)
+    model, reference = Translator.of(opened), Translator.load(parent)
     rows = list(encode_lines(reference.vocab.source, texts, reference.config.n_position, "--input "))
     if not rows:
         raise TfmExportError("--input: has no non-empty lines to compare on; give sentences in the source language")
     texts = [texts[i] for i in rows]
     references = [references[i] for i in rows] if references is not None else None
-    precision = model.backend.model_dir.precision
+    precision = opened.backend.model_dir.precision
     # tensor errors on the contract's graphs; the decodes below run what `tfm-run translate` runs (on the CPU,
     # decoder_step_search where the directories have it)
-    errors = graph_errors(OrtBackend.open(directory), OrtBackend.open(parent), texts, reference.vocab.source)
+    errors = graph_errors(directory, parent, texts, reference.vocab.source)
     decodes = compare_decodes(model, reference, texts, beam_size, references)
     threshold = MIN_AGREEMENT[precision] if min_agreement is None else min_agreement
     return PrecisionReport(directory, parent, precision, len(texts), errors, decodes, threshold)

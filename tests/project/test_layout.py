@@ -1,0 +1,208 @@
+"""The package layout is the pipeline: each package imports only from those before it, the runtime and
+the ONNX-only commands stay free of PyTorch (and the runtime of ONNX), and the runtime installs alone."""
+
+from __future__ import annotations
+
+import ast
+import graphlib
+import json
+import os
+import shutil
+import subprocess
+import venv
+from pathlib import Path
+
+import pytest
+from support.common import HEAVY, REPO, modules_after
+
+PACKAGE = REPO / "tfm_export"
+# Dependency order; packages in one tuple are siblings and may not import each other.
+ORDER = ("core", "artifacts", "model", "runtime", "graphs", "precision", "trt", ("verify", "bench", "demo", "serving"),
+         "cli")
+# Third-party modules a package may not import at all, lazily or not.
+BANNED = {"core": HEAVY, "artifacts": HEAVY, "runtime": HEAVY - {"torch", "onnxruntime", "tensorrt"},
+          "precision": {"torch"}, "trt": {"torch"}}
+# The runtime's modules that may import PyTorch (lazily): the reference backend and the door's opener of it.
+TORCH_IN_RUNTIME = {"runtime/backends/reference.py", "runtime/backends/__init__.py"}
+# Test directories beside one per package: the shared helpers and oracles, the hostile battery, the examples in
+# other languages, the project as a whole, and data files.
+TEST_DIRS = {"support", "hostile", "examples", "project", "data"}
+
+
+def _tier(package: str) -> int:
+    return next(i for i, item in enumerate(ORDER) if package == item or (isinstance(item, tuple) and package in item))
+
+
+def _imports(path: Path, root: Path) -> list[tuple[int, str]]:
+    """(line, absolute module) of every import in a module, function-level and TYPE_CHECKING ones included."""
+    here = path.relative_to(root.parent).parts[:-1]  # the package the module is in
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = ".".join(here[:len(here) - node.level + 1]) if node.level else ""
+            module = ".".join(p for p in (base, node.module or "") if p)
+            found += [(node.lineno, f"{module}.{alias.name}" if node.module is None else module)
+                      for alias in node.names]
+    return found
+
+
+def layer_violations(root: Path = PACKAGE) -> list[str]:
+    problems = []
+    for path in sorted(root.rglob("*.py")):
+        parts = path.relative_to(root).parts
+        if len(parts) == 1:  # the package's own __init__: the public API, resolved lazily from runtime
+            continue
+        source = parts[0]
+        for line, module in _imports(path, root):
+            top, *rest = module.split(".")
+            where = f"{path.relative_to(root.parent)}:{line} imports {module}"
+            if top == "tfm_export" and rest and rest[0] in _ALL and rest[0] != source:
+                if _tier(rest[0]) >= _tier(source):
+                    problems.append(f"{where}: {rest[0]} is not before {source} in the pipeline")
+            elif top in BANNED.get(source, ()):
+                problems.append(f"{where}: {source} may not use {top}")
+            elif top == "torch" and source == "runtime" and "/".join(parts) not in TORCH_IN_RUNTIME:
+                problems.append(f"{where}: only the runtime's reference backend uses PyTorch")
+    return problems
+
+
+_ALL = {p for item in ORDER for p in (item if isinstance(item, tuple) else (item,))}
+
+
+def test_every_package_is_placed_in_the_order():
+    packages = {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").exists()}
+    assert packages == _ALL
+
+
+def test_no_package_imports_from_a_later_one():
+    assert layer_violations() == []
+
+
+def test_the_layer_check_sees_an_upward_lazy_import(tmp_path):
+    """The rule has teeth: a function-level import of the export code from the runtime is found."""
+    copy = tmp_path / "tfm_export"
+    for path in PACKAGE.rglob("*.py"):
+        (copy / path.relative_to(PACKAGE)).parent.mkdir(parents=True, exist_ok=True)
+        (copy / path.relative_to(PACKAGE)).write_text(path.read_text())
+    leak = copy / "runtime" / "decoding.py"
+    leak.write_text(leak.read_text() + "\n\ndef _leak():\n    from ..graphs.export import export_all\n")
+    found = layer_violations(copy)
+    assert len(found) == 1 and "graphs is not before runtime" in found[0]
+
+
+def test_backends_are_one_interface_not_duck_typed():
+    """One `expand` (runtime.step.Reorders) for every backend, and no `hasattr` probing of what a backend is: a
+    searcher is chosen where the backend is opened."""
+    expands, probes = [], []
+    for path in PACKAGE.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.FunctionDef) and node.name == "expand":
+                expands.append(str(path.relative_to(PACKAGE)))
+            elif isinstance(node, ast.Call) and getattr(node.func, "id", None) == "hasattr" and \
+                    "backend" in ast.unparse(node.args[0]):
+                probes.append(f"{path.relative_to(PACKAGE)}:{node.lineno}")
+    assert set(expands) == {"runtime/step.py"} and probes == []  # the protocol and Reorders
+
+
+def test_the_tests_mirror_the_packages():
+    """tests/<package>/ for each package (the reader finds a module's tests without grep), and nothing else but the
+    shared helpers, the hostile battery, the examples, the project-wide checks and data."""
+    tests = REPO / "tests"
+    found = {p.name for p in tests.iterdir() if p.is_dir() and p.name != "__pycache__"}
+    assert found == _ALL | TEST_DIRS
+    assert not list(tests.glob("test_*.py")), "every test file belongs to a package's directory"
+
+
+def _module_graph(root: Path) -> dict[str, set[str]]:
+    """Module -> the package's modules it imports (function-level imports included)."""
+    modules = {".".join(p.relative_to(root.parent).with_suffix("").parts).removesuffix(".__init__"): p
+               for p in root.rglob("*.py")}
+    graph = {}
+    for name, path in modules.items():
+        graph[name] = set()
+        for _, module in _imports(path, root):
+            while module and module not in modules:  # `from .x import name` names a module or a member
+                module = module.rpartition(".")[0]
+            if module and module != name:
+                graph[name].add(module)
+    return graph
+
+
+def import_cycle(root: Path = PACKAGE) -> list[str]:
+    """One cycle of modules importing each other (lazily or not), or []: a cycle means one of them belongs
+    elsewhere."""
+    try:
+        tuple(graphlib.TopologicalSorter(_module_graph(root)).static_order())
+    except graphlib.CycleError as error:
+        return error.args[1]
+    return []
+
+
+def test_no_module_imports_itself_through_others():
+    assert import_cycle() == []
+
+
+def test_the_cycle_check_sees_a_lazy_circle(tmp_path):
+    copy = tmp_path / "tfm_export"
+    shutil.copytree(PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    reader = copy / "model" / "checkpoint.py"
+    reader.write_text(reader.read_text() + "\n\ndef _hf():\n    from .huggingface import load_hf_checkpoint\n")
+    assert set(import_cycle(copy)) == {"tfm_export.model.checkpoint", "tfm_export.model.huggingface"}
+
+
+def test_importing_the_runtime_loads_neither_torch_nor_onnx():
+    assert not modules_after("import tfm_export.runtime; from tfm_export import Translator") & {"torch", "onnx"}
+
+
+def test_the_device_runtime_loads_neither_torch_nor_onnx(demo_onnx):
+    """The GPU path (`tfm-run translate --device cuda` opens the device backend) decodes with no PyTorch and no
+    onnx: run here on CPU OrtValues, the same code."""
+    code = (f"import numpy as np\nfrom tfm_export.runtime import decoding\n"
+            f"from tfm_export.runtime.backends import open_backend\nfrom tfm_export.runtime.session import "
+            f"SessionOptions\nbackend = open_backend({str(demo_onnx)!r}, options=SessionOptions(cache='device'))"
+            f".backend\nassert decoding.beam_search(backend, np.array([[2, 30, 31, 3]]), 2, 5)")
+    loaded = modules_after(code)
+    assert "onnxruntime" in loaded and not loaded & {"torch", "onnx"}
+
+
+def test_translate_on_a_model_directory_loads_neither_torch_nor_onnx(demo_onnx):
+    code = (f"from tfm_export.cli.run_cli import main\n"
+            f"main(['translate', '--model', {str(demo_onnx)!r}, 'forty-two'], standalone_mode=False)")
+    loaded = modules_after(code)
+    assert "onnxruntime" in loaded and not loaded & {"torch", "onnx"}
+
+
+@pytest.mark.parametrize("command", [["check", "--model", "{model}"],
+                                     ["quantize", "--model", "{model}", "--precision", "int8", "--mode", "dynamic",
+                                      "--output", "{out}"]])
+def test_check_and_quantize_do_not_load_torch(demo_onnx, tmp_path, command):
+    args = [a.format(model=demo_onnx, out=tmp_path / "out") for a in command]
+    code = f"from tfm_export.cli.export_cli import main\nmain({args!r}, standalone_mode=False)"
+    assert "torch" not in modules_after(code)
+
+
+@pytest.mark.slow
+def test_the_runtime_installs_and_translates_without_pytorch(demo_onnx, tmp_path):
+    """`pip install tfm-export` (no extras) into a fresh venv: translate the demo directory, no torch installed."""
+    env_dir = tmp_path / "venv"
+    venv.EnvBuilder(with_pip=True).create(env_dir)
+    python = env_dir / "bin" / "python"
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    source = tmp_path / "src"  # a copy, so the build leaves nothing in the repository
+    shutil.copytree(REPO / "tfm_export", source / "tfm_export", ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(REPO / name, source / name)
+    subprocess.run([python, "-m", "pip", "install", "--quiet", str(source)], check=True, env=env, cwd=tmp_path)
+    installed = subprocess.run([python, "-m", "pip", "list", "--format=json"], capture_output=True, text=True,
+                               check=True, env=env).stdout
+    names = {p["name"].lower() for p in json.loads(installed)}
+    assert "tfm-export" in names and not names & {"torch", "onnx", "onnxscript", "polygraphy"}, sorted(names)
+    run = subprocess.run([env_dir / "bin" / "tfm-run", "translate", "--model", demo_onnx, "forty-two"],
+                         capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert run.returncode == 0 and run.stdout == "quarante-deux\n", run.stderr
+    export = subprocess.run([env_dir / "bin" / "tfm-export", "onnx", "--checkpoint", REPO / "models/demo/ckpt.pt",
+                             "--output", tmp_path / "out"], capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert export.returncode == 1 and "pip install 'tfm-export[export]'" in export.stderr
+    assert "Traceback" not in export.stderr and not (tmp_path / "out").exists()

@@ -1,0 +1,1 @@
+"""Test helpers and the independent oracles the tests hold the product to (importable as `support`)."""

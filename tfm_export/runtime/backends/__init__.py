@@ -1,0 +1,238 @@
+"""The one door to every backend: `open_backend` opens what the user names (a model directory, an engine
+directory, a checkpoint or a Hugging Face directory) with the backend asked for, and returns its searcher with what
+a Translator needs beside it: the vocabulary, config, decoding rules and limits. tfm-run, the Triton models, verify,
+quantization's calibration, export's parity check and the benchmarks all open backends here, nowhere else.
+
+Each file of this package is one backend, named by the cache it drives:
+- concat: the contract's decoder_step, whose graph returns the grown cache (any session loader: ONNX Runtime, a
+  native Triton model);
+- inplace: decoder_step_search over IO binding, the cache in host buffers written in place (ONNX Runtime, CPU);
+- device: decoder_step_search with all decode memory on the device (ONNX Runtime's CUDA provider, without PyTorch);
+- generate: generate.onnx, the whole search in one ONNX Runtime call (a searcher, not a step backend);
+- tensorrt: TensorRT engines, their cache in a PingPong of ONNX Runtime CUDA memory;
+- reference: the PyTorch reference model with a KV cache.
+Openers are registered by name (as CTranslate2 registers its model loaders); each imports its backend's libraries
+only when called.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+
+from ...artifacts.engine_dir import EngineDir
+from ...artifacts.manifest import ENGINE_FORMAT, MANIFEST, manifest_format, not_exported
+from ...artifacts.model_dir import ModelDir
+from ...core.config import ModelConfig
+from ...core.errors import TfmExportError
+from ...core.extras import require_extra
+from ...core.token_rules import TokenRules
+from ...core.tokenizer import Vocabulary
+from ..search import LoopSearcher, Searcher
+from ..session import DEFAULT_OPTIONS, SessionOptions, check_threads, require_device
+from ..step import StepBackend
+from .loaders import SessionLoader, open_graph
+
+
+class Given(Enum):
+    """What a model path is, decided once from the path and its manifest's declared format."""
+
+    MODEL_DIR = "model directory"
+    ENGINE_DIR = "engine directory"
+    CHECKPOINT = "checkpoint"  # a file, or a directory without a manifest (a Hugging Face model's, say)
+
+
+def classify(model: Path) -> Given:
+    if not model.exists():
+        raise TfmExportError(f"{model}: model not found; give an exported model directory (tfm-export onnx) "
+                             "or a checkpoint file")
+    if model.is_dir() and (model / MANIFEST).exists():
+        return Given.ENGINE_DIR if manifest_format(model) == ENGINE_FORMAT else Given.MODEL_DIR
+    return Given.CHECKPOINT
+
+
+@dataclass(frozen=True)
+class Opened:
+    """A searcher and the model facts decoding with it needs."""
+
+    searcher: Searcher
+    vocab: Vocabulary
+    config: ModelConfig
+    rules: TokenRules
+    limits: dict[str, int] | None = None  # what engines were built for; None: the model's positions
+    backend: StepBackend | None = None  # the step backend the searcher drives (None: generate.onnx)
+
+
+@dataclass(frozen=True)
+class Request:
+    """What an opener is asked to open."""
+
+    path: Path
+    given: Given
+    device: str
+    options: SessionOptions
+    vocab: Sequence[Path]
+    loader: SessionLoader | None  # where the graphs run, when not in ONNX Runtime sessions made here
+
+
+Opener = Callable[[Request], Opened]
+BACKENDS: dict[str, Opener] = {}
+DEFAULT_KINDS = {Given.MODEL_DIR: "onnxruntime", Given.ENGINE_DIR: "tensorrt", Given.CHECKPOINT: "torch"}
+DEFAULT_DEVICES = {"tensorrt": "cuda"}  # every other backend: the CPU
+CACHES = ("concat", "in-place", "device")  # SessionOptions.cache: which ONNX Runtime backend (None: by device)
+
+
+def register_backend(name: str) -> Callable[[Opener], Opener]:
+    def register(opener: Opener) -> Opener:
+        BACKENDS[name] = opener
+        return opener
+    return register
+
+
+def open_backend(model: str | Path, kind: str | None = None, device: str | None = None,
+                 options: SessionOptions = DEFAULT_OPTIONS, vocab: Sequence[Path] = (),
+                 loader: SessionLoader | None = None) -> Opened:
+    """The backend `kind` (default: what the path is: a model directory runs on ONNX Runtime, an engine directory
+    on TensorRT, a checkpoint on PyTorch) on `device` (default: the GPU for TensorRT, else the CPU). loader: how
+    each graph becomes a session (default: ONNX Runtime); the bls layout's graphs are native Triton models."""
+    path = Path(model)
+    given = classify(path)
+    kind = kind or DEFAULT_KINDS[given]
+    if kind not in BACKENDS:
+        raise TfmExportError(f"unknown backend {kind!r}; choose one of {', '.join(BACKENDS)}")
+    if options.tensorrt_ep and kind != "onnxruntime":
+        raise TfmExportError(f"--ort-trt is ONNX Runtime's TensorRT provider; it does not apply to --backend {kind}")
+    if options.cache not in (None, *CACHES):
+        raise TfmExportError(f"unknown cache {options.cache!r}; choose one of {', '.join(CACHES)}")
+    return BACKENDS[kind](Request(path, given, device or DEFAULT_DEVICES.get(kind, "cpu"), options, vocab, loader))
+
+
+def _model_dir(request: Request) -> ModelDir:
+    """The ONNX Runtime backends' directory; whatever else was given is one line saying what to do instead."""
+    model = request.path
+    if request.given is Given.ENGINE_DIR:
+        raise TfmExportError(f"{model}: holds TensorRT engines; run it with --backend tensorrt, or give the model "
+                             "directory they were built from")
+    if model.is_file():
+        raise TfmExportError(f"{model}: is a checkpoint; the onnxruntime backend takes a model directory "
+                             "(make one with `tfm-export onnx`), or use --backend torch")
+    if request.given is Given.CHECKPOINT:
+        raise TfmExportError(not_exported(model, "model directory", "translate with it directly (--backend torch)"))
+    if request.vocab:
+        raise TfmExportError("--vocab is only for checkpoints; a model directory carries its own tokenizer")
+    return ModelDir.read(model)
+
+
+def _opened(backend: StepBackend, source: ModelDir | EngineDir, limits: dict[str, int] | None = None) -> Opened:
+    return Opened(LoopSearcher(backend), source.vocabulary(), source.config, source.rules, limits, backend)
+
+
+def _on_device(request: Request) -> SessionOptions:
+    options = dataclasses.replace(request.options, device=request.device)
+    require_device(options)
+    return options
+
+
+def _cache(model_dir: ModelDir, options: SessionOptions) -> str:
+    """Which ONNX Runtime backend: the one asked for, else by device where the directory has decoder_step_search
+    (in place on the CPU, all on the device on a GPU), else the contract's concat cache."""
+    from .search_step import SEARCH
+    if options.cache is not None:
+        return options.cache
+    if not model_dir.has(SEARCH):
+        return "concat"
+    return "in-place" if options.device == "cpu" else "device"
+
+
+@register_backend("onnxruntime")
+def _onnxruntime(request: Request) -> Opened:
+    """decoder_step_search (on the CPU its fused twin, where the directory has it) with the cache in host arrays,
+    or on the GPU all in device memory; the contract's decoder_step where the directory has no search step. A
+    loader given with the concat cache may run the graphs anywhere (the bls layout: native Triton models, for a
+    model or an engine directory alike)."""
+    from ...core.graph_spec import Graph, graph_specs
+    from .concat import ConcatBackend
+    from .loaders import directory_options
+    options, loader = _on_device(request), request.loader or open_graph
+    if request.loader is not None and options.cache == "concat":
+        source = EngineDir.read(request.path) if request.given is Given.ENGINE_DIR else ModelDir.read(request.path)
+        specs = graph_specs(source.config)
+        sessions = [loader(source.path / g.filename, specs[g], options, None) for g in Graph]
+        return _opened(ConcatBackend(*sessions, source.config), source, source.limits)
+    model_dir = _model_dir(request)
+    cache = _cache(model_dir, options)
+    if cache == "concat":
+        options, specs = directory_options(model_dir, options), graph_specs(model_dir.config)
+        with model_dir.opening() as paths:
+            sessions = [loader(paths[g.value], specs[g], options, None) for g in Graph]
+        return _opened(ConcatBackend(*sessions, model_dir.config, model_dir), model_dir)
+    from .search_step import load_search_sessions
+    sessions = load_search_sessions(model_dir, options, loader)
+    if cache == "in-place":
+        from .inplace import InPlaceBackend
+        return _opened(InPlaceBackend(sessions, options.cache_step), model_dir)
+    from .device import DeviceBackend
+    return _opened(DeviceBackend(sessions, options.cache_step), model_dir)
+
+
+@register_backend("onnxruntime-generate")
+def _generate(request: Request) -> Opened:
+    """generate.onnx: the whole search in ONNX Runtime's BeamSearch op instead of the loop."""
+    from .generate import load_generate
+    options = _on_device(request)
+    model_dir = _model_dir(request)
+    return Opened(load_generate(model_dir, options), model_dir.vocabulary(), model_dir.config, model_dir.rules)
+
+
+@register_backend("tensorrt")
+def _tensorrt(request: Request) -> Opened:
+    from .tensorrt import open_engines
+    if request.device != "cuda":
+        raise TfmExportError("TensorRT engines run on the GPU; drop --device cpu (or use --backend onnxruntime)")
+    if request.given is not Given.ENGINE_DIR:
+        raise TfmExportError(f"{request.path}: is not a TensorRT engine directory; build one with `tfm-export trt "
+                             "--model MODEL_DIR --output ENGINES`")
+    if request.vocab:
+        raise TfmExportError("--vocab is only for checkpoints; an engine directory carries its own tokenizer")
+    engine_dir = EngineDir.read(request.path)  # the directory verified first, then what is missing here
+    backend = open_engines(engine_dir)
+    return _opened(backend, engine_dir, engine_dir.limits)
+
+
+@register_backend("torch")
+def _torch(request: Request) -> Opened:
+    require_extra("export", "--backend torch")
+    import torch  # only this backend needs PyTorch
+
+    from ...model.loading import load_checkpoint
+    from .reference import TorchBackend
+    if request.given is not Given.CHECKPOINT:
+        article = "an" if request.given is Given.ENGINE_DIR else "a"
+        raise TfmExportError(f"{request.path}: is {article} {request.given.value}; the torch backend takes a "
+                             "checkpoint file or a Hugging Face model directory")
+    if check_threads(request.options.intra_op_threads):
+        torch.set_num_threads(int(request.options.intra_op_threads))
+    if request.device == "cuda" and not torch.cuda.is_available():
+        raise TfmExportError("--device cuda: PyTorch sees no CUDA GPU on this machine; use --device cpu")
+    ckpt = load_checkpoint(request.path, list(request.vocab))
+    backend = TorchBackend(ckpt.model, request.device)
+    return Opened(LoopSearcher(backend), ckpt.vocab, ckpt.config, ckpt.rules, None, backend)
+
+
+def graph_decoders(directory: Path, options: SessionOptions = DEFAULT_OPTIONS) -> dict[str, StepBackend]:
+    """Every decoder a model directory has, by graph name, each opened through the door on its own so that each can
+    be held to the reference: the contract's decoder_step, decoder_step_search, and its fused twin where this ONNX
+    Runtime computes it right."""
+    from ...core.graph_spec import Graph
+    from ..session import runs_fused_graphs
+    from .search_step import FUSED, SEARCH
+    model_dir = ModelDir.read(directory)
+    wanted = {Graph.DECODER_STEP.value: dataclasses.replace(options, cache="concat")}
+    if model_dir.has(SEARCH):
+        wanted[SEARCH.value] = dataclasses.replace(options, cache="in-place", fused=False)
+    if model_dir.has(FUSED) and runs_fused_graphs():
+        wanted[FUSED.value] = dataclasses.replace(options, cache="in-place", fused=True)
+    return {name: open_backend(directory, "onnxruntime", options=chosen).backend for name, chosen in wanted.items()}

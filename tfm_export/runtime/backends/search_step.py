@@ -1,0 +1,108 @@
+"""What the two backends of decoder_step_search share: its sessions (encoder and step, the tied table read once),
+the decoding-rule inputs it takes each step, and how decoder rows group by source. The in-place backend keeps the
+cache in host arrays, the device backend in device memory; both are built from the same SearchSessions.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnxruntime as ort
+
+from ...artifacts.manifest import ModelDirError
+from ...artifacts.model_dir import ModelDir
+from ...core.config import ModelConfig
+from ...core.graph_spec import (
+    Graph,
+    GraphVariant,
+    cache_names,
+    graph_specs,
+    search_top_k,
+    variant_specs,
+)
+from ...core.token_rules import TokenRules
+from ..session import SessionOptions, runs_fused_graphs
+from ..step import StepRule
+from .loaders import SessionLoader, directory_options, open_graph, run_encoder, shared_values, sharing
+
+SEARCH, FUSED = GraphVariant.DECODER_STEP_SEARCH, GraphVariant.DECODER_STEP_SEARCH_FUSED
+
+
+def chosen_step(model_dir: ModelDir, options: SessionOptions) -> GraphVariant:
+    """decoder_step_search_fused where the directory has it, the options allow it (the CPU, fused) and this ONNX
+    Runtime computes it right; else decoder_step_search."""
+    fused = model_dir.has(FUSED) and options.fused and options.device == "cpu"
+    return FUSED if fused and runs_fused_graphs() else SEARCH
+
+
+@dataclass
+class SearchSessions:
+    """An encoder and a decoder_step_search (or its fused twin) session of one model directory."""
+
+    encoder: ort.InferenceSession
+    decoder: ort.InferenceSession
+    config: ModelConfig
+    model_dir: ModelDir | None = None
+    shared: dict[str, ort.OrtValue] = field(default_factory=dict)  # memory both sessions read: lives with them
+
+    def __post_init__(self) -> None:
+        self.names, self.top_k = cache_names(self.config), search_top_k(self.config)
+        kind = next(i.type for i in self.decoder.get_inputs() if i.name == self.names.self_inputs[0])
+        self.cache_dtype = np.dtype(np.float16 if kind == "tensor(float16)" else np.float32)
+
+    def run_encoder(self, src: np.ndarray) -> dict[str, np.ndarray]:
+        return run_encoder(self.encoder, src, self.config.src_pad_idx)
+
+
+def load_search_sessions(model_dir: ModelDir, options: SessionOptions,
+                         loader: SessionLoader = open_graph) -> SearchSessions:
+    """The step graph chosen_step picks, with the encoder; the tied table read once and given to both."""
+    directory, graph = model_dir.path, chosen_step(model_dir, options)
+    if not model_dir.has(graph):
+        raise ModelDirError(f"{directory}: has no {graph.filename}; export the model again with `tfm-export onnx`")
+    options = directory_options(model_dir, options)
+    if options.memory_arena is None:
+        options = dataclasses.replace(options, memory_arena=False)
+    config = model_dir.config
+    # one session after the other, in this thread: sessions built in two threads left their freed load-time memory
+    # in a second malloc arena, ~70 MB more peak RSS on the base config, and saved no time
+    with model_dir.opening() as paths:
+        shared = shared_values(model_dir, graph, check=False)  # the opening checks its file
+        encoder = loader(paths[Graph.ENCODER.value], graph_specs(config)[Graph.ENCODER], options,
+                         sharing(shared, prepacked=False))
+        decoder = loader(paths[graph.value], variant_specs(config)[graph], options, sharing(shared))
+    return SearchSessions(encoder, decoder, config, model_dir, shared)
+
+
+@dataclass
+class Rules:
+    """The decoding-rule inputs of a step: the (V,) token bias and the forced token (-1: none). `changed` says
+    whether the last apply() altered them, so a device copy is refreshed only then."""
+
+    bias: np.ndarray
+    forced: np.ndarray = field(default_factory=lambda: np.full((), -1, np.int64))
+    banned: tuple[int, ...] | None = None  # whose ids the bias holds at -inf
+    changed: bool = True
+
+    def apply(self, rule: StepRule) -> None:
+        rules: TokenRules = rule.rules
+        before = (self.banned, float(self.bias[rules.eos]), int(self.forced))
+        if self.banned != rules.banned:
+            self.bias[:] = 0
+            self.bias[list(rules.banned)] = -np.inf
+            self.banned = rules.banned
+        self.bias[rules.eos] = -np.inf if not rule.allow_eos or rules.eos in rules.banned else 0.0
+        self.forced[...] = -1 if rule.forced is None else rule.forced
+        self.changed = before != (self.banned, float(self.bias[rules.eos]), int(self.forced))
+
+
+def source_groups(sources: np.ndarray) -> tuple[np.ndarray, int]:
+    """Each row's source -> the sources of consecutive equal-size groups and that size; rows that do not
+    form such groups get one group each (their encoder keys/values are then repeated per row)."""
+    starts = np.flatnonzero(np.diff(sources, prepend=-1) != 0)
+    sizes = np.diff(starts, append=len(sources))
+    if len(sizes) and (sizes == sizes[0]).all():
+        return sources[starts], int(sizes[0])
+    return sources, 1
