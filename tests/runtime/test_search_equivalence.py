@@ -19,11 +19,7 @@ from tfm_export.core.graph_spec import SEARCH_BEAMS
 from tfm_export.core.hypothesis import Hypothesis
 from tfm_export.core.token_rules import TokenRules
 from tfm_export.core.tokenizer import BOS_ID, EOS_ID, FIRST_TOKEN_ID
-from tfm_export.graphs.pipeline import export_model_dir
 from tfm_export.model import reference_decoding
-from tfm_export.model.checkpoint import save_checkpoint
-from tfm_export.model.loading import load_checkpoint
-from tfm_export.model.synthetic import random_checkpoint
 from tfm_export.runtime import decoding, step
 from tfm_export.runtime.backends import inplace
 from tfm_export.runtime.backends.inplace import gathered, layer_views, move_order, widen
@@ -37,37 +33,6 @@ ONE = step.StepRule(TokenRules(banned=()), 1)  # a step whose logits are compare
 # device: decoder_step_search with all its memory in OrtValues (the GPU path, on the CPU)
 BACKENDS = ("torch", "onnxruntime", "search", "search-growing", "search-logits", "fused",
             "fused-growing", "device", "device-growing", "tensorrt-cache-handling")
-
-
-@pytest.fixture(scope="module")
-def flat(tmp_path_factory):
-    """A random model with flat next-token distributions and </s> a little more likely than a word (its row of
-    the tied projection doubled), so hypotheses both end and get cut at every length penalty; and its export."""
-    root = tmp_path_factory.mktemp("flat")
-    cfg = tiny_config(n_position=24, src_vocab_size=19, trg_vocab_size=19)
-    random = load_checkpoint(random_checkpoint(cfg, root / "random", seed=5))
-    with torch.no_grad():
-        random.model.trg_word_prj.weight[EOS_ID] *= 2
-    (root / "ckpt").mkdir()
-    ckpt = load_checkpoint(save_checkpoint(random.model, random.vocab, root / "ckpt" / "ckpt.pt"))
-    export_model_dir(ckpt, root / "model", progress=False)
-    return ckpt, root / "model"
-
-
-@pytest.fixture(scope="module")
-def tied(tmp_path_factory):
-    """A model whose output projection is zero: every logit equal, so every step is a tie at every cut."""
-    root = tmp_path_factory.mktemp("tied")
-    torch.manual_seed(0)
-    base = load_checkpoint(random_checkpoint(tiny_config(src_vocab_size=13, trg_vocab_size=13), root / "a"))
-    from tfm_export.model.transformer import Transformer
-    model = Transformer(tiny_config(src_vocab_size=13, trg_vocab_size=13, proj_share_weight=False)).eval()
-    with torch.no_grad():
-        model.trg_word_prj.weight.zero_()
-    (root / "b").mkdir()
-    ckpt = load_checkpoint(save_checkpoint(model, base.vocab, root / "b" / "ckpt.pt"))
-    export_model_dir(ckpt, root / "model", progress=False)
-    return ckpt, root / "model"
 
 
 class CountingReorders:

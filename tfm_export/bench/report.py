@@ -43,7 +43,8 @@ def markdown(results: list[BackendResult], sizes: dict[str, float], build_s: dic
     gpu = f", GPU {machine['gpu']}" if machine.get("gpu") else ""
     lines = [f"Machine: {machine['cpu']}, {machine['cores']} cores{gpu}; {versions}; {machine['date']}.",
              f"Inputs: {info['sentences']} sentences ({info['input']}), output length {info['output_length']}"
-             + (" (forced: </s> barred until then)." if info["forced"] else " at most (stops at </s>)."), "",
+             + (" (forced: </s> barred until then)." if info["forced"] else " at most (stops at </s>)."),
+             *([f"Decoder step placement: {info['placement']}."] if info.get("placement") else []), "",
              "| backend | decode | batch | median ms | p95 ms | sentences/s | tokens/s |",
              "|---|---|---:|---:|---:|---:|---:|"]
     for r in results:

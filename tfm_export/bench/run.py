@@ -90,6 +90,7 @@ def run_benchmark(request: BenchRequest, say: Callable[[str], None] = lambda _: 
                                 settings.output_length or None)
         build_variants(built, model, work, calib, settings.backends,
                        max(settings.batch_sizes) * max(settings.beam_sizes), say=say)
+        placement = _gpu_placement(built.artifacts.onnx["fp32"], settings, say) if settings.device == "cuda" else None
         results = run_backends(built.artifacts, sources, length, model.positions, settings,
                                progress=lambda n: say(f"measure {n}"))
         floors = _gpu_step_floors(model, settings, sources, length, say) if settings.device == "cuda" else {}
@@ -97,8 +98,21 @@ def run_benchmark(request: BenchRequest, say: Callable[[str], None] = lambda _: 
     info = {"machine": machine_info(settings.device), "model": str(request.model),
             "input": str(request.input_file) if request.input_file else "random", "sentences": request.sentences,
             "output_length": length, "forced": settings.output_length > 0, "sizes_mb": built.size_mb,
-            "build_s": built.build_s, "ratios": found, **({"step_floor_ms": floors} if floors else {})}
+            "build_s": built.build_s, "ratios": found, **({"step_floor_ms": floors} if floors else {}),
+            **({"placement": placement} if placement else {})}
     return BenchRun(results, built, found, info, settings)
+
+
+def _gpu_placement(directory: Path, settings: BenchSettings, say: Callable[[str], None]) -> str | None:
+    """Where the fp32 decoder step's nodes run on the GPU (bench.placement), said first: a node on the CPU or a
+    Memcpy would be paid in every cell below."""
+    if not has_cuda_provider():
+        return None
+    from ..runtime.session import SessionOptions
+    from .placement import step_placement
+    line = step_placement(directory, SessionOptions(intra_op_threads=settings.threads, device="cuda")).line
+    say(f"placement: {line}")
+    return line
 
 
 def _gpu_step_floors(model: BenchModel, settings: BenchSettings, sources: list[list[int]], length: int,

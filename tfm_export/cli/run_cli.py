@@ -160,11 +160,18 @@ def output_stream(output: Path | None) -> Iterator[Callable[[list[str]], None]]:
                    "(decoder_step_search_fused) where the model directory has it; --no-fused: decoder_step_search, "
                    "standard ONNX operators only. Env: TFM_ORT_FUSED=1/0.")
 @click.option("--ort-trt", is_flag=True, help="With --device cuda: ONNX Runtime's TensorRT execution provider first.")
+@click.option("--tf32", is_flag=True, envvar="TFM_TF32",
+              help="With --device cuda: fp32 matrix products in TF32 (faster on Ampere and later, ~1e-3 relative "
+                   "error). Off by default, so that fp32 on CUDA is fp32. Env: TFM_TF32=1.")
+@click.option("--cuda-graphs/--no-cuda-graphs", default=False, envvar="TFM_CUDA_GRAPHS", show_default=True,
+              help="With --device cuda: capture each decode shape's step as a CUDA graph and replay it (the step's "
+                   "kernels launched at once). Env: TFM_CUDA_GRAPHS=1/0.")
 def translate(texts: tuple[str, ...], model_path: Path, vocab: tuple[Path, ...], backend: str | None,
               device: str | None, beam_size: int | None, length_penalty: float | None, max_length: int | None,
               n_best: int, batch_size: int, source_lang: str | None, target_lang: str | None, truncate: bool,
               input_file: Path | None, output: Path | None, fmt: str, threads: int, ort_opt_level: str,
-              memory_arena: bool | None, spinning: bool, search_graph: bool, fused: bool, ort_trt: bool) -> None:
+              memory_arena: bool | None, spinning: bool, search_graph: bool, fused: bool, ort_trt: bool,
+              tf32: bool, cuda_graphs: bool) -> None:
     """Translate TEXT arguments, a file or stdin: one translation per line, in input order.
 
     Input is translated as it arrives and each translation is printed (and flushed) once every line before
@@ -177,7 +184,7 @@ def translate(texts: tuple[str, ...], model_path: Path, vocab: tuple[Path, ...],
     chunks = read_chunks(input_file, texts, batch_size)
     session = SessionOptions(intra_op_threads=threads, optimization=ort_opt_level, memory_arena=memory_arena,
                              spinning=spinning, cache=None if search_graph else "concat", fused=fused,
-                             tensorrt_ep=ort_trt)
+                             tensorrt_ep=ort_trt, tf32=tf32, cuda_graphs=cuda_graphs)
     translator = Translator.load(model_path, vocab, backend, device, session)
     translator = translator.with_languages(source_lang, target_lang)
     check_output_path(output, "--output", [*inputs, *translator.vocab.files])  # a checkpoint's tokenizer too

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import re
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,7 +46,9 @@ class SessionOptions:
     # on the CPU, decoder_step_search_fused (the same step in ONNX Runtime's attention kernels) where the directory
     # has it; False: decoder_step_search, standard ONNX operators only
     fused: bool = True
-    device: str = "cpu"  # "cuda": CUDA execution provider, CPU for what it does not cover
+    device: str = "cpu"  # "cuda": every session on the CUDA execution provider, or an error saying why not
+    tf32: bool = False  # on CUDA, fp32 MatMuls in TF32 (faster, ~1e-3 relative): off, so that fp32 is fp32
+    cuda_graphs: bool = False  # on CUDA, the device backend's steps captured as CUDA graphs and replayed
     tensorrt_ep: bool = False  # with device "cuda": ONNX Runtime's TensorRT execution provider first
     fold_qdq: bool = False  # run Q/DQ as plain float ops, weight DequantizeLinear constant-folded (see OrtBackend)
 
@@ -89,9 +93,10 @@ def require_device(options: SessionOptions) -> None:
                              "with TensorRT libraries, or drop --ort-trt")
 
 
-def open_session(path: Path, options: SessionOptions = DEFAULT_OPTIONS,
-                 so: ort.SessionOptions | None = None) -> ort.InferenceSession:
-    """so: ONNX Runtime options to start from (shared initializers, say); the fields below are set on them."""
+def open_session(path: Path, options: SessionOptions = DEFAULT_OPTIONS, so: ort.SessionOptions | None = None,
+                 capture: bool = False) -> ort.InferenceSession:
+    """so: ONNX Runtime options to start from (shared initializers, say); the fields below are set on them.
+    capture: on CUDA, let the session capture CUDA graphs (the step graph of the device backend)."""
     if options.optimization not in OPT_LEVELS:
         raise TfmExportError(f"ONNX Runtime optimisation level {options.optimization!r} (TFM_ORT_OPT_LEVEL?) is not "
                              f"one of {', '.join(OPT_LEVELS)}")
@@ -106,14 +111,54 @@ def open_session(path: Path, options: SessionOptions = DEFAULT_OPTIONS,
     if options.fold_qdq:
         so.add_session_config_entry("session.disable_quant_qdq", "1")
     try:
-        providers = ["CPUExecutionProvider"]
-        if options.device == "cuda":
-            providers.insert(0, CUDA_PROVIDER)
-        if options.tensorrt_ep:
-            providers.insert(0, TENSORRT_PROVIDER)
-        return ort.InferenceSession(str(path), so, providers=providers)
+        with warnings.catch_warnings():  # a provider this build lacks: check_on_device names it, in one line
+            warnings.simplefilter("ignore", UserWarning)
+            session = ort.InferenceSession(str(path), so, providers=providers(options, capture))
     except Exception as exc:  # onnxruntime raises its own Fail/InvalidGraph types
         raise TfmExportError(f"{path}: ONNX Runtime cannot load this graph ({first_line(exc)})") from None
+    check_on_device(session, options, path)
+    return session
+
+
+def providers(options: SessionOptions, capture: bool = False) -> list:
+    """The execution providers a session asks for, most preferred first, with their options: on CUDA, TF32 only
+    when asked for, CUDA graphs only where `capture`."""
+    chosen: list = ["CPUExecutionProvider"]
+    if options.device == "cuda":
+        preload_cuda_libraries()
+        cuda = {"use_tf32": "1" if options.tf32 else "0"}
+        if capture and options.cuda_graphs:
+            cuda["enable_cuda_graph"] = "1"
+        chosen.insert(0, (CUDA_PROVIDER, cuda))
+    if options.tensorrt_ep:
+        chosen.insert(0, TENSORRT_PROVIDER)
+    return chosen
+
+
+@functools.cache
+def preload_cuda_libraries() -> None:
+    """Without PyTorch imported first, ONNX Runtime must find the CUDA and cuDNN libraries itself; from 1.21 it can
+    load them from the nvidia-* wheels (preload_dlls). Where it cannot, check_on_device says so."""
+    preload = getattr(ort, "preload_dlls", None)
+    if preload is not None:
+        try:
+            preload()
+        except Exception:  # a missing library is named by check_on_device, with what to do
+            pass
+
+
+def check_on_device(session: ort.InferenceSession, options: SessionOptions, path: Path) -> None:
+    """A session asked for CUDA that ONNX Runtime built for the CPU alone (its CUDA libraries failed to load: it
+    only logs a warning) is an error, never a silent CPU decode."""
+    if options.device != "cuda":
+        return
+    wanted = TENSORRT_PROVIDER if options.tensorrt_ep else CUDA_PROVIDER
+    if wanted not in session.get_providers():
+        raise TfmExportError(f"{path}: --device cuda, but ONNX Runtime runs this graph on "
+                             f"{', '.join(session.get_providers())} only: its {wanted} could not load (the CUDA and "
+                             "cuDNN libraries it needs were not found, or no NVIDIA GPU is usable); install "
+                             "onnxruntime-gpu's CUDA runtime (pip install 'onnxruntime-gpu[cuda,cudnn]') or put the "
+                             "libraries on LD_LIBRARY_PATH, or use --device cpu")
 
 
 def run(session: ort.InferenceSession, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -175,7 +175,7 @@ def _onnxruntime(request: Request) -> Opened:
         from .inplace import InPlaceBackend
         return _opened(InPlaceBackend(sessions, options.cache_step), model_dir)
     from .device import DeviceBackend
-    return _opened(DeviceBackend(sessions, options.cache_step), model_dir)
+    return _opened(DeviceBackend(sessions, options.cache_step, options.cuda_graphs), model_dir)
 
 
 @register_backend("onnxruntime-generate")

@@ -16,7 +16,7 @@ import onnxruntime as ort
 
 from ...artifacts.manifest import ModelDirError
 from ...artifacts.model_dir import ModelDir
-from ...core.graph_spec import GraphSpec
+from ...core.graph_spec import GraphSpec, GraphVariant
 from ..session import SessionOptions, open_session, run
 
 # (graph file, its contract, options, ONNX Runtime options to start from) -> something with a session's
@@ -55,8 +55,10 @@ def _first_difference(got: list[str], want: list[str]) -> str:
 
 def open_graph(path: Path, spec: GraphSpec, options: SessionOptions,
                session_options: ort.SessionOptions | None = None) -> ort.InferenceSession:
-    """The default loader: a session for a graph file already checked against its manifest, held to the contract."""
-    return check_contract_tensors(open_session(path, options, session_options), spec, path)
+    """The default loader: a session for a graph file already checked against its manifest, held to the contract.
+    The step graphs may capture CUDA graphs (the device backend replays them; the contract's graphs never could)."""
+    capture = isinstance(spec.graph, GraphVariant)
+    return check_contract_tensors(open_session(path, options, session_options, capture), spec, path)
 
 
 def directory_options(model_dir: ModelDir, options: SessionOptions) -> SessionOptions:

@@ -63,9 +63,10 @@ class DeviceMemory:
         self._pad.run_with_iobinding(binding)
         return binding.get_outputs()[0]
 
-    def gather_sources(self, values: tuple[ort.OrtValue, ...], mask: ort.OrtValue, sources: np.ndarray
-                       ) -> tuple[tuple[ort.OrtValue, ...], ort.OrtValue]:
-        """The cross keys/values and mask of the given sources (rows of each, in new memory)."""
+    def gather_sources(self, values: tuple[ort.OrtValue, ...], mask: ort.OrtValue, sources: np.ndarray,
+                       into: tuple[ort.OrtValue, ...] | None = None) -> tuple[tuple[ort.OrtValue, ...], ort.OrtValue]:
+        """The cross keys/values and mask of the given sources (rows of each): in new memory, or written into the
+        tensors `into` (the values' then the mask's, each shaped for len(sources) rows)."""
         tensors = tuple((ORT_TYPES[v.data_type()], len(v.shape())) for v in (*values, mask))
         if tensors not in self._gather_sources:  # one session per set of inputs, made when first needed
             self._gather_sources[tensors] = ort.InferenceSession(gather_model(tensors, axis=0),
@@ -74,10 +75,13 @@ class DeviceMemory:
         binding = session.io_binding()
         for i, value in enumerate((*values, mask)):
             binding.bind_ortvalue_input(f"x{i}", value)
-            binding.bind_output(f"y{i}", self.device, 0)
+            if into is None:
+                binding.bind_output(f"y{i}", self.device, 0)
+            else:
+                binding.bind_ortvalue_output(f"y{i}", into[i])
         binding.bind_cpu_input("rows", sources.astype(np.int64))
         session.run_with_iobinding(binding)
-        *cross, new_mask = binding.get_outputs()
+        *cross, new_mask = binding.get_outputs() if into is None else into
         return tuple(cross), new_mask
 
     def gather_rows(self, pairs: list[tuple[int, int, tuple[int, int, int]]], rows: np.ndarray) -> None:
@@ -104,6 +108,7 @@ class PingPong:
     layers: int
     heads: int
     sizes: tuple[int, int]  # head size per kind: d_k, d_v
+    capacity: int  # positions the sets were allocated for
     current: int = 0
 
     @classmethod
@@ -112,7 +117,7 @@ class PingPong:
         """Both sets, zeros (the step graph reads unfilled positions: they must be finite), for at most
         `positions` positions."""
         sets = tuple([memory.zeros((layers * rows, heads, positions, d)) for d in sizes] for _ in range(2))
-        return cls(memory, sets, rows, layers, heads, sizes)
+        return cls(memory, sets, rows, layers, heads, sizes, positions)
 
     def tensors(self, side: int, positions: int, rows: int | None = None) -> list[tuple[int, tuple[int, ...]]]:
         """Address and shape of each cache tensor of a set in the contract's order (per layer key, value), laid out
@@ -128,23 +133,24 @@ class PingPong:
 
     def gather(self, rows: np.ndarray, positions: int, into: PingPong | None = None) -> None:
         """Row i of the cache becomes row rows[i], gathered from the current set into the other one, which
-        becomes current and holds len(rows) rows; or into `into`'s first set (a PingPong for more rows)."""
+        becomes current and holds len(rows) rows; or into `into`'s first set, which becomes its current one."""
         target = into.sets[0] if into is not None else self.sets[1 - self.current]
         self.memory.gather_rows([(self.sets[self.current][kind].data_ptr(), target[kind].data_ptr(),
                                   (self.layers, self.rows, self.heads * positions * size))
                                  for kind, size in enumerate(self.sizes)], rows)
         if into is None:
             self.current, self.rows = 1 - self.current, len(rows)
+        else:
+            into.current = 0
 
-    def grown(self, positions: int, capacity: int) -> PingPong:
-        """A PingPong laid out for `capacity` positions whose current set holds this one's cache (its first
-        `positions` laid-out positions, zeros after)."""
-        wider = PingPong.allocate(self.memory, self.rows, self.layers, self.heads, self.sizes, capacity)
+    def grow_into(self, wider: PingPong, positions: int) -> None:
+        """This cache (laid out for `positions` positions) padded into `wider`'s first set, laid out for its own
+        capacity: the same rows, zeros at the new positions; that set becomes `wider`'s current one."""
         for kind, size in enumerate(self.sizes):
             shape = (self.layers * self.rows, self.heads, positions, size)
-            self.memory.padded((self.sets[self.current][kind].data_ptr(), shape), capacity,
+            self.memory.padded((self.sets[self.current][kind].data_ptr(), shape), wider.capacity,
                                into=wider.sets[0][kind].data_ptr())
-        return wider
+        wider.current = 0
 
     def flip(self) -> None:
         """The other set is current (TensorRT wrote the grown cache there)."""

@@ -33,7 +33,7 @@ SEARCH, FUSED = GraphVariant.DECODER_STEP_SEARCH, GraphVariant.DECODER_STEP_SEAR
 def chosen_step(model_dir: ModelDir, options: SessionOptions) -> GraphVariant:
     """decoder_step_search_fused where the directory has it, the options allow it (the CPU, fused) and this ONNX
     Runtime computes it right; else decoder_step_search."""
-    fused = model_dir.has(FUSED) and options.fused and options.device == "cpu"
+    fused = model_dir.has(FUSED) and options.fused and options.device == "cpu" and options.cache != "device"
     return FUSED if fused and runs_fused_graphs() else SEARCH
 
 
