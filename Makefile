@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 TORCH  := torch==2.13.0
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup demo test lint bench bench-anchor bench-hf demo-model demo-model-modern clean serving-env bench-serving browser
+.PHONY: setup demo test lint cpp bench bench-anchor bench-hf demo-model demo-model-modern clean serving-env bench-serving browser
 
 setup: $(STAMP)
 
@@ -70,6 +70,12 @@ browser:
 
 lint: setup
 	$(VENV)/bin/ruff check tfm_export tests
+
+# The C++ example (examples/cpp, docs/embedding.md) against ONNX Runtime, nothing installed into the system: Debian's
+# headers fetched into build/onnxruntime through a private apt directory, the onnxruntime wheel's library beside
+# them, CMake in build/cpp. Prints the binary's path. tests/test_cpp_example.py runs the same script in `make test`.
+cpp: setup
+	@$(PY) scripts/build_cpp.py
 
 BENCH := build/bench
 # Speed and memory against CTranslate2 (the targets in docs/benchmarks.md): the shipped demo model and a random
