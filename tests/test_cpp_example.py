@@ -19,6 +19,8 @@ import torch
 from conftest import DEMO_CKPT, REPO
 
 from tfm_export import Translator
+from tfm_export.bench.protocol import BenchSettings, measure
+from tfm_export.bench.runners import Artifacts
 from tfm_export.core.batching import pad_batch
 from tfm_export.core.tokenizer import load_tokenizer, plain_word_tokenizer
 from tfm_export.demo import numbers as demo_numbers
@@ -208,6 +210,21 @@ def test_tiny_marian_decodes_the_ids_tfm_run_does(tfm_translate, tiny_marian):
     want = Translator.load(tiny_marian).translate_ids(marian_sources(), DecodeOptions(batch_size=1))
     assert len({len(h[0].tokens) for h in want}) >= 3  # stops at </s> at several lengths
     assert_same_ids_and_scores(tfm_translate, tiny_marian, marian_sources(), max_length=23)
+
+
+def test_the_bench_times_the_cpp_loop_beside_tfm_run(tfm_translate, demo_onnx, monkeypatch):
+    """`tfm-run bench`'s cpp backend: one process per setting kept running, forced lengths, ort-fp32's outputs."""
+    monkeypatch.setenv("TFM_CPP_TRANSLATE", str(tfm_translate))
+    artifacts = Artifacts(None, {"fp32": demo_onnx}, None)
+    tokenizer = load_tokenizer(demo_onnx / "tokenizer.json")
+    sources = [tokenizer.encode(en, framed=True) for en, _ in demo_numbers.held_out_pairs()[:4]]
+    settings = BenchSettings(backends=("ort-fp32", "cpp"), batch_sizes=(1, 2), beam_sizes=(1, 4), output_length=8,
+                             repeats=2, min_time=0, threads=1, sweep_backends=())
+    reference = measure("ort-fp32", artifacts, sources, 8, 200, settings)
+    result = measure("cpp", artifacts, sources, 8, 200, settings, reference.outputs)
+    assert not result.skipped and result.outputs == reference.outputs and result.peak_rss_mb > 10
+    for row in result.rows:
+        assert row.tokens == 2 * row.batch * 8  # two timed batches of forced length 8
 
 
 def _copied(demo: Path, tmp: Path) -> Path:
