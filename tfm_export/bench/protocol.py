@@ -134,21 +134,22 @@ def measure(name: str, artifacts: Artifacts, sources: list[list[int]], length: i
 
 def backend_peak_rss_mb(decode: Decode) -> float:
     """The backend's peak RSS, once it is done: this process's, or, for a backend that decodes in child processes
-    (the C++ example), theirs after they are closed."""
+    (the C++ example), the largest of theirs, read before they are closed."""
     if isinstance(decode, CppDecoder):
+        peaks = [peak_rss_mb(pid) for pid in decode.pids()]
         decode.close()
-        return resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+        return max(peaks, default=0.0)
     return peak_rss_mb()
 
 
-def peak_rss_mb() -> float:
-    """This process image's peak RSS. VmHWM belongs to the memory map, which exec replaces; ru_maxrss
-    would carry the forking parent's peak over into the spawned child."""
+def peak_rss_mb(process: int | str = "self") -> float:
+    """A process image's peak RSS (this one's by default). VmHWM belongs to the memory map, which exec replaces;
+    ru_maxrss would carry the forking parent's peak over into the spawned child."""
     try:
-        line = next(x for x in Path("/proc/self/status").read_text().splitlines() if x.startswith("VmHWM:"))
-        return int(line.split()[1]) / 1024
+        status = Path(f"/proc/{process}/status").read_text().splitlines()
+        return int(next(x for x in status if x.startswith("VmHWM:")).split()[1]) / 1024
     except (OSError, StopIteration):
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 if process == "self" else 0.0
 
 
 def run_backends(artifacts: Artifacts, sources: list[list[int]], length: int, positions: int,

@@ -51,7 +51,7 @@ ONNX_VARIANTS = {"ort-fp32": "fp32", "ort-int8-static": "int8-static", "ort-int8
 Decode = Callable[[Sequence[Sequence[int]], int, int, bool], list[tuple[int, ...]]]
 
 # The C++ example's binary as `make cpp` builds it (scripts/build_cpp.py); TFM_CPP_TRANSLATE names another.
-CPP_BINARY = Path(__file__).resolve().parents[2] / "build" / "cpp" / "tfm_translate"
+CPP_BINARY = Path(__file__).resolve().parents[2] / "build" / "cpp" / "bin" / "tfm_translate"
 
 # why PyTorch and CTranslate2 cannot run for an fp32 model directory: its manifest names its checkpoint, not where it is
 NO_CHECKPOINT = "no checkpoint (give bench --model the checkpoint, not a model directory, to time this backend)"
@@ -191,6 +191,9 @@ class CppDecoder:
 
     def warm(self, sources: Sequence[Sequence[int]], beam: int, length: int, forced: bool) -> None:
         self(sources[:1], beam, length, forced)
+
+    def pids(self) -> list[int]:
+        return [child.pid for child in self.running.values()]
 
     def close(self) -> None:
         for child in self.running.values():
