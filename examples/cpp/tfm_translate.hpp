@@ -570,48 +570,66 @@ class StepSearch {
     return all;
   }
 
+  // Beam search's rows: each one's tokens so far, its next input and its score.
+  struct Beams {
+    std::vector<std::vector<int64_t>> history;
+    std::vector<int64_t> tokens;
+    std::vector<float> scores;
+  };
+
+  // k rows with one live beam, so the first step picks no duplicates: the others score `others`.
+  Beams start(int k, float others) const {
+    Beams b{std::vector<std::vector<int64_t>>(k), std::vector<int64_t>(k, rules_.start), std::vector<float>(k, others)};
+    b.scores[0] = 0.0f;
+    return b;
+  }
+
+  // Row i goes on from row rows[i] with tokens[i] at scores[i]: the token histories and the cache rows follow.
+  void advance(Beams& b, const std::vector<int>& rows, const std::vector<int64_t>& tokens,
+               const std::vector<float>& scores) {
+    std::vector<std::vector<int64_t>> history(rows.size());
+    for (size_t i = 0; i < rows.size(); ++i) {
+      history[i] = b.history[rows[i]];
+      history[i].push_back(tokens[i]);
+    }
+    b.history.swap(history), b.tokens = tokens, b.scores = scores;
+    reorder(rows);
+  }
+
   // tfm-run's beam search (the reference decoders' rule): of the 2k best candidates, a </s> among the k best is a
   // finished hypothesis; the first k others go on. The input is done when its best candidate is </s> (no live
   // beam can score higher), or at the length limit, where its live beams become hypotheses too.
   std::vector<Hypothesis> beam(const SearchOptions& o) {
     const int k = o.beam_size;
     const float none = -std::numeric_limits<float>::infinity();
-    std::vector<float> scores(k, none);
-    scores[0] = 0.0f;  // one live beam at first, so the first step picks no duplicates
-    std::vector<std::vector<int64_t>> history(k);
-    std::vector<int64_t> tokens(k, rules_.start);
+    Beams b = start(k, none);
     std::vector<Hypothesis> finished;
     for (int t = 0; t < o.max_length; ++t) {
-      step(tokens, t, o);
-      const bool last = t + 1 == o.max_length;
-      const std::vector<Candidate> c = merged(scores, 2 * k);
+      step(b.tokens, t, o);
+      const std::vector<Candidate> c = merged(b.scores, 2 * k);
       std::vector<int> picked;  // ranks of the continuations: the first k non-</s> candidates above -inf
       for (size_t r = 0; r < c.size() && static_cast<int>(picked.size()) < k; ++r) {
         if (c[r].value == none) break;
         if (c[r].token != rules_.eos) picked.push_back(static_cast<int>(r));
-        else if (static_cast<int>(r) < k) finished.push_back({history[c[r].beam], c[r].value, true});
+        else if (static_cast<int>(r) < k) finished.push_back({b.history[c[r].beam], c[r].value, true});
       }
-      const bool done = c[0].token == rules_.eos && c[0].value != none;
+      const bool done = c[0].token == rules_.eos && c[0].value != none, last = t + 1 == o.max_length;
       if (last && !done)
         for (int r : picked) {
-          Hypothesis cut{history[c[r].beam], c[r].value, false};
+          Hypothesis cut{b.history[c[r].beam], c[r].value, false};
           cut.tokens.push_back(c[r].token);
           finished.push_back(cut);
         }
       if (done || picked.empty() || last) break;
       std::vector<int> rows(k);
-      std::vector<std::vector<int64_t>> next(k);
+      std::vector<int64_t> tokens(k);
+      std::vector<float> scores(k);
       for (int i = 0; i < k; ++i) {  // fewer than k continuations: copies of the first at -inf fill the rows
         const bool real = i < static_cast<int>(picked.size());
         const Candidate& from = c[picked[real ? i : 0]];
-        rows[i] = from.beam;
-        tokens[i] = real ? from.token : rules_.pad;
-        scores[i] = real ? from.value : none;
-        next[i] = history[from.beam];
-        next[i].push_back(tokens[i]);
+        rows[i] = from.beam, tokens[i] = real ? from.token : rules_.pad, scores[i] = real ? from.value : none;
       }
-      history.swap(next);
-      reorder(rows);
+      advance(b, rows, tokens, scores);
     }
     return best(finished, o.length_penalty, o.n_best);
   }
@@ -622,42 +640,33 @@ class StepSearch {
   // candidates end as they are.
   std::vector<Hypothesis> transformers_beam(const SearchOptions& o) {
     const int k = o.beam_size;
-    std::vector<float> running(k, -1e9f);
-    running[0] = 0.0f;  // one live beam at first, as generate() starts
-    std::vector<std::vector<int64_t>> history(k);
-    std::vector<int64_t> tokens(k, rules_.start);
+    Beams b = start(k, -1e9f);  // generate() starts the other beams at -1e9, not -inf
     std::vector<Hypothesis> finished;
     for (int t = 0; t < o.max_length; ++t) {
-      step(tokens, t, o);
+      step(b.tokens, t, o);
+      const std::vector<Candidate> c = merged(b.scores, 2 * k);
       const bool last = t + 1 == o.max_length;
-      const std::vector<Candidate> c = merged(running, 2 * k);
       std::vector<double> key(c.size());  // ended candidates sink by 1e9 (in float64, as NumPy computes it)
       for (size_t r = 0; r < c.size(); ++r) {
         const bool ends = c[r].token == rules_.eos || last;
         key[r] = static_cast<double>(c[r].value) - (ends ? 1e9 : 0.0);
         if (!ends || static_cast<int>(r) >= k) continue;
         const bool done = c[r].token == rules_.eos;
-        Hypothesis h{history[c[r].beam], c[r].value, done};
+        Hypothesis h{b.history[c[r].beam], c[r].value, done};
         if (!done) h.tokens.push_back(c[r].token);
         finished.push_back(h);
         finished = best(finished, o.length_penalty, k);
       }
       std::vector<int> going(c.size());
       for (size_t r = 0; r < c.size(); ++r) going[r] = static_cast<int>(r);
-      std::stable_sort(going.begin(), going.end(), [&](int a, int b) { return key[a] > key[b]; });
-      going.resize(k);
-      for (int i = 0; i < k; ++i) running[i] = static_cast<float>(key[going[i]]);
-      if (last || !may_improve(finished, running[0], k, t + 1, o)) break;
+      std::stable_sort(going.begin(), going.end(), [&](int x, int y) { return key[x] > key[y]; });
       std::vector<int> rows(k);
-      std::vector<std::vector<int64_t>> next(k);
-      for (int i = 0; i < k; ++i) {
-        rows[i] = c[going[i]].beam;
-        tokens[i] = c[going[i]].token;
-        next[i] = history[rows[i]];
-        next[i].push_back(tokens[i]);
-      }
-      history.swap(next);
-      reorder(rows);
+      std::vector<int64_t> tokens(k);
+      std::vector<float> scores(k);
+      for (int i = 0; i < k; ++i)
+        rows[i] = c[going[i]].beam, tokens[i] = c[going[i]].token, scores[i] = static_cast<float>(key[going[i]]);
+      if (last || !may_improve(finished, scores[0], k, t + 1, o)) break;
+      advance(b, rows, tokens, scores);
     }
     if (static_cast<int>(finished.size()) > o.n_best) finished.resize(o.n_best);
     return finished;
