@@ -73,7 +73,7 @@ lint: setup
 
 # The C++ example (examples/cpp, docs/embedding.md) against ONNX Runtime, nothing installed into the system: Debian's
 # headers fetched into build/onnxruntime through a private apt directory, the onnxruntime wheel's library beside
-# them, CMake in build/cpp. Prints the binary's path. tests/test_cpp_example.py runs the same script in `make test`.
+# them, CMake in build/cpp. Prints the binary's path. The C++ tests (tests/test_cpp_*.py) run the same script.
 cpp: setup
 	@$(PY) scripts/build_cpp.py
 

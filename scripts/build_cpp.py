@@ -66,7 +66,7 @@ def trixie_sources(release: str, apt_dir: Path = APT_SOURCES) -> str:
         for line in path.read_text(encoding="utf-8").splitlines():
             found = re.match(r"^deb\s+(\[[^]]*\]\s+)?(\S+)\s+(\S+)\s", line)
             if found and found.group(3) == release:
-                options = dict(re.findall(r"([\w-]+)=(\S+)", found.group(1) or ""))
+                options = dict(re.findall(r"([\w-]+)=([^\s\]]+)", found.group(1) or ""))
                 stanzas.append({"Types": "deb", "URIs": found.group(2), "Suites": HEADERS_SUITE,
                                 "Components": "main", **({"Signed-By": options["signed-by"]}
                                                          if "signed-by" in options else {})})

@@ -166,3 +166,32 @@ def test_bad_input_is_one_line_and_exit_1(tfm_translate, demo_onnx, tmp_path, ca
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 1 and done.stdout == ""
     assert done.stderr.count("\n") == 1 and done.stderr.startswith("error: ") and words in done.stderr, done.stderr
+
+
+def _build_script():
+    """scripts/build_cpp.py as a module (scripts/ is not a package)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("build_cpp", REPO / "scripts" / "build_cpp.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_headers_come_from_this_machines_own_mirror_with_only_the_suite_changed(tmp_path):
+    """make cpp's apt source: each of the machine's entries for its release's main suite, in either format, with
+    trixie as the suite and its keyring kept; other suites and disabled entries are left out; none is one line."""
+    script = _build_script()
+    (tmp_path / "sources.list.d").mkdir()
+    (tmp_path / "sources.list.d" / "debian.sources").write_text(
+        "Types: deb\nURIs: http://mirror.example/debian\nSuites: bookworm bookworm-updates\nComponents: main\n"
+        "Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg\n\n"
+        "Types: deb\nURIs: http://mirror.example/debian-security\nSuites: bookworm-security\nComponents: main\n\n"
+        "Types: deb\nURIs: http://off.example/debian\nSuites: bookworm\nEnabled: no\n")
+    (tmp_path / "sources.list").write_text("deb [arch=amd64 signed-by=/k.gpg] http://other.example/debian bookworm "
+                                           "main contrib\ndeb http://other.example/debian bookworm-backports main\n")
+    assert script.trixie_sources("bookworm", tmp_path) == (
+        "Types: deb\nURIs: http://mirror.example/debian\nSuites: trixie\nComponents: main\n"
+        "Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg\n\n"
+        "Types: deb\nURIs: http://other.example/debian\nSuites: trixie\nComponents: main\nSigned-By: /k.gpg\n")
+    with pytest.raises(script.Unavailable, match="no apt source for Debian bookworm"):
+        script.trixie_sources("bookworm", tmp_path / "sources.list.d")
