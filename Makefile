@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 TORCH  := torch==2.13.0
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup demo test lint bench bench-anchor bench-hf demo-model demo-model-modern clean serving-env bench-serving browser
+.PHONY: setup demo test lint cpp bench bench-anchor bench-hf demo-model demo-model-modern clean serving-env bench-serving browser
 
 setup: $(STAMP)
 
@@ -71,22 +71,31 @@ browser:
 lint: setup
 	$(VENV)/bin/ruff check tfm_export tests
 
+# The C++ example (examples/cpp, docs/embedding.md) against ONNX Runtime, nothing installed into the system: Debian's
+# headers fetched into build/onnxruntime through a private apt directory, the onnxruntime wheel's library beside
+# them, CMake in build/cpp. Prints the binary's path. The C++ tests (tests/test_cpp_*.py) run the same script.
+cpp: setup
+	@$(PY) scripts/build_cpp.py
+
 BENCH := build/bench
 # Speed and memory against CTranslate2 (the targets in docs/benchmarks.md): the shipped demo model and a random
 # base-config model (d_model 512, 6+6 layers, vocab 32,000), each backend in a fresh process with both cores (the
 # fastest setting for both libraries when the machine is quiet; under other jobs' load one thread is, see
 # docs/benchmarks-history.md), rounds interleaved; ends with the targets table and a plot (scripts/plot_bench.py).
 # 12-25 minutes on 2 cores. The demo model's steps are tiny, so its cells repeat for at least a second each.
-# `tfm-run bench` is the same measurement for one model in one pass, with plots.
-BENCH_CELLS := --lengths 64,128 --batch-sizes 1,8,32 --beam-sizes 1,4 --threads 2 \
-	--backends ort-fp32,ct2-fp32,ort-int8-dynamic,ct2-int8
+# `tfm-run bench` is the same measurement for one model in one pass, with plots. On the demo model the C++
+# example's loop (`make cpp`; left out, saying why, where it cannot be built) is timed too: its steps are where
+# Python's per-step cost shows.
+BENCH_CELLS := --lengths 64,128 --batch-sizes 1,8,32 --beam-sizes 1,4 --threads 2
+BENCH_BACKENDS := ort-fp32,ct2-fp32,ort-int8-dynamic,ct2-int8
 bench: setup
 	mkdir -p $(BENCH)
+	-@$(PY) scripts/build_cpp.py
 	$(VENV)/bin/tfm-export random-checkpoint --output $(BENCH)/base-model --force
 	$(PY) scripts/bench_interleaved.py --model models/demo/ckpt.pt --work-dir $(BENCH)/demo $(BENCH_CELLS) \
-		--rounds 3 --repeats 3 --min-time 1 --json $(BENCH)/demo.json > $(BENCH)/demo.md
+		--backends $(BENCH_BACKENDS),cpp --rounds 3 --repeats 3 --min-time 1 --json $(BENCH)/demo.json > $(BENCH)/demo.md
 	$(PY) scripts/bench_interleaved.py --model $(BENCH)/base-model/ckpt.pt --work-dir $(BENCH)/base $(BENCH_CELLS) \
-		--rounds 3 --repeats 1 --min-time 0 --json $(BENCH)/base.json > $(BENCH)/base.md
+		--backends $(BENCH_BACKENDS) --rounds 3 --repeats 1 --min-time 0 --json $(BENCH)/base.json > $(BENCH)/base.md
 	$(PY) scripts/bench_interleaved.py --targets demo=$(BENCH)/demo.json base=$(BENCH)/base.json > $(BENCH)/targets.md
 	$(PY) scripts/plot_bench.py --output $(BENCH)/bench.png demo=$(BENCH)/demo.json base=$(BENCH)/base.json
 	cat $(BENCH)/demo.md $(BENCH)/base.md $(BENCH)/targets.md

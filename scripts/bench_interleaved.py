@@ -34,6 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from tfm_export.bench import protocol
+from tfm_export.bench.runners import unavailable
 from tfm_export.bench.targets import cell_name, cell_sizes, floor_ms, ms_per_token, round_ratios, targets
 from tfm_export.core.machine import return_large_blocks
 
@@ -96,7 +97,7 @@ def measure(name: str, artifacts, sources, lengths, settings, reference) -> dict
             for size in settings.batch_sizes:
                 row = protocol._time_batches(decode, protocol._batches(sources, size), beam, length, True, settings)
                 cells[cell_name(length, beam, size)] = {**row.summary, "timings_s": row.timings_s}
-    return {"name": name, "load_s": load_s, "peak_rss_mb": protocol.peak_rss_mb(), "cells": cells,
+    return {"name": name, "load_s": load_s, "peak_rss_mb": protocol.backend_peak_rss_mb(decode), "cells": cells,
             "agreement": None if reference is None else protocol.agreement(outputs, reference),
             "outputs": outputs}
 
@@ -199,6 +200,11 @@ def main() -> None:
     calib = calibration_for(inputs, None, [], args.work_dir / "calibration.txt", None)
     variants = {"ort-int8-dynamic"} & set(backends)
     build_variants(built, model, args.work_dir, calib, [*variants, "ct2-fp32"], 128, say=say)
+    for name in [n for n in backends if n == "cpp"]:  # the C++ example's binary (`make cpp`) may be missing
+        why = unavailable(name, built.artifacts)
+        if why:
+            say(f"{name} left out: {why}")
+            backends.remove(name)
     bandwidth = copy_bandwidth_gbs()
     say(f"copy bandwidth {bandwidth:.1f} GB/s")
     context = multiprocessing.get_context("spawn")
@@ -272,7 +278,8 @@ def summarise(report: dict) -> None:
     names = list(report["rounds"][0]["results"])
     cells = list(report["rounds"][0]["results"][names[0]]["cells"])
     pairs = [(a, b) for a, b in (("ort-fp32", "ct2-fp32"), ("ort-fp32-contract", "ct2-fp32"),
-                                 ("ort-fp32", "ort-fp32-contract"), ("ort-int8-dynamic", "ct2-int8"))
+                                 ("ort-fp32", "ort-fp32-contract"), ("ort-int8-dynamic", "ct2-int8"),
+                                 ("cpp", "ort-fp32"), ("cpp", "ct2-fp32"))
              if a in names and b in names]
     print("| cell | " + " | ".join(f"{n} tok/s" for n in names) + " | "
           + " | ".join(f"{a} / {b} (median; min-max)" for a, b in pairs) + " |")

@@ -1,148 +1,189 @@
-// Translate with a tfm-export model directory from C++17 and the ONNX Runtime C++ API: encoder once,
-// decoder_step per token with the KV cache fed back, greedy decoding. Follows docs/graph-contract.md.
-//
-//   tfm_translate MODEL_DIR [TEXT ...]      (no TEXT: one sentence per line on stdin)
-#include <onnxruntime_cxx_api.h>
-
-#include <algorithm>
+// tfm_translate: the command line over tfm_translate.hpp. One input per line (TEXT arguments, else stdin, each
+// line answered as it arrives), one output line per input, or N lines with --n-best N.
+#include <cctype>
+#include <cstdio>
 #include <iostream>
-#include <map>
+#include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
-#include "json.hpp"
+#include "tfm_translate.hpp"
 #include "tokenizer.hpp"
 
 namespace {
 
-mini_json::Value read_json(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) throw std::runtime_error(path + ": cannot open");
-  std::stringstream buffer;
-  buffer << in.rdbuf();
-  return mini_json::parse(buffer.str());
+const char* kUsage =
+    "usage: tfm_translate MODEL_DIR [options] [TEXT ...]   (no TEXT: one input per line on stdin)\n"
+    "  --beam N            beam size, 1 = greedy (default: the model's, else 1)\n"
+    "  --length-penalty A  rank hypotheses by log-probability / length ** A (default: the model's, else 1)\n"
+    "  --n-best N          N lines per input, best first: score, log-probability, output (tab-separated;\n"
+    "                      score = log-probability / length ** length penalty, length counting </s>)\n"
+    "  --max-length N      generated tokens at most, </s> included (default: the model's limit)\n"
+    "  --min-length N      </s> barred before N tokens\n"
+    "  --generate          decode with generate.onnx in one Run (a directory from `tfm-export generate`)\n"
+    "  --ids               inputs and outputs are token ids, space-separated; an input as the encoder takes it\n"
+    "                      (with its framing, e.g. <s> ... </s>): any model, with the app's own tokenizer\n"
+    "  --no-fused          decoder_step_search even where the directory has decoder_step_search_fused\n"
+    "  --threads N         ONNX Runtime threads (default 0: all cores)\n";
+
+struct Args {
+  std::string model;
+  std::vector<std::string> texts;
+  tfm::SearchOptions search;
+  std::optional<int> beam;
+  std::optional<double> length_penalty;
+  bool scored = false;  // --n-best given: score lines, even for one
+  tfm::SessionSettings session;
+  bool generate = false, ids = false;
+};
+
+int whole(const std::string& option, const std::string& value) {
+  size_t used = 0;
+  int n = -1;
+  try { n = std::stoi(value, &used); } catch (const std::exception&) {}
+  if (used != value.size() || n < 0) throw std::invalid_argument(option + " takes a whole number, not '" + value + "'");
+  return n;
 }
 
-std::vector<std::string> names(const mini_json::Value& tensors) {
-  std::vector<std::string> out;
-  for (const auto& t : tensors.array) out.push_back(t["name"].string);
+Args parse(int argc, char** argv) {
+  if (argc < 2) throw std::invalid_argument("no MODEL_DIR");
+  Args a;
+  a.model = argv[1];
+  for (int i = 2; i < argc; ++i) {
+    const std::string arg = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) throw std::invalid_argument(arg + " needs a value");
+      return argv[++i];
+    };
+    if (arg == "--beam") a.beam = whole(arg, value());
+    else if (arg == "--n-best") a.search.n_best = whole(arg, value()), a.scored = true;
+    else if (arg == "--max-length") a.search.max_length = whole(arg, value());
+    else if (arg == "--min-length") a.search.min_length = whole(arg, value());
+    else if (arg == "--threads") a.session.threads = whole(arg, value());
+    else if (arg == "--length-penalty") {
+      const std::string v = value();
+      size_t used = 0;
+      try { a.length_penalty = std::stod(v, &used); } catch (const std::exception&) {}
+      if (used != v.size() || !a.length_penalty) throw std::invalid_argument("--length-penalty takes a number");
+    } else if (arg == "--generate") a.generate = true;
+    else if (arg == "--ids") a.ids = true;
+    else if (arg == "--no-fused") a.session.fused = false;
+    else if (arg.rfind("--", 0) == 0) throw std::invalid_argument("unknown option " + arg);
+    else a.texts.push_back(arg);
+  }
+  return a;
+}
+
+bool blank(const std::string& line) {
+  for (unsigned char c : line) if (!std::isspace(c)) return false;
+  return true;
+}
+
+std::vector<int64_t> parse_ids(const std::string& line) {
+  std::vector<int64_t> ids;
+  std::istringstream words(line);
+  for (std::string word; words >> word;) {
+    size_t used = 0;
+    long long id = -1;
+    try { id = std::stoll(word, &used); } catch (const std::exception&) {}
+    if (used != word.size() || id < 0) throw tfm::Error("'" + word + "' is not a token id (--ids takes ids)");
+    ids.push_back(id);
+  }
+  return ids;
+}
+
+std::string join(const std::vector<int64_t>& ids) {
+  std::string out;
+  for (size_t i = 0; i < ids.size(); ++i) out += (i ? " " : "") + std::to_string(ids[i]);
   return out;
 }
 
-std::vector<const char*> c_names(const std::vector<std::string>& v) {
-  std::vector<const char*> out;
-  for (const auto& s : v) out.push_back(s.c_str());
-  return out;
-}
-
-class Model {
+// Text in and out for the seed layout (the model directory's WordLevel tokenizer, <s> ... </s> framing); ids for
+// any model.
+class Io {
  public:
-  explicit Model(const std::string& dir)
-      : env_(ORT_LOGGING_LEVEL_WARNING, "tfm-export"),
-        manifest_(read_json(dir + "/manifest.json")),
-        encoder_(nullptr),
-        decoder_(nullptr),
-        source_(dir + "/" + manifest_["tokenizer"]["source"].string),
-        target_(dir + "/" + manifest_["tokenizer"]["target"].string) {
-    if (manifest_["format"].string != "tfm-export-model" || manifest_["format_version"].as_int() != 2)
-      throw std::runtime_error(dir + ": not a tfm-export model directory (format version 2)");
-    Ort::SessionOptions options;
-    options.SetGraphOptimizationLevel(GraphOptimizationLevel::ORT_ENABLE_ALL);
-    const auto& graphs = manifest_["graphs"];
-    encoder_ = Ort::Session(env_, (dir + "/" + graphs["encoder"]["file"].string).c_str(), options);
-    decoder_ = Ort::Session(env_, (dir + "/" + graphs["decoder_step"]["file"].string).c_str(), options);
-    enc_out_ = names(graphs["encoder"]["outputs"]);
-    dec_in_ = names(graphs["decoder_step"]["inputs"]);
-    dec_out_ = names(graphs["decoder_step"]["outputs"]);
+  Io(const tfm::ModelDir& model, bool ids) : model_(model) {
+    if (ids) return;
+    if (!model.rules().seed_layout)
+      throw tfm::Error(model.path() + ": this example tokenizes the seed layout's WordLevel tokenizers only; give "
+                       "token ids from the model's own tokenizer with --ids");
+    source_ = std::make_unique<Tokenizer>(model.tokenizer("source"));
+    target_ = std::make_unique<Tokenizer>(model.tokenizer("target"));
   }
 
-  std::string translate(const std::string& text) {
-    const auto& special = manifest_["special_tokens"];
-    const int64_t bos = special["bos"].as_int(), eos = special["eos"].as_int(), pad = special["pad"].as_int();
-    const auto& cfg = manifest_["model"];
-    const int64_t heads = cfg["n_head"].as_int(), dk = cfg["d_k"].as_int(), dv = cfg["d_v"].as_int();
-    const int64_t limit = manifest_["limits"]["max_target_length"].as_int();
-
-    std::vector<int64_t> ids = source_.encode(text);
-    ids.insert(ids.begin(), bos);
-    ids.push_back(eos);
-    if (static_cast<int64_t>(ids.size()) > manifest_["limits"]["max_source_length"].as_int())
-      throw std::runtime_error("sentence longer than the model's positions");
-    std::vector<int64_t> mask(ids.size(), 1), shape{1, static_cast<int64_t>(ids.size())};
-
-    std::vector<Ort::Value> enc_in;
-    enc_in.push_back(Ort::Value::CreateTensor<int64_t>(mem_, ids.data(), ids.size(), shape.data(), 2));
-    enc_in.push_back(Ort::Value::CreateTensor<int64_t>(mem_, mask.data(), mask.size(), shape.data(), 2));
-    const char* enc_in_names[] = {"input_ids", "attention_mask"};
-    auto out_names = c_names(enc_out_);
-    auto enc = encoder_.Run(Ort::RunOptions{nullptr}, enc_in_names, enc_in.data(), 2, out_names.data(),
-                            out_names.size());
-    std::map<std::string, Ort::Value> cache;  // by decoder input name
-    for (size_t i = 0; i < enc_out_.size(); ++i) {
-      const std::string& name = enc_out_[i];
-      if (name.rfind("present.", 0) == 0) cache.emplace("past_key_values." + name.substr(8), std::move(enc[i]));
-    }
-    static float no_data = 0;  // a zero-length past still needs a (never read) data pointer
-    for (const auto& name : dec_in_) {
-      if (name.find(".decoder.") == std::string::npos) continue;
-      std::vector<int64_t> empty{1, heads, 0, name.find(".key") != std::string::npos ? dk : dv};
-      cache.emplace(name, Ort::Value::CreateTensor<float>(mem_, &no_data, 0, empty.data(), 4));
-    }
-
-    std::vector<int64_t> output;
-    int64_t token = bos;
-    std::vector<int64_t> one{1, 1};
-    for (int64_t step = 0; step < limit; ++step) {
-      std::vector<Ort::Value> inputs;
-      for (const auto& name : dec_in_) {
-        if (name == "input_ids") inputs.push_back(Ort::Value::CreateTensor<int64_t>(mem_, &token, 1, one.data(), 2));
-        else if (name == "encoder_attention_mask")
-          inputs.push_back(Ort::Value::CreateTensor<int64_t>(mem_, mask.data(), mask.size(), shape.data(), 2));
-        else inputs.push_back(std::move(cache.at(name)));
-      }
-      auto in_names = c_names(dec_in_);
-      auto dec_names = c_names(dec_out_);
-      auto out = decoder_.Run(Ort::RunOptions{nullptr}, in_names.data(), inputs.data(), inputs.size(),
-                              dec_names.data(), dec_names.size());
-      for (size_t i = 2; i < dec_in_.size(); ++i) cache[dec_in_[i]] = std::move(inputs[i]);  // encoder K/V back
-      const float* logits = out[0].GetTensorData<float>();
-      const size_t vocab = out[0].GetTensorTypeAndShapeInfo().GetElementCount();
-      int64_t best = -1;
-      for (size_t v = 0; v < vocab; ++v)
-        if (static_cast<int64_t>(v) != pad && (best < 0 || logits[v] > logits[best])) best = v;  // first maximum
-      token = best;
-      if (token == eos) break;
-      output.push_back(token);
-      for (size_t i = 1; i < dec_out_.size(); ++i)  // present.i.decoder.* -> past_key_values.i.decoder.*
-        cache["past_key_values." + dec_out_[i].substr(8)] = std::move(out[i]);
-    }
-    return target_.decode(output);
+  std::vector<int64_t> source(const std::string& line) const {
+    if (!source_) return parse_ids(line);
+    std::vector<int64_t> ids = source_->encode(line);
+    ids.insert(ids.begin(), model_.rules().start);
+    ids.push_back(model_.rules().eos);
+    return ids;
   }
+
+  std::string output(const std::vector<int64_t>& tokens) const { return target_ ? target_->decode(tokens) : join(tokens); }
 
  private:
-  Ort::Env env_;
-  Ort::MemoryInfo mem_ = Ort::MemoryInfo::CreateCpu(OrtArenaAllocator, OrtMemTypeDefault);
-  mini_json::Value manifest_;
-  Ort::Session encoder_, decoder_;
-  Tokenizer source_, target_;
-  std::vector<std::string> enc_out_, dec_in_, dec_out_;
+  const tfm::ModelDir& model_;
+  std::unique_ptr<Tokenizer> source_, target_;
 };
+
+std::string number(double value) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.9g", value);
+  return text;
+}
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc < 2) {
-    std::cerr << "usage: tfm_translate MODEL_DIR [TEXT ...]   (no TEXT: reads lines from stdin)\n";
+  Args args;
+  try {
+    args = parse(argc, argv);
+  } catch (const std::exception& e) {
+    std::cerr << "error: " << e.what() << "\n" << kUsage;
     return 2;
   }
   try {
-    Model model(argv[1]);
-    std::vector<std::string> lines(argv + 2, argv + argc);
-    if (lines.empty()) for (std::string line; std::getline(std::cin, line);) lines.push_back(line);
-    for (const auto& line : lines) {
-      bool blank = std::all_of(line.begin(), line.end(), [](unsigned char c) { return std::isspace(c); });
-      std::cout << (blank ? "" : model.translate(line)) << '\n';
-    }
+    const tfm::ModelDir model(args.model);
+    Ort::Env env(ORT_LOGGING_LEVEL_ERROR, "tfm_translate");
+    std::unique_ptr<tfm::StepSearch> loop;
+    std::unique_ptr<tfm::GenerateSearch> generate;
+    if (args.generate) generate = std::make_unique<tfm::GenerateSearch>(env, model, args.session);
+    else loop = std::make_unique<tfm::StepSearch>(env, model, args.session);
+    const Io io(model, args.ids);
+    tfm::SearchOptions options = args.search;
+    options.beam_size = args.beam.value_or(model.rules().num_beams);
+    options.length_penalty = args.length_penalty.value_or(model.rules().length_penalty);
+    const int widest = generate ? generate->widest_beam() : loop->widest_beam();
+    options = tfm::resolved(model, options, widest);  // options out of range fail before any input is read
+
+    size_t count = 0;
+    auto answer = [&](const std::string& line) {
+      ++count;
+      std::vector<tfm::Hypothesis> found;
+      if (!blank(line)) {
+        const std::vector<int64_t> source = io.source(line);
+        found = generate ? generate->search(source, options) : loop->search(source, options);
+      } else {
+        found.push_back({});  // a blank line: an empty output, the model untouched
+      }
+      if (!args.scored) {
+        std::cout << (found.empty() ? "" : io.output(found[0].tokens)) << '\n';
+      } else {
+        for (int n = 0; n < options.n_best; ++n) {  // fewer hypotheses than asked: -inf lines fill up
+          if (n < static_cast<int>(found.size()))
+            std::cout << number(found[n].normalized(options.length_penalty)) << '\t' << number(found[n].score) << '\t'
+                      << io.output(found[n].tokens) << '\n';
+          else
+            std::cout << "-inf\t-inf\t\n";
+        }
+      }
+      std::cout.flush();
+    };
+    for (const auto& text : args.texts) answer(text);
+    if (args.texts.empty())
+      for (std::string line; std::getline(std::cin, line);) answer(line);
+    if (count == 0) throw tfm::Error("empty input: no TEXT arguments and no lines on stdin");
   } catch (const std::exception& e) {
     std::cerr << "error: " << e.what() << '\n';
     return 1;

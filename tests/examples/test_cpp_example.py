@@ -1,20 +1,34 @@
-"""examples/cpp: its tokenizer is held to Python's here; its translator runs where ONNX Runtime's C++ release is."""
+"""examples/cpp: its tokenizer is held to Python's; its translator, built as `make cpp` builds it
+(scripts/build_cpp.py: Debian's ONNX Runtime headers, the onnxruntime wheel's library), is held to tfm-run: the same
+text on the demo's 1,000 held-out numbers (step loop and generate.onnx), the demo's n-best order and scores, the
+bench's cpp backend, and one line for each bad input. Its --ids mode on other models: test_cpp_ids.py."""
 
 from __future__ import annotations
 
-import os
+import hashlib
+import json
 import shutil
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import pytest
 from support.common import DEMO_CKPT, REPO
+from support.cpp import SCORE_TOLERANCE, built_translator, run_cpp
 
 from tfm_export import Translator
+from tfm_export.bench.protocol import BenchSettings, measure
+from tfm_export.bench.runners import Artifacts
 from tfm_export.core.tokenizer import load_tokenizer, plain_word_tokenizer
 from tfm_export.demo import numbers as demo_numbers
+from tfm_export.runtime.translator import DecodeOptions
 
 CPP_DIR = REPO / "examples" / "cpp"
+DEMO_MODES = {"greedy": ((), DecodeOptions()),
+              "beam 4": (("--beam", "4"), DecodeOptions(beam_size=4)),
+              "beam 4, length penalty 0.6": (("--beam", "4", "--length-penalty", "0.6"),
+                                             DecodeOptions(beam_size=4, length_penalty=0.6))}
 
 
 def build(tmp: Path, *cmake_args: str) -> Path:
@@ -31,11 +45,9 @@ def tokenize_check(tmp_path_factory) -> Path:
     return build(tmp_path_factory.mktemp("cpp")) / "tokenize_check"
 
 
-def cpp_tokenize(binary: Path, tokenizer_json: Path, lines: list[str]) -> list[tuple[list[int], str]]:
-    out = subprocess.run([str(binary), str(tokenizer_json)], input="\n".join(lines) + "\n", capture_output=True,
-                         text=True, check=True, timeout=60).stdout
-    rows = [line.split("\t") for line in out.split("\n")[:-1]]
-    return [([int(i) for i in ids.split()], text) for ids, text in rows]
+@pytest.fixture(scope="module")
+def tfm_translate() -> Path:
+    return built_translator()
 
 
 def test_cpp_tokenizer_matches_python_on_the_demo_tokenizer(tokenize_check):
@@ -47,6 +59,13 @@ def test_cpp_tokenizer_matches_python_on_the_demo_tokenizer(tokenize_check):
     assert cpp_tokenize(tokenize_check, path, lines) == [(tok.encode(s), tok.decode(tok.encode(s))) for s in lines]
 
 
+def cpp_tokenize(binary: Path, tokenizer_json: Path, lines: list[str]) -> list[tuple[list[int], str]]:
+    out = subprocess.run([str(binary), str(tokenizer_json)], input="\n".join(lines) + "\n", capture_output=True,
+                         text=True, check=True, timeout=60).stdout
+    rows = [line.split("\t") for line in out.split("\n")[:-1]]
+    return [([int(i) for i in ids.split()], text) for ids, text in rows]
+
+
 def test_cpp_tokenizer_matches_python_on_a_plain_vocabulary(tokenize_check, tmp_path):
     tok = plain_word_tokenizer(["<unk>", "<blank>", "<s>", "</s>", "ein", "Haus", "am", "See"], "test")
     tok.save(tmp_path / "tokenizer.json")
@@ -55,12 +74,124 @@ def test_cpp_tokenizer_matches_python_on_a_plain_vocabulary(tokenize_check, tmp_
     assert got == [(tok.encode(s), tok.decode(tok.encode(s))) for s in lines]
 
 
-def test_cpp_translator_equals_tfm_run(demo_onnx, tmp_path):
-    root = os.environ.get("ONNXRUNTIME_ROOT")
-    if not root:
-        pytest.skip("ONNXRUNTIME_ROOT is not set (ONNX Runtime's C++ headers are not on PyPI/npm/Debian)")
-    binary = build(tmp_path / "build", f"-DONNXRUNTIME_ROOT={root}") / "tfm_translate"
-    lines = [en for en, _ in demo_numbers.held_out_pairs()[:50]] + ["", "forty-two"]
-    out = subprocess.run([str(binary), str(demo_onnx)], input="\n".join(lines) + "\n", capture_output=True,
-                         text=True, check=True, timeout=300).stdout.split("\n")[:-1]
-    assert out == [r.text for r in Translator.load(demo_onnx).translate(lines)]
+@pytest.mark.parametrize("mode", DEMO_MODES)
+def test_demo_heldout_numbers_translate_as_tfm_run_does(tfm_translate, demo_generate, mode):
+    """All 1,000 held-out numbers (and a blank line), through decoder_step_search and through generate.onnx:
+    the text `tfm-run translate` gives, line for line."""
+    flags, options = DEMO_MODES[mode]
+    lines = [en for en, _ in demo_numbers.held_out_pairs()] + [""]
+    want = [r.text for r in Translator.load(demo_generate).translate(lines, options)]
+    for graph in ((), ("--generate",)):
+        got = run_cpp(tfm_translate, demo_generate, lines, *flags, *graph)
+        differ = [i for i, (g, w) in enumerate(zip(got, want, strict=True)) if g != w]
+        assert not differ, f"{mode} {graph}: {len(differ)} lines differ, first {lines[differ[0]]!r}: " \
+                           f"{got[differ[0]]!r} against {want[differ[0]]!r}"
+
+
+def test_demo_nbest_ranks_and_scores_as_tfm_run_does(tfm_translate, demo_onnx):
+    """Beam 4's 4 best of 100 held-out numbers, which end at different lengths, so the length penalty decides
+    their order: the same texts in the same order, and the same scores."""
+    lines = [en for en, _ in demo_numbers.held_out_pairs()[:100]]
+    for penalty in (0.6, 2.0):
+        want = Translator.load(demo_onnx).translate(lines, DecodeOptions(beam_size=4, n_best=4, length_penalty=penalty))
+        out = run_cpp(tfm_translate, demo_onnx, lines, "--beam", "4", "--n-best", "4", "--length-penalty", str(penalty))
+        got = [line.split("\t") for line in out]
+        for i, result in enumerate(want):
+            found = got[4 * i:4 * i + 4]
+            assert [text for _, _, text in found] == [a.text for a in result.n_best], (penalty, lines[i])
+            np.testing.assert_allclose([(float(s), float(p)) for s, p, _ in found],
+                                       [(a.score, a.log_prob) for a in result.n_best], atol=SCORE_TOLERANCE)
+
+
+def test_the_bench_times_the_cpp_loop_beside_tfm_run(tfm_translate, demo_onnx, monkeypatch):
+    """`tfm-run bench`'s cpp backend: one process per setting kept running, forced lengths, ort-fp32's outputs."""
+    monkeypatch.setenv("TFM_CPP_TRANSLATE", str(tfm_translate))
+    artifacts = Artifacts(None, {"fp32": demo_onnx}, None)
+    tokenizer = load_tokenizer(demo_onnx / "tokenizer.json")
+    sources = [tokenizer.encode(en, framed=True) for en, _ in demo_numbers.held_out_pairs()[:4]]
+    settings = BenchSettings(backends=("ort-fp32", "cpp"), batch_sizes=(1, 2), beam_sizes=(1, 4), output_length=8,
+                             repeats=2, min_time=0, threads=1, sweep_backends=())
+    reference = measure("ort-fp32", artifacts, sources, 8, 200, settings)
+    result = measure("cpp", artifacts, sources, 8, 200, settings, reference.outputs)
+    assert not result.skipped and result.outputs == reference.outputs and result.peak_rss_mb > 10
+    for row in result.rows:
+        assert row.tokens == 2 * row.batch * 8  # two timed batches of forced length 8
+
+
+def _copied(demo: Path, tmp: Path) -> Path:
+    out = tmp / "model"
+    shutil.copytree(demo, out)
+    return out
+
+
+def _rehash(model: Path, graph: str, file: str) -> None:
+    manifest = json.loads((model / "manifest.json").read_text())
+    manifest["graphs"][graph]["sha256"] = hashlib.sha256((model / file).read_bytes()).hexdigest()
+    (model / "manifest.json").write_text(json.dumps(manifest))
+
+
+def _edit_manifest(model: Path, change: Callable[[dict], None]) -> None:
+    manifest = json.loads((model / "manifest.json").read_text())
+    change(manifest)
+    (model / "manifest.json").write_text(json.dumps(manifest))
+
+
+def _other_inputs(model: Path) -> None:
+    """decoder_step.onnx put where decoder_step_search.onnx belongs, rehashed into the manifest."""
+    shutil.copy(model / "decoder_step.onnx", model / "decoder_step_search.onnx")
+    _rehash(model, "decoder_step_search", "decoder_step_search.onnx")
+
+
+BAD = {  # name -> (what is done to a copy of the demo directory, input lines, options, the line's words)
+    "not a model directory": (lambda m: (m / "manifest.json").unlink(), ["forty-two"], (),
+                              "not a tfm-export model directory"),
+    "unreadable manifest": (lambda m: (m / "manifest.json").write_text('{"format": "tfm-export-model",'),
+                            ["forty-two"], (), "manifest.json: cannot read it"),
+    "other graph inputs": (_other_inputs, ["forty-two"], ("--no-fused",),
+                           "input 2 is 'past_key_values.0.decoder.key' where the contract has 'cache_length'"),
+    "empty input": (lambda m: None, [], (), "empty input"),
+    "damaged file": (lambda m: (m / "tokenizer.json").write_text("{}"), ["forty-two"], (), "sha256 differs"),
+    "path outside": (lambda m: _edit_manifest(m, lambda d: d["graphs"]["encoder"].update(file="../encoder.onnx")),
+                     ["forty-two"], (), "is not a plain file name"),
+    "bad ids": (lambda m: None, ["2 x 3"], ("--ids",), "'x' is not a token id"),
+}
+
+
+@pytest.mark.parametrize("case", BAD)
+def test_bad_input_is_one_line_and_exit_1(tfm_translate, demo_onnx, tmp_path, case):
+    damage, lines, options, words = BAD[case]
+    model = _copied(demo_onnx, tmp_path)
+    damage(model)
+    done = subprocess.run([str(tfm_translate), str(model), *options], input="".join(f"{x}\n" for x in lines),
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1 and done.stdout == ""
+    assert done.stderr.count("\n") == 1 and done.stderr.startswith("error: ") and words in done.stderr, done.stderr
+
+
+def _build_script():
+    """scripts/build_cpp.py as a module (scripts/ is not a package)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("build_cpp", REPO / "scripts" / "build_cpp.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_headers_come_from_this_machines_own_mirror_with_only_the_suite_changed(tmp_path):
+    """make cpp's apt source: each of the machine's entries for its release's main suite, in either format, with
+    trixie as the suite and its keyring kept; other suites and disabled entries are left out; none is one line."""
+    script = _build_script()
+    (tmp_path / "sources.list.d").mkdir()
+    (tmp_path / "sources.list.d" / "debian.sources").write_text(
+        "Types: deb\nURIs: http://mirror.example/debian\nSuites: bookworm bookworm-updates\nComponents: main\n"
+        "Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg\n\n"
+        "Types: deb\nURIs: http://mirror.example/debian-security\nSuites: bookworm-security\nComponents: main\n\n"
+        "Types: deb\nURIs: http://off.example/debian\nSuites: bookworm\nEnabled: no\n")
+    (tmp_path / "sources.list").write_text("deb [arch=amd64 signed-by=/k.gpg] http://other.example/debian bookworm "
+                                           "main contrib\ndeb http://other.example/debian bookworm-backports main\n")
+    assert script.trixie_sources("bookworm", tmp_path) == (
+        "Types: deb\nURIs: http://mirror.example/debian\nSuites: trixie\nComponents: main\n"
+        "Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg\n\n"
+        "Types: deb\nURIs: http://other.example/debian\nSuites: trixie\nComponents: main\nSigned-By: /k.gpg\n")
+    with pytest.raises(script.Unavailable, match="no apt source for Debian bookworm"):
+        script.trixie_sources("bookworm", tmp_path / "sources.list.d")

@@ -43,8 +43,9 @@ DEMO = {
 # int8 static: (sha256 with the activation scales zeroed, number of those scales, their sum) per graph
 CALIBRATED = (("158df4a48cb4f7d45bc8442a376c26f58ff59fad6a25bbaa910138677ae31b15", 25, 0.9004316101782024),
               ("3d80a9e70de4b5af7894ae55d2223b7e95074efff1101e93a563897b4039f3d1", 42, 1.6705298032611609))
-SEED = ("0969d98974aa5e0706b08a12555b9130b063d7b9b64157a2569e01fc82af12b8",
-        "c95e2d87c75aec8cd6a52d22773e55a422769d0326f5a52be0291fc1f738ee78")
+# re-recorded at 1d584dd when seed_state_dict took NumPy's generator: torch.randn's numbers depend on the CPU's kernels
+SEED = ("0d7a003aa48211b15028f4151211719a0365512a470725e37710afb0a930a4ed",
+        "4d2837ed999d965d78102e8e73e815bb0125b7608c2c13b882597c138042092f")
 
 
 @pytest.fixture

@@ -32,12 +32,12 @@ def hand_pos_table(n_position: int, d: int) -> torch.Tensor:
 
 def seed_state_dict(opt: Namespace, seed: int = 0, n_position: int = 200) -> dict[str, torch.Tensor]:
     """Random weights under the seed's parameter names and shapes."""
-    g = torch.Generator().manual_seed(seed)
+    rng = np.random.default_rng(seed)  # NumPy's generator: the same numbers on every CPU (torch.randn's are not)
     d, di, h, dk, dv = opt.d_model, opt.d_inner_hid, opt.n_head, opt.d_k, opt.d_v
     sd: dict[str, torch.Tensor] = {}
 
     def rand(*shape, scale=0.5):
-        return torch.randn(*shape, generator=g) * scale
+        return torch.from_numpy(rng.standard_normal(shape, dtype=np.float32) * np.float32(scale))
 
     def norm(prefix):
         sd[f"{prefix}.layer_norm.weight"] = 1 + rand(d, scale=0.1)

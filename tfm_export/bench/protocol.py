@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from ..core.machine import return_large_blocks
-from .runners import TIMED_BACKENDS, Artifacts, agreement, open_decoder, unavailable
+from .runners import TIMED_BACKENDS, Artifacts, CppDecoder, Decode, agreement, open_decoder, unavailable
 
 REFERENCE = "ort-fp32"
 # must decode as the reference does before being timed
@@ -90,6 +90,8 @@ def _batches(sources: Sequence[Sequence[int]], size: int) -> list[Sequence[Seque
 
 def _time_batches(decode, batches, beam: int, length: int, forced: bool, settings: BenchSettings) -> Row:
     decode(batches[0], beam, min(8, length), forced)  # warm-up: sessions, arenas, caches
+    if isinstance(decode, CppDecoder):  # a process per decoding setting: the timed one started and warm
+        decode.warm(batches[0], beam, length, forced)
     row = Row(beam, len(batches[0]), [], 0, 0)
     while len(row.timings_s) < settings.repeats and (len(row.timings_s) < 2 or sum(row.timings_s) < settings.min_time):
         batch = batches[len(row.timings_s) % len(batches)]
@@ -126,18 +128,28 @@ def measure(name: str, artifacts: Artifacts, sources: list[list[int]], length: i
     if name in settings.sweep_backends:
         for n in [n for n in settings.sweep_lengths if n <= positions]:
             result.sweep[n] = _time_batches(decode, _batches(sources, 1), 1, n, True, settings).summary["median_ms"]
-    result.peak_rss_mb = peak_rss_mb()
+    result.peak_rss_mb = backend_peak_rss_mb(decode)
     return result
 
 
-def peak_rss_mb() -> float:
-    """This process image's peak RSS. VmHWM belongs to the memory map, which exec replaces; ru_maxrss
-    would carry the forking parent's peak over into the spawned child."""
+def backend_peak_rss_mb(decode: Decode) -> float:
+    """The backend's peak RSS, once it is done: this process's, or, for a backend that decodes in child processes
+    (the C++ example), the largest of theirs, read before they are closed."""
+    if isinstance(decode, CppDecoder):
+        peaks = [peak_rss_mb(pid) for pid in decode.pids()]
+        decode.close()
+        return max(peaks, default=0.0)
+    return peak_rss_mb()
+
+
+def peak_rss_mb(process: int | str = "self") -> float:
+    """A process image's peak RSS (this one's by default). VmHWM belongs to the memory map, which exec replaces;
+    ru_maxrss would carry the forking parent's peak over into the spawned child."""
     try:
-        line = next(x for x in Path("/proc/self/status").read_text().splitlines() if x.startswith("VmHWM:"))
-        return int(line.split()[1]) / 1024
+        status = Path(f"/proc/{process}/status").read_text().splitlines()
+        return int(next(x for x in status if x.startswith("VmHWM:")).split()[1]) / 1024
     except (OSError, StopIteration):
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 if process == "self" else 0.0
 
 
 def run_backends(artifacts: Artifacts, sources: list[list[int]], length: int, positions: int,
@@ -197,6 +209,8 @@ def ratios(results: list[BackendResult]) -> dict[str, float | None]:
         out[f"ort-int8-{mode} / ort-fp32, batch 1"] = ratio(f"ort-int8-{mode}", "ort-fp32", 1)
     for batch in (1, 32):
         out[f"ort-generate / ort-fp32, batch {batch}"] = ratio("ort-generate", "ort-fp32", batch)
+    out["cpp / ort-fp32, batch 1"] = ratio("cpp", "ort-fp32", 1)  # the C++ example's loop against tfm-run's
+    out["cpp / ct2-fp32, batch 1"] = ratio("cpp", "ct2-fp32", 1)
     for batch in (1, 32):
         out[f"ort-fp32 / ct2-fp32, batch {batch}"] = ratio("ort-fp32", "ct2-fp32", batch)
         out[f"ort-int8-dynamic / ct2-int8, batch {batch}"] = ratio("ort-int8-dynamic", "ct2-int8", batch)

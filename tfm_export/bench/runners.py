@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import os
+import subprocess
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,6 +17,7 @@ import numpy as np
 
 from ..artifacts.manifest import is_hf_directory
 from ..core.batching import pad_batch
+from ..core.errors import TfmExportError
 from ..core.token_rules import SEED_RULES, TokenRules
 from ..core.tokenizer import BOS_ID, EOS_ID
 from ..runtime.search import Searcher, SearchOptions
@@ -32,6 +35,8 @@ TIMED_BACKENDS = {
     "ct2-int8": "CTranslate2 int8 (same weights)",
     "hf-generate": "transformers' own generate(), eager fp32 (a Hugging Face model directory's weights)",
     "hf-generate-fp16": "transformers' own generate(), eager fp16 on CUDA (a Hugging Face model directory's weights)",
+    "cpp": "the C++ example's loop (examples/cpp, `make cpp`): ONNX Runtime fp32, decoder_step_search in place, "
+           "one input at a time",
 }
 DEVICES = ("cpu", "cuda")
 GPU_ONLY = {"ort-fp16": "fp16 is for GPUs; time it with --device cuda",
@@ -45,6 +50,9 @@ ONNX_VARIANTS = {"ort-fp32": "fp32", "ort-int8-static": "int8-static", "ort-int8
                  "ort-fp16": "fp16", "ort-generate": "generate"}
 
 Decode = Callable[[Sequence[Sequence[int]], int, int, bool], list[tuple[int, ...]]]
+
+# The C++ example's binary as `make cpp` builds it (scripts/build_cpp.py); TFM_CPP_TRANSLATE names another.
+CPP_BINARY = Path(__file__).resolve().parents[2] / "build" / "cpp" / "bin" / "tfm_translate"
 
 # why PyTorch and CTranslate2 cannot run for an fp32 model directory: its manifest names its checkpoint, not where it is
 NO_CHECKPOINT = "no checkpoint (give bench --model the checkpoint, not a model directory, to time this backend)"
@@ -76,6 +84,8 @@ def unavailable(name: str, artifacts: Artifacts, device: str = "cpu") -> str | N
         problem = _no_gpu(name)
         if problem:
             return problem
+    if name == "cpp":
+        return _cpp_unavailable(artifacts)
     if name == "ort-generate" and artifacts.rules != SEED_RULES:
         return "generate.onnx is built for the seed's token layout; a Hugging Face model decodes with the loop"
     if name == "tensorrt" and artifacts.tensorrt is None:
@@ -118,6 +128,8 @@ def open_decoder(name: str, artifacts: Artifacts, threads: int, device: str = "c
         return _ctranslate2(artifacts, "int8" if name == "ct2-int8" else "float32", threads, device)
     if name.startswith("hf-"):
         return _generate(artifacts, name == "hf-generate-fp16", threads, device)
+    if name == "cpp":
+        return CppDecoder(artifacts.onnx["fp32"], threads)
     from ..runtime.backends import open_backend
     from ..runtime.search import LoopSearcher
     from ..runtime.session import SessionOptions
@@ -139,6 +151,70 @@ def open_decoder(name: str, artifacts: Artifacts, threads: int, device: str = "c
                           artifacts.rules)
     return _searching(open_backend(artifacts.onnx[ONNX_VARIANTS[name]], "onnxruntime", device, options).searcher,
                       artifacts.rules)
+
+
+def cpp_binary() -> Path:
+    return Path(os.environ.get("TFM_CPP_TRANSLATE", CPP_BINARY))
+
+
+def _cpp_unavailable(artifacts: Artifacts) -> str | None:
+    if not cpp_binary().is_file():
+        return f"{cpp_binary()} is not built (`make cpp`)"
+    if artifacts.rules.forced_eos is not None:  # the other backends leave it out (_searching); the binary applies it
+        return "the C++ example forces the model's </s> at the length limit, which the benchmark leaves out"
+    return None
+
+
+class CppDecoder:
+    """The C++ binary in --ids mode, one process per decoding setting, kept running: it answers each input line as it
+    arrives, so a timed call costs decoding, not the process's start and model load. `warm` starts the timed
+    setting's process and decodes one input with it before the timing; `close` ends them all. Opening runs the
+    binary once with no input, which opens the model and stops (the load time the bench reports)."""
+
+    def __init__(self, model: Path, threads: int) -> None:
+        self.model, self.threads = model, threads
+        self.running: dict[tuple[int, int, bool], subprocess.Popen[str]] = {}
+        opened = subprocess.run(self._command(), input="", capture_output=True, text=True)
+        if "empty input" not in opened.stderr:
+            raise TfmExportError(f"the C++ translator cannot open {model}: {opened.stderr.strip()}")
+
+    def __call__(self, sources: Sequence[Sequence[int]], beam: int, length: int, forced: bool
+                 ) -> list[tuple[int, ...]]:
+        child = self._process(beam, length, forced)
+        assert child.stdin is not None and child.stdout is not None and child.stderr is not None
+        out = []
+        for ids in sources:
+            child.stdin.write(" ".join(map(str, ids)) + "\n")
+            child.stdin.flush()
+            line = child.stdout.readline()
+            if not line:
+                raise TfmExportError(f"the C++ translator stopped: {child.stderr.read().strip()}")
+            out.append(tuple(int(t) for t in line.split()))
+        return out
+
+    def warm(self, sources: Sequence[Sequence[int]], beam: int, length: int, forced: bool) -> None:
+        self(sources[:1], beam, length, forced)
+
+    def pids(self) -> list[int]:
+        return [child.pid for child in self.running.values()]
+
+    def close(self) -> None:
+        for child in self.running.values():
+            if child.stdin:
+                child.stdin.close()
+            child.wait()
+
+    def _process(self, beam: int, length: int, forced: bool) -> subprocess.Popen[str]:
+        key = (beam, length, forced)
+        if key not in self.running:
+            command = self._command("--beam", str(beam), "--max-length", str(length),
+                                    "--min-length", str(length if forced else 0))
+            self.running[key] = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                                 stderr=subprocess.PIPE, text=True)
+        return self.running[key]
+
+    def _command(self, *options: str) -> list[str]:
+        return [str(cpp_binary()), str(self.model), "--ids", "--threads", str(self.threads), *options]
 
 
 def _has_cuda_provider() -> bool:

@@ -23,7 +23,7 @@ from ..core.config import ModelConfig
 from ..core.errors import InputTextError
 from ..core.hypothesis import Hypothesis
 from ..core.languages import CLI_NAMES, choose_languages
-from ..core.sources import encode_lines
+from ..core.sources import check_source_length, encode_lines
 from ..core.token_rules import SEED_RULES, TokenRules
 from ..core.tokenizer import Vocabulary
 from .backends import Opened, open_backend
@@ -152,6 +152,25 @@ class Translator:
                     yield [(texts[i], done.pop(i)) for i in range(given, ready)]
                     given = ready
             first += len(texts)
+
+    def translate_ids(self, sources: Sequence[Sequence[int]], options: DecodeOptions = DecodeOptions()
+                      ) -> list[list[Hypothesis]]:
+        """Source ids as the encoder takes them (with their framing, as `encode(text, framed=True)` gives them) ->
+        each one's n_best hypotheses, best first, ranked under the options' length penalty: the search `translate`
+        runs, for callers with their own tokenizer (an app's, or the C++ example's --ids mode held to this)."""
+        options = self.with_defaults(options)
+        batch_size = self._check(options)
+        for index, ids in enumerate(sources):
+            if not ids:
+                raise InputTextError(f"source {index + 1}: no ids (a source has at least its framing)")
+            check_source_length(len(ids), self.max_source)
+        found: dict[int, list[Hypothesis]] = {}
+        for bucket in length_buckets([len(ids) for ids in sources], batch_size):
+            nbests = self._decode(pad_batch([sources[i] for i in bucket], self.config.src_pad_idx), options)
+            for index, nbest in zip(bucket, nbests, strict=True):
+                found[index] = [dataclasses.replace(h, length_penalty=options.length_penalty)
+                                for h in nbest[:options.n_best]]
+        return [found[i] for i in range(len(sources))]
 
     def _batches(self, texts: Sequence[str], options: DecodeOptions, batch_size: int,
                  first: int = 0) -> Iterator[dict[int, Translation]]:

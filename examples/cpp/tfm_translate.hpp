@@ -1,0 +1,751 @@
+// Translate with a tfm-export model directory from C++17 and the ONNX Runtime C++ API; copy this header, json.hpp
+// and sha256.hpp into an app. It follows docs/graph-contract.md:
+//
+//   tfm::ModelDir        reads manifest.json and opens only the files it names, each a plain name inside the
+//                        directory whose sha256 matches the manifest's
+//   tfm::StepSearch      encoder once, then decoder_step_search per token with each layer's cache buffer bound as
+//                        both its past input and its present output (the graph writes the new token in place);
+//                        greedy and beam search with tfm-run's rules: stopping, ranking, ties, n-best
+//   tfm::GenerateSearch  generate.onnx (`tfm-export generate`): the whole search in one Run
+//
+// Both take one source as the encoder takes it (ids with their framing, `<s> ... </s>` in the seed layout) and
+// return hypotheses of target ids; text is the app's business (tokenizer.hpp does the demo's).
+#pragma once
+#include <onnxruntime_cxx_api.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <memory>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "json.hpp"
+#include "sha256.hpp"
+
+namespace tfm {
+
+// The graph contract's names: the only place this example spells them.
+namespace contract {
+inline const std::string kManifest = "manifest.json", kFormat = "tfm-export-model";
+inline const int kFormatVersion = 2;
+inline const std::string kEncoder = "encoder", kSearch = "decoder_step_search",
+                         kSearchFused = "decoder_step_search_fused", kGenerate = "generate";
+inline const std::vector<std::string> kEncoderInputs = {"input_ids", "attention_mask"};
+inline const std::string kEncoderHidden = "last_hidden_state";
+inline const std::string kLogits = "logits", kTopLogprobs = "top_logprobs", kTopIds = "top_ids";
+inline const std::vector<std::string> kGenerateInputs = {"input_ids", "max_length", "min_length", "num_beams",
+                                                         "num_return_sequences", "length_penalty"};
+inline const std::vector<std::string> kGenerateOutputs = {"sequences", "sequences_scores"};
+
+// past_key_values.{i}.decoder.key, present.{i}.encoder.value, ...
+inline std::string cache(const std::string& prefix, int layer, const std::string& side, const std::string& role) {
+  return prefix + "." + std::to_string(layer) + "." + side + "." + role;
+}
+// decoder_step_search's inputs in order: the step's token, the source mask, the cache length, the decoding rules,
+// then per layer its decoder key, decoder value, encoder key, encoder value.
+inline std::vector<std::string> search_inputs(int layers) {
+  std::vector<std::string> out = {"input_ids", "encoder_attention_mask", "cache_length", "token_bias", "forced_token"};
+  for (int i = 0; i < layers; ++i)
+    for (const char* side : {"decoder", "encoder"})
+      for (const char* role : {"key", "value"}) out.push_back(cache("past_key_values", i, side, role));
+  return out;
+}
+inline std::vector<std::string> search_outputs(int layers) {
+  std::vector<std::string> out = {kLogits, kTopLogprobs, kTopIds};
+  for (int i = 0; i < layers; ++i)
+    for (const char* role : {"key", "value"}) out.push_back(cache("present", i, "decoder", role));
+  return out;
+}
+inline std::vector<std::string> encoder_cache_outputs(int layers) {
+  std::vector<std::string> out;
+  for (int i = 0; i < layers; ++i)
+    for (const char* role : {"key", "value"}) out.push_back(cache("present", i, "encoder", role));
+  return out;
+}
+}  // namespace contract
+
+constexpr int kCapacityStep = 16;  // cache positions added when a buffer is full (attention reads the unused ones)
+constexpr int kOpMaxLength = 4096;  // generate.onnx's BeamSearch refuses a longer max_length (<s> counted)
+constexpr double kMaxLengthPenalty = 10.0;  // beyond +-10 every ranking is degenerate
+
+struct Error : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// Which ids a decoder starts from, stops at, never produces or must produce: the seed layout, or a pretrained
+// model's generation config (the manifest's token_rules).
+struct TokenRules {
+  int64_t pad = 1, start = 2, eos = 3;
+  std::vector<int64_t> banned = {1};
+  int64_t forced_bos = -1, forced_eos = -1;  // -1: none
+  int64_t max_new_tokens = 0;                // the default length limit; 0: the model's positions
+  bool transformers_rule = false;            // beam search as transformers' generate() runs it
+  enum class EarlyStopping { False, True, Never } early_stopping = EarlyStopping::False;
+  int num_beams = 1;
+  double length_penalty = 1.0;
+  bool seed_layout = true;
+};
+
+// One result of a search.
+struct Hypothesis {
+  std::vector<int64_t> tokens;  // generated ids, without the start token and </s>
+  double score = 0;             // summed log-probabilities, </s> included when generated
+  bool finished = true;         // ended with </s> (false: cut at the length limit)
+
+  size_t length() const { return tokens.size() + (finished ? 1 : 0); }  // what the length penalty divides by
+  double normalized(double penalty) const {
+    return score / std::pow(static_cast<double>(std::max<size_t>(length(), 1)), penalty);
+  }
+};
+
+struct SearchOptions {
+  int beam_size = 1;  // 1: greedy
+  double length_penalty = 1.0;
+  int n_best = 1;      // hypotheses returned, best first (beam search; at most beam_size)
+  int max_length = 0;  // generated tokens at most, </s> included; 0: the model's default
+  int min_length = 0;  // </s> barred before this many tokens
+};
+
+struct SessionSettings {
+  int threads = 0;     // ONNX Runtime intra-op threads; 0: its default (all cores)
+  bool fused = true;   // decoder_step_search_fused where the directory has it (ONNX Runtime kernels, same I/O)
+};
+
+namespace detail {
+
+inline mini_json::Value read_json(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw Error(path + ": cannot open");
+  std::stringstream buffer;
+  buffer << in.rdbuf();
+  return mini_json::parse(buffer.str());
+}
+
+inline int64_t id_or_none(const mini_json::Value& v) { return v.is_null() ? -1 : v.as_int(); }
+
+inline std::vector<std::string> names(const Ort::Session& session, bool inputs) {
+  Ort::AllocatorWithDefaultOptions allocator;
+  std::vector<std::string> out;
+  size_t count = inputs ? session.GetInputCount() : session.GetOutputCount();
+  for (size_t i = 0; i < count; ++i)
+    out.emplace_back(inputs ? session.GetInputNameAllocated(i, allocator).get()
+                            : session.GetOutputNameAllocated(i, allocator).get());
+  return out;
+}
+
+// A graph whose inputs or outputs are not the ones this code feeds is refused before any run, naming the first
+// that differs.
+inline void check_names(const Ort::Session& session, const std::string& path, bool inputs,
+                        const std::vector<std::string>& expected) {
+  const std::string kind = inputs ? "input" : "output";
+  const std::vector<std::string> got = names(session, inputs);
+  for (size_t i = 0; i < std::max(got.size(), expected.size()); ++i) {
+    if (i >= got.size()) throw Error(path + ": lacks the contract's " + kind + " '" + expected[i] + "'");
+    if (i >= expected.size()) throw Error(path + ": has " + kind + " '" + got[i] + "', which the contract lacks");
+    if (got[i] != expected[i])
+      throw Error(path + ": " + kind + " " + std::to_string(i) + " is '" + got[i] + "' where the contract has '" +
+                  expected[i] + "'");
+  }
+}
+
+// ONNX Runtime's version as major * 1000 + minor (1.32 -> 1032).
+inline int runtime_version() {
+  int major = 0, minor = 0;
+  return std::sscanf(Ort::GetVersionString().c_str(), "%d.%d", &major, &minor) == 2 ? major * 1000 + minor : 0;
+}
+
+inline Ort::Session open(Ort::Env& env, const std::string& path, const Ort::SessionOptions& options) {
+  try {
+    return Ort::Session(env, path.c_str(), options);
+  } catch (const Ort::Exception& e) {
+    throw Error(path + ": ONNX Runtime cannot load this graph (" + e.what() + ")");
+  }
+}
+
+inline std::vector<int64_t> output_shape(const Ort::Session& session, size_t index) {
+  return session.GetOutputTypeInfo(index).GetTensorTypeAndShapeInfo().GetShape();
+}
+
+inline Ort::SessionOptions session_options(const SessionSettings& settings, bool arena, bool fold_qdq) {
+  Ort::SessionOptions options;
+  options.SetIntraOpNumThreads(settings.threads);
+  options.SetInterOpNumThreads(1);
+  options.SetGraphOptimizationLevel(GraphOptimizationLevel::ORT_ENABLE_ALL);
+  options.SetLogSeverityLevel(3);
+  if (!arena) options.DisableCpuMemArena();  // the step loop allocates little per step: less peak memory
+  // threads spin between a run's ops and stop when it returns, leaving the core to the search between steps
+  options.AddConfigEntry("session.intra_op.allow_spinning", "1");
+  options.AddConfigEntry("session.force_spinning_stop", "1");
+  if (fold_qdq) options.AddConfigEntry("session.disable_quant_qdq", "1");  // int8 static: Q/DQ as float ops
+  return options;
+}
+
+}  // namespace detail
+
+// A model directory: the manifest read and checked, and the files it names opened only after their checks.
+class ModelDir {
+ public:
+  explicit ModelDir(const std::string& dir) : dir_(dir) {
+    namespace fs = std::filesystem;
+    if (!fs::is_directory(dir)) throw Error(dir + ": not a directory");
+    const std::string path = (fs::path(dir) / contract::kManifest).string();
+    if (!fs::exists(path)) throw Error(dir + ": not a tfm-export model directory (no " + contract::kManifest + ")");
+    try {
+      manifest_ = detail::read_json(path);
+    } catch (const std::exception& e) {
+      throw Error(path + ": cannot read it (" + e.what() + ")");
+    }
+    try {
+      read_fields();
+    } catch (const Error&) {
+      throw;
+    } catch (const std::exception& e) {
+      throw Error(path + ": " + e.what() + "; export the model again");
+    }
+  }
+
+  const std::string& path() const { return dir_; }
+  const mini_json::Value& manifest() const { return manifest_; }
+  const TokenRules& rules() const { return rules_; }
+  bool has_graph(const std::string& name) const { return manifest_["graphs"].has(name); }
+  int layers() const { return layers_; }
+  int heads() const { return heads_; }
+  int d_k() const { return d_k_; }
+  int d_v() const { return d_v_; }
+  int positions() const { return positions_; }
+  int max_source() const { return max_source_; }
+  int max_target() const { return max_target_; }
+  int source_vocab() const { return source_vocab_; }
+  int target_vocab() const { return target_vocab_; }
+  bool int8_static() const {
+    return manifest_["precision"].string == "int8" && manifest_.has("int8") && manifest_["int8"].has("mode") &&
+           manifest_["int8"]["mode"].string == "static";
+  }
+
+  // A file the manifest names: a plain file name whose real path is inside the directory, and whose sha256 is the
+  // one the manifest records (a swapped or damaged file is refused before anything reads it).
+  std::string verified(const std::string& name, const std::string& sha256) const {
+    namespace fs = std::filesystem;
+    if (name.empty() || name == "." || name == ".." || name.find('/') != std::string::npos ||
+        name.find('\\') != std::string::npos)
+      throw Error(dir_ + ": '" + name + "' is not a plain file name in the directory; export the model again");
+    const fs::path path = fs::path(dir_) / name;
+    std::error_code error;
+    const fs::path real = fs::canonical(path, error);
+    if (error || !fs::is_regular_file(real)) throw Error(path.string() + ": missing or not a file");
+    if (real.parent_path() != fs::canonical(dir_)) throw Error(path.string() + ": points outside " + dir_);
+    if (sha256.empty()) throw Error(path.string() + ": the manifest records no sha256 for it");
+    if (sha256::file_hex(real.string()) != sha256)
+      throw Error(path.string() + ": sha256 differs from " + contract::kManifest +
+                  " (file changed or damaged); export the model again");
+    return real.string();
+  }
+
+  // A graph's file, and its external weights where it has them, checked.
+  std::string graph(const std::string& name) const {
+    if (!has_graph(name)) throw Error(dir_ + ": has no " + name + ".onnx; export the model again");
+    const auto& entry = manifest_["graphs"][name];
+    return graph_file(entry["file"].string, entry["sha256"].string);
+  }
+
+  std::string graph_file(const std::string& file, const std::string& sha256) const {
+    const std::string path = verified(file, sha256);
+    const std::string data = file + ".data";
+    const auto& files = manifest_["files"];
+    if (files.has(data) || std::filesystem::exists(std::filesystem::path(dir_) / data))
+      verified(data, files.has(data) ? files[data].string : "");
+    return path;
+  }
+
+  // The tokenizer file of one side ("source" or "target"), checked.
+  std::string tokenizer(const std::string& side) const {
+    const std::string& name = manifest_["tokenizer"][side].string;
+    const auto& files = manifest_["files"];
+    return verified(name, files.has(name) ? files[name].string : "");
+  }
+
+ private:
+  std::string dir_;
+  mini_json::Value manifest_;
+  TokenRules rules_;
+  int layers_ = 0, heads_ = 0, d_k_ = 0, d_v_ = 0, positions_ = 0, max_source_ = 0, max_target_ = 0;
+  int source_vocab_ = 0, target_vocab_ = 0;
+
+  void read_fields() {
+    const auto& m = manifest_;
+    if (!m.has("format") || m["format"].string != contract::kFormat || !m.has("format_version") ||
+        m["format_version"].as_int() != contract::kFormatVersion)
+      throw Error(dir_ + ": not a tfm-export model directory (its manifest's format is not " + contract::kFormat +
+                  " version " + std::to_string(contract::kFormatVersion) + ")");
+    const auto& model = m["model"];
+    layers_ = static_cast<int>(model["n_layers"].as_int());
+    heads_ = static_cast<int>(model["n_head"].as_int());
+    d_k_ = static_cast<int>(model["d_k"].as_int());
+    d_v_ = static_cast<int>(model["d_v"].as_int());
+    positions_ = static_cast<int>(model["n_position"].as_int());
+    source_vocab_ = static_cast<int>(model["src_vocab_size"].as_int());
+    target_vocab_ = static_cast<int>(model["trg_vocab_size"].as_int());
+    max_source_ = std::min(positions_, static_cast<int>(m["limits"]["max_source_length"].as_int()));
+    max_target_ = std::min(positions_, static_cast<int>(m["limits"]["max_target_length"].as_int()));
+    if (!m.has("token_rules")) {  // the seed layout: <blank> 1 never generated, <s> 2 first, </s> 3 last
+      const auto& special = m["special_tokens"];
+      rules_.pad = special["pad"].as_int(), rules_.start = special["bos"].as_int();
+      rules_.eos = special["eos"].as_int(), rules_.banned = {rules_.pad};
+      return;
+    }
+    const auto& r = m["token_rules"];
+    rules_.seed_layout = false;
+    rules_.pad = r["pad"].as_int(), rules_.start = r["start"].as_int(), rules_.eos = r["eos"].as_int();
+    rules_.banned.clear();
+    for (const auto& id : r["banned"].array) rules_.banned.push_back(id.as_int());
+    rules_.forced_bos = detail::id_or_none(r["forced_bos"]);
+    rules_.forced_eos = detail::id_or_none(r["forced_eos"]);
+    rules_.max_new_tokens = r["max_new_tokens"].is_null() ? 0 : r["max_new_tokens"].as_int();
+    rules_.transformers_rule = r["beam_rule"].string == "transformers";
+    if (r.has("early_stopping")) {
+      const auto& e = r["early_stopping"];
+      rules_.early_stopping = e.kind == mini_json::Value::Kind::String ? TokenRules::EarlyStopping::Never
+                              : e.boolean                               ? TokenRules::EarlyStopping::True
+                                                                        : TokenRules::EarlyStopping::False;
+    }
+    if (r.has("num_beams")) rules_.num_beams = static_cast<int>(r["num_beams"].as_int());
+    if (r.has("length_penalty")) rules_.length_penalty = r["length_penalty"].number;
+  }
+};
+
+// Options as a search takes them: the model's defaults filled in, each checked (one line when out of range).
+inline SearchOptions resolved(const ModelDir& model, SearchOptions o, int widest_beam) {
+  if (o.max_length == 0) {
+    const int64_t limit = model.rules().max_new_tokens ? model.rules().max_new_tokens : model.max_target();
+    o.max_length = static_cast<int>(std::min<int64_t>(limit, model.max_target()));
+  }
+  if (o.beam_size < 1 || o.beam_size > widest_beam)
+    throw Error("--beam " + std::to_string(o.beam_size) + " is outside 1.." + std::to_string(widest_beam));
+  if (o.n_best < 1 || o.n_best > o.beam_size)
+    throw Error("--n-best " + std::to_string(o.n_best) + " needs --beam >= " + std::to_string(o.n_best));
+  if (o.max_length < 1 || o.max_length > model.max_target())
+    throw Error("--max-length " + std::to_string(o.max_length) + " is outside 1.." +
+                std::to_string(model.max_target()) + " (the model's positions)");
+  if (o.min_length < 0 || !(std::abs(o.length_penalty) <= kMaxLengthPenalty))
+    throw Error("--min-length must be >= 0 and --length-penalty within -10..10");
+  return o;
+}
+
+inline void check_source(const ModelDir& model, const std::vector<int64_t>& source) {
+  if (source.empty()) throw Error("an empty source (a source has at least its framing, e.g. </s>)");
+  if (static_cast<int>(source.size()) > model.max_source())
+    throw Error("source of " + std::to_string(source.size()) + " tokens is longer than the model's " +
+                std::to_string(model.max_source()) + "; shorten it");
+  for (int64_t id : source)
+    if (id < 0 || id >= model.source_vocab())
+      throw Error("source id " + std::to_string(id) + " is outside the source vocabulary of " +
+                  std::to_string(model.source_vocab()));
+}
+
+// The hypotheses ranked as tfm-run ranks them: by normalized score, earlier ones first among equals.
+inline std::vector<Hypothesis> best(std::vector<Hypothesis> found, double length_penalty, size_t count) {
+  std::stable_sort(found.begin(), found.end(), [&](const Hypothesis& a, const Hypothesis& b) {
+    return a.normalized(length_penalty) > b.normalized(length_penalty);
+  });
+  if (found.size() > count) found.resize(count);
+  return found;
+}
+
+// Encoder once, decoder_step_search per token, the cache written in place; greedy and beam search.
+class StepSearch {
+ public:
+  StepSearch(Ort::Env& env, const ModelDir& model, const SessionSettings& settings = {})
+      : model_(model), rules_(model.rules()), encoder_(nullptr), decoder_(nullptr) {
+    const bool fold = model.int8_static();
+    Ort::SessionOptions encoder_options = detail::session_options(settings, false, fold);
+    encoder_options.AddConfigEntry("session.disable_prepacking", "1");  // runs once per input: packing costs more
+    const std::string encoder_path = model.graph(contract::kEncoder);
+    encoder_ = detail::open(env, encoder_path, encoder_options);
+    detail::check_names(encoder_, encoder_path, true, contract::kEncoderInputs);
+    std::vector<std::string> encoder_outputs = contract::encoder_cache_outputs(model.layers());
+    encoder_outputs.insert(encoder_outputs.begin(), contract::kEncoderHidden);
+    detail::check_names(encoder_, encoder_path, false, encoder_outputs);
+    // the fused twin (ONNX Runtime's attention kernels) where the directory has it and this runtime computes it
+    // right (1.20 ignores its source padding mask), as tfm-run chooses
+    const bool fused = settings.fused && model.has_graph(contract::kSearchFused) && detail::runtime_version() >= 1021;
+    const std::string path = model.graph(fused ? contract::kSearchFused : contract::kSearch);
+    decoder_ = detail::open(env, path, detail::session_options(settings, false, fold));
+    detail::check_names(decoder_, path, true, contract::search_inputs(model.layers()));
+    detail::check_names(decoder_, path, false, contract::search_outputs(model.layers()));
+    for (size_t i = 5; i < decoder_.GetInputCount(); ++i) {  // the cache buffers this code owns are float32
+      auto type = decoder_.GetInputTypeInfo(i).GetTensorTypeAndShapeInfo().GetElementType();
+      if (type != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT)
+        throw Error(path + ": input '" + contract::search_inputs(model.layers())[i] +
+                    "' is not float32 (an fp16 directory?); give an fp32, int8 or fp16 --keep-io-types directory");
+    }
+    top_k_ = static_cast<int>(detail::output_shape(decoder_, 2).at(1));  // K: a constant of the graph
+    if (top_k_ < 2) throw Error(path + ": its top_ids output has no fixed K; export the model again");
+  }
+
+  // The widest beam the graph's own candidates serve (2 x beam per row).
+  int widest_beam() const { return top_k_ / 2; }
+
+  // One source (ids as the encoder takes them) -> its best hypotheses, best first (n_best of them; greedy: one).
+  std::vector<Hypothesis> search(const std::vector<int64_t>& source, const SearchOptions& options) {
+    const SearchOptions o = resolved(model_, options, widest_beam());
+    check_source(model_, source);
+    encode(source);
+    begin(o.beam_size);
+    if (o.beam_size == 1) return greedy(o);
+    return rules_.transformers_rule ? transformers_beam(o) : beam(o);
+  }
+
+ private:
+  struct Candidate {
+    int beam;
+    int64_t token;
+    float value;  // beam score + log-probability, in float32 as tfm-run sums it
+  };
+
+  const ModelDir& model_;
+  const TokenRules rules_;
+  Ort::Session encoder_, decoder_;
+  Ort::MemoryInfo memory_ = Ort::MemoryInfo::CreateCpu(OrtDeviceAllocator, OrtMemTypeCPU);
+  int top_k_ = 0;
+
+  // One decode's state: everything bound to the decoder session, and the buffers behind it.
+  std::vector<int64_t> mask_;                 // (1, S): the source mask
+  std::vector<Ort::Value> cross_;             // per layer the encoder's key, value (1, H, S, d)
+  std::vector<std::vector<float>> cache_;     // per layer decoder key, value (rows, H, capacity, d)
+  std::vector<int64_t> ids_, top_ids_;        // (rows, 1) the step's tokens; (rows, K)
+  std::vector<float> bias_, logits_, top_logprobs_;  // (V,) the decoding rules' bias; (rows, 1, V); (rows, K)
+  int64_t cache_length_ = 0, forced_ = -1;    // scalars: filled positions, the forced token (-1: none)
+  int rows_ = 0, capacity_ = 0;
+  std::unique_ptr<Ort::IoBinding> binding_;
+  std::vector<Ort::Value> bound_;             // what is bound: the session reads and writes their memory
+
+  void encode(const std::vector<int64_t>& source) {
+    std::vector<int64_t> ids = source;
+    const int64_t shape[] = {1, static_cast<int64_t>(source.size())};
+    mask_.assign(source.size(), 0);
+    for (size_t i = 0; i < source.size(); ++i) mask_[i] = source[i] != rules_.pad;
+    Ort::Value inputs[] = {Ort::Value::CreateTensor<int64_t>(memory_, ids.data(), ids.size(), shape, 2),
+                           Ort::Value::CreateTensor<int64_t>(memory_, mask_.data(), mask_.size(), shape, 2)};
+    const char* input_names[] = {contract::kEncoderInputs[0].c_str(), contract::kEncoderInputs[1].c_str()};
+    const std::vector<std::string> outputs = contract::encoder_cache_outputs(model_.layers());
+    std::vector<const char*> output_names;
+    for (const auto& name : outputs) output_names.push_back(name.c_str());
+    cross_ = encoder_.Run(Ort::RunOptions{nullptr}, input_names, inputs, 2, output_names.data(), outputs.size());
+  }
+
+  // Fresh buffers for `rows` rows of the source (beam search's rows before the first step).
+  void begin(int rows) {
+    rows_ = rows, capacity_ = 0, cache_length_ = 0;
+    cache_.assign(2 * model_.layers(), {});
+    ids_.assign(rows, 0);
+    bias_.assign(model_.target_vocab(), 0.0f);
+    for (int64_t id : rules_.banned) bias_.at(id) = -std::numeric_limits<float>::infinity();
+    logits_.assign(static_cast<size_t>(rows) * model_.target_vocab(), 0.0f);
+    top_logprobs_.assign(static_cast<size_t>(rows) * top_k_, 0.0f);
+    top_ids_.assign(static_cast<size_t>(rows) * top_k_, 0);
+    grow();
+  }
+
+  int head_size(size_t tensor) const { return tensor % 2 == 0 ? model_.d_k() : model_.d_v(); }
+
+  // Room for kCapacityStep more positions: each buffer copied into a wider one, then everything bound again.
+  void grow() {
+    const int capacity = std::min(static_cast<int>(cache_length_) + kCapacityStep, model_.positions());
+    for (size_t t = 0; t < cache_.size(); ++t) {
+      const size_t d = head_size(t), lines = static_cast<size_t>(rows_) * model_.heads();
+      std::vector<float> wider(lines * capacity * d, 0.0f);  // unused positions are read: they must be finite
+      for (size_t line = 0; line < lines && capacity_ > 0; ++line)
+        std::copy_n(cache_[t].begin() + line * capacity_ * d, capacity_ * d, wider.begin() + line * capacity * d);
+      cache_[t].swap(wider);
+    }
+    capacity_ = capacity;
+    bind();
+  }
+
+  void bind() {
+    binding_ = std::make_unique<Ort::IoBinding>(decoder_);
+    bound_.clear();
+    const int64_t rows = rows_, sources = 1, source_length = static_cast<int64_t>(mask_.size());
+    const int64_t vocab = model_.target_vocab(), k = top_k_;
+    const std::vector<std::string> inputs = contract::search_inputs(model_.layers());
+    const std::vector<std::string> outputs = contract::search_outputs(model_.layers());
+    auto input = [&](const std::string& name, Ort::Value value) {
+      binding_->BindInput(name.c_str(), value);
+      bound_.push_back(std::move(value));
+    };
+    const int64_t ids_shape[] = {rows, 1}, mask_shape[] = {sources, source_length}, bias_shape[] = {vocab};
+    input(inputs[0], Ort::Value::CreateTensor<int64_t>(memory_, ids_.data(), ids_.size(), ids_shape, 2));
+    input(inputs[1], Ort::Value::CreateTensor<int64_t>(memory_, mask_.data(), mask_.size(), mask_shape, 2));
+    input(inputs[2], Ort::Value::CreateTensor<int64_t>(memory_, &cache_length_, 1, nullptr, 0));
+    input(inputs[3], Ort::Value::CreateTensor<float>(memory_, bias_.data(), bias_.size(), bias_shape, 1));
+    input(inputs[4], Ort::Value::CreateTensor<int64_t>(memory_, &forced_, 1, nullptr, 0));
+    for (int layer = 0; layer < model_.layers(); ++layer) {
+      for (int role = 0; role < 2; ++role) {  // the buffer is the past input and the present output: in place
+        auto& buffer = cache_[2 * layer + role];
+        const int64_t shape[] = {rows, model_.heads(), capacity_, head_size(role)};
+        Ort::Value value = Ort::Value::CreateTensor<float>(memory_, buffer.data(), buffer.size(), shape, 4);
+        binding_->BindOutput(outputs[3 + 2 * layer + role].c_str(), value);
+        input(inputs[5 + 4 * layer + role], std::move(value));
+        binding_->BindInput(inputs[5 + 4 * layer + 2 + role].c_str(), cross_[2 * layer + role]);
+      }
+    }
+    const int64_t top_shape[] = {rows, k};
+    bound_.push_back(Ort::Value::CreateTensor<float>(memory_, top_logprobs_.data(), top_logprobs_.size(), top_shape, 2));
+    binding_->BindOutput(contract::kTopLogprobs.c_str(), bound_.back());
+    bound_.push_back(Ort::Value::CreateTensor<int64_t>(memory_, top_ids_.data(), top_ids_.size(), top_shape, 2));
+    binding_->BindOutput(contract::kTopIds.c_str(), bound_.back());
+    const int64_t logits_shape[] = {rows, 1, vocab};
+    bound_.push_back(Ort::Value::CreateTensor<float>(memory_, logits_.data(), logits_.size(), logits_shape, 3));
+    binding_->BindOutput(contract::kLogits.c_str(), bound_.back());  // unread (wider beams would read it)
+  }
+
+  // One decoder step for every row: `tokens` in, each row's K best (log-probability, id) in top_*_. The rules:
+  // the first step may force a token (forced_bos), the last a length limit allows may force </s>, and </s> is
+  // barred before min_length.
+  void step(const std::vector<int64_t>& tokens, int step, const SearchOptions& o) {
+    if (cache_length_ == capacity_) grow();
+    std::copy(tokens.begin(), tokens.end(), ids_.begin());
+    forced_ = step == 0 ? rules_.forced_bos : -1;
+    if (step + 1 == o.max_length && rules_.forced_eos >= 0) forced_ = rules_.forced_eos;
+    const bool eos_banned = std::find(rules_.banned.begin(), rules_.banned.end(), rules_.eos) != rules_.banned.end();
+    bias_[rules_.eos] = step + 1 > o.min_length && !eos_banned ? 0.0f : -std::numeric_limits<float>::infinity();
+    decoder_.Run(Ort::RunOptions{nullptr}, *binding_);
+    ++cache_length_;
+  }
+
+  // Row i of every cache buffer becomes row rows[i] (beams reordered); only rows that change move.
+  void reorder(const std::vector<int>& rows) {
+    bool moved = false;
+    for (int i = 0; i < rows_; ++i) moved |= rows[i] != i;
+    if (!moved) return;
+    for (size_t t = 0; t < cache_.size(); ++t) {
+      const size_t line = static_cast<size_t>(capacity_) * head_size(t), row = model_.heads() * line;
+      const size_t filled = static_cast<size_t>(cache_length_) * head_size(t);
+      const std::vector<float> old = cache_[t];
+      for (int i = 0; i < rows_; ++i)
+        if (rows[i] != i)
+          for (int h = 0; h < model_.heads(); ++h)
+            std::copy_n(old.begin() + rows[i] * row + h * line, filled, cache_[t].begin() + i * row + h * line);
+    }
+  }
+
+  std::vector<Hypothesis> greedy(const SearchOptions& o) {
+    Hypothesis found;
+    float score = 0.0f;  // summed in float32, as tfm-run sums it
+    std::vector<int64_t> token = {rules_.start};
+    found.finished = false;
+    for (int t = 0; t < o.max_length; ++t) {
+      step(token, t, o);
+      token[0] = top_ids_[0];  // the first of equal maxima
+      score += top_logprobs_[0];
+      if (token[0] == rules_.eos) {
+        found.finished = true;
+        break;
+      }
+      found.tokens.push_back(token[0]);
+    }
+    found.score = score;
+    return {found};
+  }
+
+  // The `count` best candidates score + log-probability over every beam's own best, best first, ties to the lower
+  // (beam, token): an input's count best are among its rows' count best.
+  std::vector<Candidate> merged(const std::vector<float>& scores, int count) const {
+    const int each = std::min(count, top_k_);
+    std::vector<Candidate> all;
+    for (int b = 0; b < rows_; ++b)
+      for (int j = 0; j < each; ++j)
+        all.push_back({b, top_ids_[b * top_k_ + j], scores[b] + top_logprobs_[b * top_k_ + j]});
+    std::sort(all.begin(), all.end(), [](const Candidate& a, const Candidate& b) {
+      if (a.value != b.value) return a.value > b.value;
+      return a.beam != b.beam ? a.beam < b.beam : a.token < b.token;
+    });
+    all.resize(std::min<size_t>(count, all.size()));
+    return all;
+  }
+
+  // Beam search's rows: each one's tokens so far, its next input and its score.
+  struct Beams {
+    std::vector<std::vector<int64_t>> history;
+    std::vector<int64_t> tokens;
+    std::vector<float> scores;
+  };
+
+  // k rows with one live beam, so the first step picks no duplicates: the others score `others`.
+  Beams start(int k, float others) const {
+    Beams b{std::vector<std::vector<int64_t>>(k), std::vector<int64_t>(k, rules_.start), std::vector<float>(k, others)};
+    b.scores[0] = 0.0f;
+    return b;
+  }
+
+  // Row i goes on from row rows[i] with tokens[i] at scores[i]: the token histories and the cache rows follow.
+  void advance(Beams& b, const std::vector<int>& rows, const std::vector<int64_t>& tokens,
+               const std::vector<float>& scores) {
+    std::vector<std::vector<int64_t>> history(rows.size());
+    for (size_t i = 0; i < rows.size(); ++i) {
+      history[i] = b.history[rows[i]];
+      history[i].push_back(tokens[i]);
+    }
+    b.history.swap(history), b.tokens = tokens, b.scores = scores;
+    reorder(rows);
+  }
+
+  // tfm-run's beam search (the reference decoders' rule): of the 2k best candidates, a </s> among the k best is a
+  // finished hypothesis; the first k others go on. The input is done when its best candidate is </s> (no live
+  // beam can score higher), or at the length limit, where its live beams become hypotheses too.
+  std::vector<Hypothesis> beam(const SearchOptions& o) {
+    const int k = o.beam_size;
+    const float none = -std::numeric_limits<float>::infinity();
+    Beams b = start(k, none);
+    std::vector<Hypothesis> finished;
+    for (int t = 0; t < o.max_length; ++t) {
+      step(b.tokens, t, o);
+      const std::vector<Candidate> c = merged(b.scores, 2 * k);
+      std::vector<int> picked;  // ranks of the continuations: the first k non-</s> candidates above -inf
+      for (size_t r = 0; r < c.size() && static_cast<int>(picked.size()) < k; ++r) {
+        if (c[r].value == none) break;
+        if (c[r].token != rules_.eos) picked.push_back(static_cast<int>(r));
+        else if (static_cast<int>(r) < k) finished.push_back({b.history[c[r].beam], c[r].value, true});
+      }
+      const bool done = c[0].token == rules_.eos && c[0].value != none, last = t + 1 == o.max_length;
+      if (last && !done)
+        for (int r : picked) {
+          Hypothesis cut{b.history[c[r].beam], c[r].value, false};
+          cut.tokens.push_back(c[r].token);
+          finished.push_back(cut);
+        }
+      if (done || picked.empty() || last) break;
+      std::vector<int> rows(k);
+      std::vector<int64_t> tokens(k);
+      std::vector<float> scores(k);
+      for (int i = 0; i < k; ++i) {  // fewer than k continuations: copies of the first at -inf fill the rows
+        const bool real = i < static_cast<int>(picked.size());
+        const Candidate& from = c[picked[real ? i : 0]];
+        rows[i] = from.beam, tokens[i] = real ? from.token : rules_.pad, scores[i] = real ? from.value : none;
+      }
+      advance(b, rows, tokens, scores);
+    }
+    return best(finished, o.length_penalty, o.n_best);
+  }
+
+  // Beam search as transformers' generate() runs it, for pretrained models whose outputs must match it: a </s>
+  // among the k best of the 2k candidates is kept as finished (the k best finished by normalized score); the k
+  // best others go on; when the input is done follows the model's early_stopping; at the length limit the k best
+  // candidates end as they are.
+  std::vector<Hypothesis> transformers_beam(const SearchOptions& o) {
+    const int k = o.beam_size;
+    Beams b = start(k, -1e9f);  // generate() starts the other beams at -1e9, not -inf
+    std::vector<Hypothesis> finished;
+    for (int t = 0; t < o.max_length; ++t) {
+      step(b.tokens, t, o);
+      const std::vector<Candidate> c = merged(b.scores, 2 * k);
+      const bool last = t + 1 == o.max_length;
+      std::vector<double> key(c.size());  // ended candidates sink by 1e9 (in float64, as NumPy computes it)
+      for (size_t r = 0; r < c.size(); ++r) {
+        const bool ends = c[r].token == rules_.eos || last;
+        key[r] = static_cast<double>(c[r].value) - (ends ? 1e9 : 0.0);
+        if (!ends || static_cast<int>(r) >= k) continue;
+        const bool done = c[r].token == rules_.eos;
+        Hypothesis h{b.history[c[r].beam], c[r].value, done};
+        if (!done) h.tokens.push_back(c[r].token);
+        finished.push_back(h);
+        finished = best(finished, o.length_penalty, k);
+      }
+      std::vector<int> going(c.size());
+      for (size_t r = 0; r < c.size(); ++r) going[r] = static_cast<int>(r);
+      std::stable_sort(going.begin(), going.end(), [&](int x, int y) { return key[x] > key[y]; });
+      std::vector<int> rows(k);
+      std::vector<int64_t> tokens(k);
+      std::vector<float> scores(k);
+      for (int i = 0; i < k; ++i)
+        rows[i] = c[going[i]].beam, tokens[i] = c[going[i]].token, scores[i] = static_cast<float>(key[going[i]]);
+      if (last || !may_improve(finished, scores[0], k, t + 1, o)) break;
+      advance(b, rows, tokens, scores);
+    }
+    if (static_cast<int>(finished.size()) > o.n_best) finished.resize(o.n_best);
+    return finished;
+  }
+
+  // Whether generate() searches on: fewer than k finished, or (unless early_stopping is true) the best live score,
+  // at the current length or, with "never" and a positive penalty, at the length limit, beats the worst finished
+  // one. In float32, as NumPy compares a float32 score with a Python float.
+  bool may_improve(const std::vector<Hypothesis>& finished, float best_live, int k, int length,
+                   const SearchOptions& o) const {
+    using ES = TokenRules::EarlyStopping;
+    if (static_cast<int>(finished.size()) < k) return true;
+    if (rules_.early_stopping == ES::True) return false;
+    if (rules_.early_stopping == ES::Never && o.length_penalty > 0) length = o.max_length;
+    const float live = best_live / static_cast<float>(std::pow(static_cast<double>(length), o.length_penalty));
+    return live > static_cast<float>(finished.back().normalized(o.length_penalty));
+  }
+};
+
+// generate.onnx: ONNX Runtime's BeamSearch op runs the whole greedy or beam search in one Run.
+class GenerateSearch {
+ public:
+  GenerateSearch(Ort::Env& env, const ModelDir& model, const SessionSettings& settings = {})
+      : model_(model), session_(nullptr) {
+    const auto& m = model.manifest();
+    if (!m.has(contract::kGenerate))
+      throw Error(model.path() + ": has no generate.onnx; make one with `tfm-export generate --model " + model.path() +
+                  " --output DIR` and give that directory");
+    if (!model.rules().seed_layout) throw Error(model.path() + ": generate.onnx is made for the seed's token layout");
+    if (detail::runtime_version() < 1022)
+      throw Error("generate.onnx needs ONNX Runtime 1.22 or later (this is " + Ort::GetVersionString() + ")");
+    const auto& entry = m[contract::kGenerate];
+    const std::string path = model.graph_file(entry["file"].string, entry["sha256"].string);
+    session_ = detail::open(env, path, detail::session_options(settings, true, model.int8_static()));
+    detail::check_names(session_, path, true, contract::kGenerateInputs);
+    detail::check_names(session_, path, false, contract::kGenerateOutputs);
+  }
+
+  int widest_beam() const { return 64; }
+
+  std::vector<Hypothesis> search(const std::vector<int64_t>& source, const SearchOptions& options) {
+    const SearchOptions o = resolved(model_, options, widest_beam());
+    check_source(model_, source);
+    if (o.max_length + 1 > kOpMaxLength)
+      throw Error("--max-length " + std::to_string(o.max_length) + " is beyond what BeamSearch takes");
+    const float penalty = o.beam_size > 1 ? static_cast<float>(o.length_penalty) : 0.0f;  // greedy: summed log-p
+    std::vector<int32_t> ids(source.begin(), source.end());
+    int32_t scalars[] = {o.max_length + 1, o.min_length + 1, o.beam_size, o.n_best};  // the op counts <s>
+    const int64_t shape[] = {1, static_cast<int64_t>(ids.size())}, one[] = {1};
+    std::vector<Ort::Value> inputs;
+    inputs.push_back(Ort::Value::CreateTensor<int32_t>(memory_, ids.data(), ids.size(), shape, 2));
+    for (int32_t& value : scalars) inputs.push_back(Ort::Value::CreateTensor<int32_t>(memory_, &value, 1, one, 1));
+    float penalty_value = penalty;
+    inputs.push_back(Ort::Value::CreateTensor<float>(memory_, &penalty_value, 1, one, 1));
+    std::vector<const char*> in_names, out_names;
+    for (const auto& n : contract::kGenerateInputs) in_names.push_back(n.c_str());
+    for (const auto& n : contract::kGenerateOutputs) out_names.push_back(n.c_str());
+    auto out = session_.Run(Ort::RunOptions{nullptr}, in_names.data(), inputs.data(), inputs.size(),
+                            out_names.data(), out_names.size());
+    const int64_t length = out[0].GetTensorTypeAndShapeInfo().GetShape().at(2);
+    const int32_t* sequences = out[0].GetTensorData<int32_t>();
+    const float* scores = out[1].GetTensorData<float>();
+    std::vector<Hypothesis> found;
+    for (int n = 0; n < o.n_best; ++n) {  // <s>, the generated ids, then <blank> (</s> is not written)
+      Hypothesis h;
+      for (int64_t i = 1; i < length; ++i)
+        if (sequences[n * length + i] != model_.rules().pad) h.tokens.push_back(sequences[n * length + i]);
+      h.finished = static_cast<int>(h.tokens.size()) < o.max_length;
+      // the op's score is log-p / (length with <s>) ** penalty: back to the summed log-probability
+      h.score = static_cast<double>(scores[n]) * std::pow(static_cast<double>(h.tokens.size() + 1), penalty);
+      found.push_back(h);
+    }
+    return found;
+  }
+
+ private:
+  const ModelDir& model_;
+  Ort::Session session_;
+  Ort::MemoryInfo memory_ = Ort::MemoryInfo::CreateCpu(OrtDeviceAllocator, OrtMemTypeCPU);
+};
+
+}  // namespace tfm

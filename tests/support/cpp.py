@@ -1,0 +1,79 @@
+"""Shared by the C++ example's tests: the translator built as `make cpp` builds it (scripts/build_cpp.py), run
+over lines, and its n-best read back; its ids and scores held to tfm-run's (the Python Translator)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from functools import cache
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from support.common import REPO
+from tfm_export import Translator
+from tfm_export.runtime.translator import DecodeOptions
+
+BUILD_SCRIPT = REPO / "scripts" / "build_cpp.py"
+HEADERS_UNAVAILABLE = 3  # build_cpp.py's exit status where ONNX Runtime's headers cannot be fetched
+SCORE_TOLERANCE = 1e-4
+
+
+@cache
+def _build() -> tuple[Path | None, str]:
+    done = subprocess.run([sys.executable, str(BUILD_SCRIPT)], capture_output=True, text=True, timeout=1200)
+    if done.returncode == HEADERS_UNAVAILABLE:
+        return None, done.stderr.strip().splitlines()[-1]
+    assert done.returncode == 0, done.stdout + done.stderr
+    return Path(done.stdout.splitlines()[-1]), ""  # `make cpp` prints the binary's path last
+
+
+def built_translator() -> Path:
+    """The C++ translator, built once per test process (cached in build/, and a file lock keeps two workers from
+    building at once); skipped, saying why, only where ONNX Runtime's headers cannot be fetched (no apt, no
+    network)."""
+    if not shutil.which("cmake") or not (shutil.which("g++") or shutil.which("c++")):
+        pytest.skip("cmake and a C++17 compiler are needed")
+    binary, why = _build()
+    if binary is None:
+        pytest.skip(why)
+    assert binary.is_file()
+    return binary
+
+
+def run_cpp(binary: Path, model: Path, lines: list[str], *options: str) -> list[str]:
+    """The translator over `lines` on stdin, one thread (the tests' workers share the cores): its output lines."""
+    done = subprocess.run([str(binary), str(model), "--threads", "1", *options], input="\n".join(lines) + "\n",
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.split("\n")[:-1]
+
+
+def cpp_nbest(binary: Path, model: Path, sources: list[list[int]], beam: int, n_best: int, *options: str
+              ) -> list[list[tuple[tuple[int, ...], float, float]]]:
+    """--ids --n-best: per source its n_best (ids, score, log-probability), best first."""
+    out = run_cpp(binary, model, [" ".join(map(str, s)) for s in sources], "--ids", "--beam", str(beam),
+                  "--n-best", str(n_best), *options)
+    rows = [(tuple(int(t) for t in ids.split()), float(score), float(log_prob))
+            for score, log_prob, ids in (line.split("\t") for line in out)]
+    assert len(rows) == len(sources) * n_best
+    return [rows[i * n_best:(i + 1) * n_best] for i in range(len(sources))]
+
+
+def assert_same_ids_and_scores(binary: Path, model: Path, sources: list[list[int]], max_length: int) -> None:
+    """Greedy, and beam 4 with the 3 best at length penalty 0.6, one source per call in both (C++ decodes one at a
+    time; ONNX Runtime may round a batch of one differently from a padded batch): identical ids, and scores and
+    log-probabilities within SCORE_TOLERANCE."""
+    translator = Translator.load(model)
+    for beam, n_best, penalty in ((1, 1, 1.0), (4, 3, 0.6)):
+        options = DecodeOptions(beam_size=beam, n_best=n_best, length_penalty=penalty, max_length=max_length,
+                                batch_size=1)
+        want = translator.translate_ids(sources, options)
+        got = cpp_nbest(binary, model, sources, beam, n_best, "--length-penalty", str(penalty),
+                        "--max-length", str(max_length))
+        for source, hypotheses, found in zip(sources, want, got, strict=True):
+            assert [ids for ids, _, _ in found] == [h.tokens for h in hypotheses], (beam, source)
+            np.testing.assert_allclose([(s, p) for _, s, p in found],
+                                       [(h.normalized_score, h.score) for h in hypotheses], atol=SCORE_TOLERANCE)
