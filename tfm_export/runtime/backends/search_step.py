@@ -5,8 +5,11 @@ cache in host arrays, the device backend in device memory; both are built from t
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import logging
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
@@ -16,6 +19,7 @@ from ...artifacts.model_dir import ModelDir
 from ...core.config import ModelConfig
 from ...core.graph_spec import (
     Graph,
+    GraphSpec,
     GraphVariant,
     cache_names,
     graph_specs,
@@ -23,10 +27,12 @@ from ...core.graph_spec import (
     variant_specs,
 )
 from ...core.token_rules import TokenRules
-from ..session import SessionOptions, runs_fused_graphs
+from ..graph_cache import DamagedEntry, GraphCache, staged_cache, uses_cache
+from ..session import DEFAULT_OPTIONS, SessionOptions, runs_fused_graphs
 from ..step import StepRule
 from .loaders import SessionLoader, directory_options, open_graph, run_encoder, shared_values, sharing
 
+log = logging.getLogger(__name__)
 SEARCH, FUSED = GraphVariant.DECODER_STEP_SEARCH, GraphVariant.DECODER_STEP_SEARCH_FUSED
 
 
@@ -58,7 +64,34 @@ class SearchSessions:
 
 def load_search_sessions(model_dir: ModelDir, options: SessionOptions,
                          loader: SessionLoader = open_graph) -> SearchSessions:
-    """The step graph chosen_step picks, with the encoder; the tied table read once and given to both."""
+    """The step graph chosen_step picks, with the encoder; the tied table read once and given to both. With the
+    default loader on the CPU the sessions open the directory's pre-packed graphs where they match this load
+    (runtime.graph_cache); ones found damaged once open are dropped, and the load made again without them."""
+    cache = GraphCache(model_dir) if loader is open_graph and uses_cache(options) else None
+    try:
+        return _load_search_sessions(model_dir, options, loader, cache)
+    except DamagedEntry as exc:
+        log.warning("%s", exc)
+        return _load_search_sessions(model_dir, options, loader, None)
+
+
+def prepack(directory: Path, options: SessionOptions = DEFAULT_OPTIONS) -> list[str]:
+    """Write (or replace) the directory's pre-packed graphs (runtime.graph_cache) for a CPU load with these options,
+    made by loading it as translation does (the whole directory checked first); returns the graphs it holds. The
+    old ones are replaced at once, and nothing is left behind on a failure."""
+    model_dir = ModelDir.read(directory)
+    options = dataclasses.replace(options, device="cpu", tensorrt_ep=False)
+    if not model_dir.has(chosen_step(model_dir, options)):
+        raise ModelDirError(f"{directory}: has no {chosen_step(model_dir, options).filename}, the only step the "
+                            "pre-packed graphs are for (int8 static directories decode with decoder_step); "
+                            "nothing to pre-pack")
+    with staged_cache(model_dir.path) as staging:
+        _load_search_sessions(model_dir, options, open_graph, GraphCache(model_dir, build=staging))
+        return sorted(p.name for p in staging.iterdir())
+
+
+def _load_search_sessions(model_dir: ModelDir, options: SessionOptions, loader: SessionLoader,
+                          cache: GraphCache | None) -> SearchSessions:
     directory, graph = model_dir.path, chosen_step(model_dir, options)
     if not model_dir.has(graph):
         raise ModelDirError(f"{directory}: has no {graph.filename}; export the model again with `tfm-export onnx`")
@@ -68,11 +101,16 @@ def load_search_sessions(model_dir: ModelDir, options: SessionOptions,
     config = model_dir.config
     # one session after the other, in this thread: sessions built in two threads left their freed load-time memory
     # in a second malloc arena, ~70 MB more peak RSS on the base config, and saved no time
-    with model_dir.opening() as paths:
+    with model_dir.opening() as paths, (cache.opening() if cache else contextlib.nullcontext()):
         shared = shared_values(model_dir, graph, check=False)  # the opening checks its file
-        encoder = loader(paths[Graph.ENCODER.value], graph_specs(config)[Graph.ENCODER], options,
-                         sharing(shared, prepacked=False))
-        decoder = loader(paths[graph.value], variant_specs(config)[graph], options, sharing(shared))
+
+        def load(name: Graph | GraphVariant, spec: GraphSpec, prepacked: bool) -> ort.InferenceSession:
+            so = sharing(shared, prepacked)
+            if cache is None:
+                return loader(paths[name.value], spec, options, so)
+            return cache.load(name, paths[name.value], spec, options, so, shared, prepacked, loader)
+        encoder = load(Graph.ENCODER, graph_specs(config)[Graph.ENCODER], prepacked=False)
+        decoder = load(graph, variant_specs(config)[graph], prepacked=True)
     return SearchSessions(encoder, decoder, config, model_dir, shared)
 
 
