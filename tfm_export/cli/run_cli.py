@@ -25,11 +25,10 @@ from ..runtime.translator import (
     Translation,
     Translator,
 )
-from .bench_cli import bench
 from .common import ErrorReportingGroup, drop_unwritable_stdout, setup_logging, vocab_option
 
 
-@click.group(cls=ErrorReportingGroup)
+@click.group(cls=ErrorReportingGroup, lazy_commands={"bench": f"{__package__}.bench_cli:bench"})
 @click.option("-v", "--verbose", is_flag=True, help="Log progress and warnings.")
 @click.version_option(__version__, message="%(prog)s %(version)s")
 def main(verbose: bool) -> None:
@@ -216,5 +215,3 @@ def progress_bar(show: bool) -> Iterator[Callable[[int], object] | None]:
     with tqdm(desc="translating", unit="line") as bar:
         yield bar.update
 
-
-main.add_command(bench)
