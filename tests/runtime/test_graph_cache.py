@@ -251,3 +251,24 @@ def test_prepack_into_a_read_only_directory_is_one_line(model):
     assert result.exit_code == 1 and result.output.count("\n") == 1, result.output
     assert "cannot write its pre-packed graphs" in result.output
 
+
+
+def test_no_prepack_leaves_them_out(demo_onnx, tmp_path):
+    result = CliRunner().invoke(export_main, ["quantize", "--model", str(demo_onnx), "--precision", "int8", "--mode",
+                                              "dynamic", "--output", str(tmp_path / "q"), "--no-prepack"])
+    assert result.exit_code == 0, result.output
+    assert not (tmp_path / "q" / CACHE_DIR).exists()
+
+
+def test_a_quantize_that_cannot_prepack_writes_its_directory_and_warns(demo_onnx, tmp_path, monkeypatch, caplog):
+    def fails(*args):
+        raise TfmExportError("ONNX Runtime cannot save it, say")
+    monkeypatch.setattr(GraphCache, "_build", fails)
+    with caplog.at_level(logging.WARNING):
+        result = CliRunner().invoke(export_main, ["quantize", "--model", str(demo_onnx), "--precision", "int8",
+                                                  "--mode", "dynamic", "--output", str(tmp_path / "q")])
+    assert result.exit_code == 0, result.output
+    assert "pre-packed graphs not made (ONNX Runtime cannot save it, say)" in caplog.text
+    assert not (tmp_path / "q" / CACHE_DIR).exists() and not [p for p in (tmp_path / "q").iterdir()
+                                                              if p.name.startswith(".")]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["q"]

@@ -21,7 +21,7 @@ from ..core.token_rules import SEED_RULES
 from ..core.tokenizer import SPECIAL_IDS, tokenizer_files
 from ..model.checkpoint import Checkpoint
 from ..runtime.backends import graph_decoders
-from ..runtime.backends.search_step import prepack
+from ..runtime.backends.search_step import prepack_new
 from .export import export_all
 from .inputs import random_sources, random_targets
 from .onnx_io import add_shared, save_graph_of
@@ -125,6 +125,6 @@ def export_model_dir(ckpt: Checkpoint, output: Path, opset: int = DEFAULT_OPSET,
         log.info("parity with PyTorch: max abs difference %.2e", worst)
         if prepacked:
             bar.set_postfix_str("prepack")
-            prepack(staging)
+            prepack_new(staging, output)
         bar.update()
     return manifest

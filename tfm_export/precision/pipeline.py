@@ -39,7 +39,7 @@ from ..graphs.inputs import random_sources
 from ..graphs.onnx_io import add_shared, check_contract, load_graph, save_graph_of, sharing_note, tensors_of
 from ..runtime import decoding
 from ..runtime.backends import graph_decoders
-from ..runtime.backends.search_step import prepack
+from ..runtime.backends.search_step import prepack_new
 from .calibration import Traces, record_traces
 from .fp16 import to_fp16
 from .int8 import float_ops, quantize_dynamic_graph, quantize_static_graph
@@ -167,7 +167,7 @@ def quantize_model_dir(source: Path, output: Path, precision: str, mode: str | N
         _smoke_test(staging, output, source)
         if prepacked and precision == "int8" and GraphVariant.DECODER_STEP_SEARCH in variants:
             bar.set_postfix_str("prepack")
-            prepack(staging)
+            prepack_new(staging, output)
         bar.update()
     return new
 

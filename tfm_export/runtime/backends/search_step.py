@@ -17,6 +17,7 @@ import onnxruntime as ort
 from ...artifacts.manifest import ModelDirError
 from ...artifacts.model_dir import ModelDir
 from ...core.config import ModelConfig
+from ...core.errors import TfmExportError, first_line
 from ...core.graph_spec import (
     Graph,
     GraphSpec,
@@ -88,6 +89,16 @@ def prepack(directory: Path, options: SessionOptions = DEFAULT_OPTIONS) -> list[
     with staged_cache(model_dir.path) as staging:
         _load_search_sessions(model_dir, options, open_graph, GraphCache(model_dir, build=staging))
         return sorted(p.name for p in staging.iterdir())
+
+
+def prepack_new(staging: Path, output: Path) -> None:
+    """prepack for a directory being written (export, quantize): one that cannot be made here (an ONNX Runtime that
+    cannot save a graph, say) is a warning, not a failed export; the directory then loads without them."""
+    try:
+        prepack(staging)
+    except TfmExportError as exc:
+        log.warning("%s: pre-packed graphs not made (%s); it loads without them (`tfm-export prepack` retries)",
+                    output, first_line(exc))
 
 
 def _load_search_sessions(model_dir: ModelDir, options: SessionOptions, loader: SessionLoader,
