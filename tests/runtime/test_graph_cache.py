@@ -69,7 +69,8 @@ def not_from_cache(opened: list[Path], model: Path) -> None:
     assert opened and all(p.parent == model for p in opened), opened
 
 
-def test_export_makes_the_entries_and_a_translation_opens_them_and_writes_nothing(model, expected, opened):
+def test_export_makes_the_entries_and_a_translation_opens_them_and_writes_nothing(model, expected, opened,
+                                                                                   caplog):
     assert sorted(p.name for p in (model / CACHE_DIR).iterdir()) == FP32_GRAPHS
     manifest = json.loads((model / "manifest.json").read_text())
     for graph in FP32_GRAPHS:
@@ -80,8 +81,10 @@ def test_export_makes_the_entries_and_a_translation_opens_them_and_writes_nothin
         assert record["key"]["prepacked"] == (graph != "encoder")
         assert all(record["files"][name]["sha256"] == file_sha256(entry / name) for name in (GRAPH, DATA))
     before = listing(model)
-    assert translate(model) == expected
+    with caplog.at_level(logging.INFO):
+        assert translate(model) == expected
     assert from_cache(opened, model) == FP32_GRAPHS
+    assert "encoder, decoder_step_search_fused opened from its pre-packed graphs" in caplog.text  # with -v
     assert listing(model) == before
     opened.clear()
     assert translate(model, on=False) == expected

@@ -70,7 +70,10 @@ def load_search_sessions(model_dir: ModelDir, options: SessionOptions,
     (runtime.graph_cache); ones found damaged once open are dropped, and the load made again without them."""
     cache = GraphCache(model_dir) if loader is open_graph and uses_cache(options) else None
     try:
-        return _load_search_sessions(model_dir, options, loader, cache)
+        sessions = _load_search_sessions(model_dir, options, loader, cache)
+        if cache is not None and cache.used:
+            log.info("%s: %s opened from its pre-packed graphs", model_dir.path, ", ".join(cache.used))
+        return sessions
     except DamagedEntry as exc:
         log.warning("%s", exc)
         return _load_search_sessions(model_dir, options, loader, None)
