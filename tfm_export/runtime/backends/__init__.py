@@ -227,12 +227,11 @@ def graph_decoders(directory: Path, options: SessionOptions = DEFAULT_OPTIONS) -
     be held to the reference: the contract's decoder_step, decoder_step_search, and its fused twin where this ONNX
     Runtime computes it right."""
     from ...core.graph_spec import Graph
-    from ..session import runs_fused_graphs
-    from .search_step import FUSED, SEARCH
+    from .search_step import FUSED, SEARCH, fused_usable
     model_dir = ModelDir.read(directory)
     wanted = {Graph.DECODER_STEP.value: dataclasses.replace(options, cache="concat")}
     if model_dir.has(SEARCH):
         wanted[SEARCH.value] = dataclasses.replace(options, cache="in-place", fused=False)
-    if model_dir.has(FUSED) and runs_fused_graphs():
+    if fused_usable(model_dir):
         wanted[FUSED.value] = dataclasses.replace(options, cache="in-place", fused=True)
     return {name: open_backend(directory, "onnxruntime", options=chosen).backend for name, chosen in wanted.items()}
