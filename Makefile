@@ -63,8 +63,9 @@ test: setup browser
 
 # The adversarial battery (docs/security.md, "How this was tried"): 872 cases that use the installed tfm-export and
 # tfm-run the way a hostile or unlucky user would, each in a scratch tree watched for writes outside its outputs.
-# Two workers, each building its own fixtures. `pytest tests/hostile -k NAME` runs a part, `--collect-only -q`
-# lists the cases; HOSTILE_TIMEOUT (seconds, default 120) is how long a command may run before it counts as a hang.
+# Two workers, each building its own fixtures: 55 minutes on this 2-core machine beside other jobs (load 7-11).
+# `pytest tests/hostile -k NAME` runs a part, `--collect-only -q` lists the cases; HOSTILE_TIMEOUT (seconds,
+# default 300) is how long a command may run before it counts as a hang.
 hostile: setup
 	$(PY) -m pytest tests/hostile -q -m hostile -n 2
 
