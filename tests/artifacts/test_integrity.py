@@ -334,7 +334,8 @@ def test_damaged_manifest_fields_are_one_line_for_every_reader(tiny, tmp_path, e
 
 def test_a_manifest_config_the_graphs_do_not_have_is_one_line(tiny, tmp_path):
     """n_head 3 where the graphs have 2 heads: ONNX Runtime failed mid-decode with a traceback from
-    run_with_iobinding (found by scripts/hostile_battery.py); the sessions' fixed sizes are now held to the config."""
+    run_with_iobinding (found by the hostile battery, tests/hostile); the sessions' fixed sizes are now held to the
+    config."""
     model = copy_of(tiny[1], tmp_path)
     edit_manifest(model, lambda m: m["model"].update(n_head=3))
     one_line_error(run_reader(["translate", "w5"], model, tmp_path / "out"),
