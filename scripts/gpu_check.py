@@ -163,10 +163,12 @@ class Environment:
     extra: dict[str, str] = field(default_factory=dict)
     device: str = "cpu"
     rehearse: bool = False
+    root: Path = ROOT  # the tree the children import tfm_export from and run in (the rehearsal's: a mirror of it)
 
     def variables(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "TFM_THREADS")}
-        env.update(PYTHONPATH=os.pathsep.join(map(str, [*self.paths, ROOT])), PYTHONUNBUFFERED="1", **self.extra)
+        env.update(PYTHONPATH=os.pathsep.join(map(str, [*self.paths, self.root])), PYTHONUNBUFFERED="1",
+                   **self.extra)
         if self.rehearse:  # no venv commands: what is not run as `python -c` or `python -m` is not found
             bin_dir = str(Path(sys.executable).parent)
             env["PATH"] = os.pathsep.join(p for p in env.get("PATH", "").split(os.pathsep) if p != bin_dir)
@@ -179,7 +181,7 @@ def run_child(env: Environment, argv: Sequence[str], log: Path, timeout: float) 
     command = [env.python, *argv]
     lines: list[str] = []
     with log.open("w", encoding="utf-8") as out:
-        child = subprocess.Popen(command, cwd=ROOT, env=env.variables(), stdout=subprocess.PIPE,
+        child = subprocess.Popen(command, cwd=env.root, env=env.variables(), stdout=subprocess.PIPE,
                                  stderr=subprocess.STDOUT, text=True, start_new_session=True)
 
         def copy() -> None:
@@ -372,11 +374,24 @@ def hide_packages(env: Environment, work: Path) -> str:
             (mirror / entry.name).symlink_to(entry)
         swaps[real] = str(mirror)
         swaps[os.path.realpath(real)] = str(mirror)
+    env.root = mirror_tree(root / "tree")
     (root / "site" / "sitecustomize.py").write_text(
         '"""gpu_check --rehearse: site-packages without what the lent GPU machine lacks."""\nimport sys\n'
         f"SWAPS = {swaps!r}\nsys.path[:] = [SWAPS.get(p, p) for p in sys.path]\n", encoding="utf-8")
     env.paths.append(root / "site")
     return ", ".join(sorted(hidden)) or "nothing (none of them is installed here)"
+
+
+def mirror_tree(mirror: Path) -> Path:
+    """The repository as the lent machine receives it (tracked and unignored files): links to its entries, without
+    the package metadata an editable install leaves in the root (tfm_export.egg-info), which would make the
+    children's tfm_export an installed package, with its extras' requirements checked, where there it is not."""
+    shutil.rmtree(mirror, ignore_errors=True)
+    mirror.mkdir(parents=True)
+    for entry in ROOT.iterdir():
+        if not entry.name.endswith(".egg-info"):
+            (mirror / entry.name).symlink_to(entry)
+    return mirror
 
 
 VERSIONS = r"""
@@ -396,7 +411,7 @@ print(f"torch {torch.__version__} (CUDA {torch.version.cuda}): {gpu}")
 print(f"onnxruntime {ort.__version__} from {Path(ort.__file__).parent}: {', '.join(ort.get_available_providers())}")
 print(", ".join(f"{n} {version(n)}" for n in ("transformers", "onnx", "onnxscript", "tokenizers", "click", "numpy")))
 import tfm_export
-print(f"tfm_export from {Path(tfm_export.__file__).parent}")
+print(f"tfm_export from {Path(tfm_export.__file__).resolve().parent}")
 present = [n for n in hidden if importlib.util.find_spec(n) is not None]
 print(f"absent: {', '.join(n for n in hidden if n not in present) or 'none'}; present: {', '.join(present) or 'none'}")
 if not Path(tfm_export.__file__).resolve().is_relative_to(root):

@@ -100,7 +100,9 @@ def open_backend(model: str | Path, kind: str | None = None, device: str | None 
     each graph becomes a session (default: ONNX Runtime); the bls layout's graphs are native Triton models."""
     path = Path(model)
     given = classify(path)
-    kind = kind or DEFAULT_KINDS[given]
+    # a directory without a manifest (a Hugging Face model's) runs on PyTorch only when asked: by default ONNX
+    # Runtime's opener says what the directory is and how to export it
+    kind = kind or ("onnxruntime" if given is Given.CHECKPOINT and path.is_dir() else DEFAULT_KINDS[given])
     if kind not in BACKENDS:
         raise TfmExportError(f"unknown backend {kind!r}; choose one of {', '.join(BACKENDS)}")
     if options.tensorrt_ep and kind != "onnxruntime":
