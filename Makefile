@@ -106,8 +106,9 @@ bench: setup
 	$(PY) scripts/bench_interleaved.py --model $(BENCH)/base-model/ckpt.pt --work-dir $(BENCH)/base $(BENCH_CELLS) \
 		--backends $(BENCH_BACKENDS) --rounds 3 --repeats 1 --min-time 0 --json $(BENCH)/base.json > $(BENCH)/base.md
 	$(PY) scripts/bench_interleaved.py --targets demo=$(BENCH)/demo.json base=$(BENCH)/base.json > $(BENCH)/targets.md
+	$(PY) scripts/fixed_shapes.py --model $(BENCH)/demo/onnx-fp32 > $(BENCH)/fixed-shapes.md
 	$(PY) scripts/plot_bench.py --output $(BENCH)/bench.png demo=$(BENCH)/demo.json base=$(BENCH)/base.json
-	cat $(BENCH)/demo.md $(BENCH)/base.md $(BENCH)/targets.md
+	cat $(BENCH)/demo.md $(BENCH)/base.md $(BENCH)/targets.md $(BENCH)/fixed-shapes.md
 
 # The contract's decoder_step (whole-cache Concat) beside decoder_step_search and CTranslate2, base config, 64 tokens.
 bench-anchor: setup

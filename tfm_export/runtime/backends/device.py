@@ -133,7 +133,8 @@ class DeviceBackend(Reorders):
         self._workspaces: dict = {}  # (shape, sources) -> Workspace; pooled()
         self.captured = 0  # shapes whose steps have a CUDA graph id
         self.step_calls = 0
-        self.wasted_rows = 0  # row-steps computed for rows that had finished (the price of fixed shapes)
+        self.row_steps = 0  # rows computed, step by step
+        self.wasted_rows = 0  # of those, rows that had finished (the price of fixed shapes)
         self.rule_uploads = 0  # vocabulary-sized uploads of the decoding rules
 
     # --- sources -----------------------------------------------------------------------------------------------
@@ -189,6 +190,7 @@ class DeviceBackend(Reorders):
         current = work.cache.current
         self.decoder.run_with_iobinding(work.steps[current], work.runs[current])
         self.step_calls += 1
+        self.row_steps += work.shape.rows
         self.wasted_rows += work.shape.rows - state.rows
         state.length += 1
         if rule.count > self.top_k:
