@@ -214,6 +214,12 @@ def marian_dir(tmp_path_factory) -> Path:
     return _save("marian", tmp_path_factory.mktemp("marian-base"))
 
 
+@pytest.fixture(scope="module")
+def marian_export(marian_dir) -> dict:
+    """marian_dir's graphs, made once for the tests that decode with them."""
+    return export_all(_ours(marian_dir)[0], 17)
+
+
 def _copy(source: Path, target: Path) -> Path:
     return Path(shutil.copytree(source, target))
 
@@ -304,13 +310,13 @@ def _generate(directory: Path, sources: list[list[int]], pad: int, **options) ->
     return cut
 
 
-def _backends(model: Transformer):
-    """PyTorch, and ONNX Runtime through the contract's decoder_step and through decoder_step_search."""
+def _backends(model: Transformer, protos: dict):
+    """PyTorch, and ONNX Runtime through the contract's decoder_step and through decoder_step_search (`protos`: the
+    model's graphs as export_all made them)."""
     from tfm_export.runtime.backends.concat import ConcatBackend
     from tfm_export.runtime.backends.inplace import InPlaceBackend
     from tfm_export.runtime.backends.reference import TorchBackend
     from tfm_export.runtime.backends.search_step import SearchSessions
-    protos = export_all(model, 17)
     sessions = {graph.filename: ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
                 for graph, proto in protos.items()}
     encoder = sessions["encoder.onnx"]
@@ -320,7 +326,7 @@ def _backends(model: Transformer):
                                                                  model.config))}
 
 
-def test_greedy_matches_generate(hf_case) -> None:
+def test_greedy_matches_generate(hf_case, hf_export) -> None:
     """Token-identical, on every family. Identity can be asked for because no decision of generate() here is a near
     tie by verify's measure (the two best logits within the tolerance of each other; SEEDS chooses the models so):
     the smallest gaps are 1.4 to 5.5 times the tolerance, 10 to 200 times our backends' distance from transformers
@@ -336,7 +342,7 @@ def test_greedy_matches_generate(hf_case) -> None:
     assert len({len(t) for t in want}) >= 3 and len(set(want)) >= 10  # stops at </s> and differs by input
     margin = reference.greedy_margin()
     assert margin > reference.bound, f"{name}: generate() decides a near tie ({margin:.1e}); reseed (SEEDS)"
-    for label, backend in _backends(model).items():
+    for label, backend in _backends(model, hf_export).items():
         got = [h.tokens for h in decoding.greedy(backend, src, rules.max_new_tokens, rules=rules)]
         assert got == want, f"{name} {label}: greedy differs from transformers' generate()"
 
@@ -408,7 +414,7 @@ def test_files_outside_the_directory_are_not_read(marian_dir, tmp_path) -> None:
 
 
 @pytest.mark.parametrize("early_stopping, penalty", [(True, 1.0), ("never", 2.0)])
-def test_beam_early_stopping_matches_generate(marian_dir, early_stopping, penalty) -> None:
+def test_beam_early_stopping_matches_generate(marian_dir, marian_export, early_stopping, penalty) -> None:
     """generate()'s early_stopping rules (True: an input is done with k finished; "never": the best live beam
     is judged at max_length when the penalty is positive), on inputs where each rule changes outputs.
     Token-identical, or differing where generate() itself, its log-probabilities moved by the tolerance, gives
@@ -422,7 +428,7 @@ def test_beam_early_stopping_matches_generate(marian_dir, early_stopping, penalt
     options = dict(num_beams=4, do_sample=False, length_penalty=penalty)
     reference = Reference(marian_dir, _generate_inputs(src, rules.pad), dict(options, early_stopping=early_stopping))
     assert reference.want != _generate(marian_dir, sources, rules.pad, early_stopping=False, **options)  # it acts
-    for label, backend in _backends(model).items():
+    for label, backend in _backends(model, marian_export).items():
         got = decoding.transformers_beam_search(backend, src, 4, rules.max_new_tokens, penalty, rules=rules)
         assert_agrees(reference.judge(f"early_stopping {early_stopping}, {label}", [h[0].tokens for h in got]))
 
