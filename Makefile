@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 TORCH  := torch==2.13.0
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup demo test lint cpp bench bench-anchor bench-hf demo-model demo-model-modern clean serving-env bench-serving browser
+.PHONY: setup demo test hostile lint cpp bench bench-anchor bench-hf demo-model demo-model-modern clean serving-env bench-serving browser
 
 setup: $(STAMP)
 
@@ -56,9 +56,18 @@ $(SERVING_STAMP): pyproject.toml
 
 # Two workers, each taking whole test files (module fixtures built once): 633 s instead of 1014 s serially
 # (`pytest -q [-n 2 --dist loadfile] --durations=60` on this 2-core machine, the serial run beside a benchmark).
+# The hostile battery (tests/hostile, marked `hostile`) is left out: `make hostile` runs it.
 test: setup browser
 	-$(MAKE) serving-env
-	$(PY) -m pytest -q -n 2 --dist loadfile
+	$(PY) -m pytest -q -n 2 --dist loadfile -m "not hostile"
+
+# The adversarial battery (docs/security.md, "How this was tried"): 872 cases that use the installed tfm-export and
+# tfm-run the way a hostile or unlucky user would, each in a scratch tree watched for writes outside its outputs.
+# Two workers, each building its own fixtures: 55 minutes on this 2-core machine beside other jobs (load 7-11).
+# `pytest tests/hostile -k NAME` runs a part, `--collect-only -q` lists the cases; HOSTILE_TIMEOUT (seconds,
+# default 300) is how long a command may run before it counts as a hang.
+hostile: setup
+	$(PY) -m pytest tests/hostile -q -m hostile -n 2
 
 # Debian's headless Chromium for examples/web's test (as root, else with sudo -n); where it cannot be installed
 # the test skips and says why.
@@ -73,7 +82,7 @@ lint: setup
 
 # The C++ example (examples/cpp, docs/embedding.md) against ONNX Runtime, nothing installed into the system: Debian's
 # headers fetched into build/onnxruntime through a private apt directory, the onnxruntime wheel's library beside
-# them, CMake in build/cpp. Prints the binary's path. The C++ tests (tests/test_cpp_*.py) run the same script.
+# them, CMake in build/cpp. Prints the binary's path. The C++ tests (tests/examples/test_cpp_*.py) run the same script.
 cpp: setup
 	@$(PY) scripts/build_cpp.py
 
@@ -97,8 +106,9 @@ bench: setup
 	$(PY) scripts/bench_interleaved.py --model $(BENCH)/base-model/ckpt.pt --work-dir $(BENCH)/base $(BENCH_CELLS) \
 		--backends $(BENCH_BACKENDS) --rounds 3 --repeats 1 --min-time 0 --json $(BENCH)/base.json > $(BENCH)/base.md
 	$(PY) scripts/bench_interleaved.py --targets demo=$(BENCH)/demo.json base=$(BENCH)/base.json > $(BENCH)/targets.md
+	$(PY) scripts/fixed_shapes.py --model $(BENCH)/demo/onnx-fp32 > $(BENCH)/fixed-shapes.md
 	$(PY) scripts/plot_bench.py --output $(BENCH)/bench.png demo=$(BENCH)/demo.json base=$(BENCH)/base.json
-	cat $(BENCH)/demo.md $(BENCH)/base.md $(BENCH)/targets.md
+	cat $(BENCH)/demo.md $(BENCH)/base.md $(BENCH)/targets.md $(BENCH)/fixed-shapes.md
 
 # The contract's decoder_step (whole-cache Concat) beside decoder_step_search and CTranslate2, base config, 64 tokens.
 bench-anchor: setup

@@ -16,7 +16,6 @@ import argparse
 import json
 from pathlib import Path
 
-import sentencepiece as spm
 import torch
 import transformers
 
@@ -35,6 +34,7 @@ def _lines() -> list[str]:
 def _tokenizer(output: Path) -> int:
     """source.spm and target.spm (unigram, </s> 0, <unk> 1) and a vocab.json of VOCAB_SIZE - 1 pieces; returns
     the id of <pad>, the last, as MarianTokenizer adds it."""
+    import sentencepiece as spm  # here only: random_marian serves machines without it (scripts/gpu_check.py)
     lines = _lines()
     for name, text in (("source", lines[::2]), ("target", lines[1::2])):
         spm.SentencePieceTrainer.train(sentence_iterator=iter(text), model_prefix=str(output / name),
@@ -55,23 +55,29 @@ def _tokenizer(output: Path) -> int:
     return vocab["<pad>"]
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--output", type=Path, required=True)
-    args = parser.parse_args()
-    args.output.mkdir(parents=True, exist_ok=True)
-    pad = _tokenizer(args.output)
+def random_marian(output: Path, vocab_size: int, pad: int, **sizes: int | str | bool) -> None:
+    """A Marian model of opus-mt's shape (SIZES, overridden by `sizes`) with random weights, the pad row zero as
+    training leaves it, and opus-mt's generation config (pad as decoder start and banned, beam 4), saved in
+    `output` (tokenizer files are the caller's)."""
     torch.manual_seed(0)
-    config = transformers.MarianConfig(**SIZES, vocab_size=VOCAB_SIZE, pad_token_id=pad, decoder_start_token_id=pad,
-                                       eos_token_id=0, forced_eos_token_id=0)
+    config = transformers.MarianConfig(**{**SIZES, **sizes}, vocab_size=vocab_size, pad_token_id=pad,
+                                       decoder_start_token_id=pad, eos_token_id=0, forced_eos_token_id=0)
     model = transformers.MarianMTModel(config).eval()
     with torch.no_grad():
         for key, tensor in model.state_dict().items():
             if "embed_positions" not in key and tensor.dim() > 1:
                 tensor.normal_(0, 1.0 / tensor.shape[-1] ** 0.5)
         model.get_input_embeddings().weight[pad] = 0
-    model.generation_config.update(bad_words_ids=[[pad]], max_length=512, num_beams=4)
-    model.save_pretrained(args.output)
+    model.generation_config.update(bad_words_ids=[[pad]], max_length=config.max_position_embeddings, num_beams=4)
+    model.save_pretrained(output)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--output", type=Path, required=True)
+    args = parser.parse_args()
+    args.output.mkdir(parents=True, exist_ok=True)
+    random_marian(args.output, VOCAB_SIZE, _tokenizer(args.output))
     print(f"wrote {args.output}")
 
 

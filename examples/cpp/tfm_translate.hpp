@@ -48,9 +48,12 @@ inline std::string cache(const std::string& prefix, int layer, const std::string
   return prefix + "." + std::to_string(layer) + "." + side + "." + role;
 }
 // decoder_step_search's inputs in order: the step's token, the source mask, the cache length, the decoding rules,
-// then per layer its decoder key, decoder value, encoder key, encoder value.
-inline std::vector<std::string> search_inputs(int layers) {
+// (the fused twin: the total length, cache length + 1, an int32 its attention kernel reads on the host), then per
+// layer its decoder key, decoder value, encoder key, encoder value.
+inline const std::string kTotalLength = "total_sequence_length";
+inline std::vector<std::string> search_inputs(int layers, bool fused) {
   std::vector<std::string> out = {"input_ids", "encoder_attention_mask", "cache_length", "token_bias", "forced_token"};
+  if (fused) out.push_back(kTotalLength);
   for (int i = 0; i < layers; ++i)
     for (const char* side : {"decoder", "encoder"})
       for (const char* role : {"key", "value"}) out.push_back(cache("past_key_values", i, side, role));
@@ -376,12 +379,14 @@ class StepSearch {
     const bool fused = settings.fused && model.has_graph(contract::kSearchFused) && detail::runtime_version() >= 1021;
     const std::string path = model.graph(fused ? contract::kSearchFused : contract::kSearch);
     decoder_ = detail::open(env, path, detail::session_options(settings, false, fold));
-    detail::check_names(decoder_, path, true, contract::search_inputs(model.layers()));
+    fused_ = fused;
+    const std::vector<std::string> inputs = contract::search_inputs(model.layers(), fused_);
+    detail::check_names(decoder_, path, true, inputs);
     detail::check_names(decoder_, path, false, contract::search_outputs(model.layers()));
-    for (size_t i = 5; i < decoder_.GetInputCount(); ++i) {  // the cache buffers this code owns are float32
+    for (size_t i = first_cache(); i < decoder_.GetInputCount(); ++i) {  // the cache buffers this code owns: float32
       auto type = decoder_.GetInputTypeInfo(i).GetTensorTypeAndShapeInfo().GetElementType();
       if (type != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT)
-        throw Error(path + ": input '" + contract::search_inputs(model.layers())[i] +
+        throw Error(path + ": input '" + inputs[i] +
                     "' is not float32 (an fp16 directory?); give an fp32, int8 or fp16 --keep-io-types directory");
     }
     top_k_ = static_cast<int>(detail::output_shape(decoder_, 2).at(1));  // K: a constant of the graph
@@ -421,6 +426,8 @@ class StepSearch {
   std::vector<int64_t> ids_, top_ids_;        // (rows, 1) the step's tokens; (rows, K)
   std::vector<float> bias_, logits_, top_logprobs_;  // (V,) the decoding rules' bias; (rows, 1, V); (rows, K)
   int64_t cache_length_ = 0, forced_ = -1;    // scalars: filled positions, the forced token (-1: none)
+  int32_t total_length_ = 1;                  // the fused step's: positions after this step (cache_length_ + 1)
+  bool fused_ = false;
   int rows_ = 0, capacity_ = 0;
   std::unique_ptr<Ort::IoBinding> binding_;
   std::vector<Ort::Value> bound_;             // what is bound: the session reads and writes their memory
@@ -453,6 +460,7 @@ class StepSearch {
   }
 
   int head_size(size_t tensor) const { return tensor % 2 == 0 ? model_.d_k() : model_.d_v(); }
+  size_t first_cache() const { return fused_ ? 6 : 5; }  // the index of the first cache input
 
   // Room for kCapacityStep more positions: each buffer copied into a wider one, then everything bound again.
   void grow() {
@@ -473,7 +481,7 @@ class StepSearch {
     bound_.clear();
     const int64_t rows = rows_, sources = 1, source_length = static_cast<int64_t>(mask_.size());
     const int64_t vocab = model_.target_vocab(), k = top_k_;
-    const std::vector<std::string> inputs = contract::search_inputs(model_.layers());
+    const std::vector<std::string> inputs = contract::search_inputs(model_.layers(), fused_);
     const std::vector<std::string> outputs = contract::search_outputs(model_.layers());
     auto input = [&](const std::string& name, Ort::Value value) {
       binding_->BindInput(name.c_str(), value);
@@ -485,14 +493,16 @@ class StepSearch {
     input(inputs[2], Ort::Value::CreateTensor<int64_t>(memory_, &cache_length_, 1, nullptr, 0));
     input(inputs[3], Ort::Value::CreateTensor<float>(memory_, bias_.data(), bias_.size(), bias_shape, 1));
     input(inputs[4], Ort::Value::CreateTensor<int64_t>(memory_, &forced_, 1, nullptr, 0));
+    if (fused_) input(inputs[5], Ort::Value::CreateTensor<int32_t>(memory_, &total_length_, 1, nullptr, 0));
+    const size_t past = first_cache();
     for (int layer = 0; layer < model_.layers(); ++layer) {
       for (int role = 0; role < 2; ++role) {  // the buffer is the past input and the present output: in place
         auto& buffer = cache_[2 * layer + role];
         const int64_t shape[] = {rows, model_.heads(), capacity_, head_size(role)};
         Ort::Value value = Ort::Value::CreateTensor<float>(memory_, buffer.data(), buffer.size(), shape, 4);
         binding_->BindOutput(outputs[3 + 2 * layer + role].c_str(), value);
-        input(inputs[5 + 4 * layer + role], std::move(value));
-        binding_->BindInput(inputs[5 + 4 * layer + 2 + role].c_str(), cross_[2 * layer + role]);
+        input(inputs[past + 4 * layer + role], std::move(value));
+        binding_->BindInput(inputs[past + 4 * layer + 2 + role].c_str(), cross_[2 * layer + role]);
       }
     }
     const int64_t top_shape[] = {rows, k};
@@ -513,6 +523,7 @@ class StepSearch {
     std::copy(tokens.begin(), tokens.end(), ids_.begin());
     forced_ = step == 0 ? rules_.forced_bos : -1;
     if (step + 1 == o.max_length && rules_.forced_eos >= 0) forced_ = rules_.forced_eos;
+    total_length_ = static_cast<int32_t>(cache_length_ + 1);
     const bool eos_banned = std::find(rules_.banned.begin(), rules_.banned.end(), rules_.eos) != rules_.banned.end();
     bias_[rules_.eos] = step + 1 > o.min_length && !eos_banned ? 0.0f : -std::numeric_limits<float>::infinity();
     decoder_.Run(Ort::RunOptions{nullptr}, *binding_);

@@ -196,15 +196,22 @@ def test_checkpoint_tokenizer_names_stay_beside_the_checkpoint(tiny, tmp_path, n
     one_line_error(result, "is not a plain file name")
 
 
+@pytest.fixture(scope="module")
+def other_model(tmp_path_factory) -> Path:
+    """An export of another model (three layers, 16 positions): its graphs are well formed, but not this one's."""
+    work = tmp_path_factory.mktemp("other")
+    other = load_checkpoint(random_checkpoint(tiny_config(n_layers=3, n_position=16), work / "ckpt"))
+    export_model_dir(other, work / "model", progress=False)
+    return work / "model"
+
+
 @pytest.mark.parametrize("graph, reader", [("decoder_step_search_fused", ["translate", "w5"]),  # what it runs
                                            ("decoder_step_search", ["translate", "--no-fused", "w5"]),
                                            ("decoder_step", ["translate", "--no-search-graph", "w5"]),
                                            ("decoder_step", ["verify"])])  # verify runs every decoder
-def test_a_graph_of_another_model_rehashed_into_the_manifest_is_refused(tiny, tmp_path, graph, reader):
-    other = load_checkpoint(random_checkpoint(tiny_config(n_layers=3, n_position=16), tmp_path / "other"))
-    export_model_dir(other, tmp_path / "other-model", progress=False)
+def test_a_graph_of_another_model_rehashed_into_the_manifest_is_refused(tiny, other_model, tmp_path, graph, reader):
     model = copy_of(tiny[1], tmp_path)
-    shutil.copy(tmp_path / "other-model" / f"{graph}.onnx", model / f"{graph}.onnx")
+    shutil.copy(other_model / f"{graph}.onnx", model / f"{graph}.onnx")
     edit_manifest(model, lambda m: m["graphs"][graph].update(sha256=file_sha256(model / f"{graph}.onnx")))
     one_line_error(run_reader(reader, model, tmp_path / "out"), "do not match the graph contract")
 
@@ -334,7 +341,8 @@ def test_damaged_manifest_fields_are_one_line_for_every_reader(tiny, tmp_path, e
 
 def test_a_manifest_config_the_graphs_do_not_have_is_one_line(tiny, tmp_path):
     """n_head 3 where the graphs have 2 heads: ONNX Runtime failed mid-decode with a traceback from
-    run_with_iobinding (found by scripts/hostile_battery.py); the sessions' fixed sizes are now held to the config."""
+    run_with_iobinding (found by the hostile battery, tests/hostile); the sessions' fixed sizes are now held to the
+    config."""
     model = copy_of(tiny[1], tmp_path)
     edit_manifest(model, lambda m: m["model"].update(n_head=3))
     one_line_error(run_reader(["translate", "w5"], model, tmp_path / "out"),

@@ -297,3 +297,22 @@ def test_make_bench_script_runs_every_kind_of_backend_it_names(tmp_path):
     assert {name: results[name]["cells"]["len 16, beam 2, batch 2"]["tokens_per_s"] > 0 for name in results} == \
         dict.fromkeys(("ort-fp32", "ct2-fp32", "ort-fp32-contract"), True)
     assert results["ct2-fp32"]["agreement"] == 1.0 and results["ort-fp32-contract"]["agreement"] == 1.0
+
+
+def test_fixed_shapes_script_reports_the_device_backends_wasted_rows(demo_onnx):
+    """scripts/fixed_shapes.py (make bench): the device backend beside the in-place one on the held-out sentences,
+    translations compared (a difference exits non-zero), each cell's wasted share of row-steps reported; rows
+    finish at different steps there, so greedy batches of 8 waste some."""
+    import re
+    import subprocess
+    import sys
+
+    from support.common import REPO
+    result = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "fixed_shapes.py"), "--model", str(demo_onnx), "--sentences", "16",
+         "--batch-sizes", "8", "--beam-sizes", "1,4", "--rounds", "1", "--threads", "1"],
+        capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    rows = re.findall(r"^\| (\d) \| 8 \| ([\d.]+) \| ([\d.]+) \| ([\d.]+) \| ([\d.]+)% \|$", result.stdout, re.M)
+    assert [row[0] for row in rows] == ["1", "4"], result.stdout
+    assert all(float(rate) > 0 for row in rows for rate in row[1:4]) and float(rows[0][4]) > 0, result.stdout

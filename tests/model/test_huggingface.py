@@ -2,8 +2,9 @@
 
 The oracle is `transformers` itself: tiny models of each family built from configs with random weights (no
 download), saved with save_pretrained, read back by tfm-export without transformers. Full-sequence logits and 30
-cached decoding steps (PyTorch and the exported ONNX graphs) must match the transformers forward within 1e-4;
-the exported graphs must build in a real TensorRT builder.
+cached decoding steps (PyTorch and the exported ONNX graphs) must match the transformers forward within the
+tolerance `tfm-export verify` holds graphs to (1e-4 plus 1e-4 of the largest logit); the exported graphs must
+build in a real TensorRT builder.
 """
 
 from __future__ import annotations
@@ -19,22 +20,27 @@ import onnxruntime as ort
 import pytest
 import torch
 from support.builder import assert_exported_graphs_build, needs_builder
+from support.hf_judge import Reference, assert_agrees
 from support.hf_oracle import retarget_stop
 
 from tfm_export.core.batching import pad_batch
 from tfm_export.core.errors import CheckpointError
 from tfm_export.core.graph_spec import Graph
 from tfm_export.graphs.export import export_all
+from tfm_export.graphs.parity import DEFAULT_TOLERANCE
 from tfm_export.model.cache import ConcatCache
 from tfm_export.model.huggingface import LOADERS, load_hf_directory
 from tfm_export.model.transformer import Transformer
 
 transformers = pytest.importorskip("transformers", reason="the oracle needs the hf extra: pip install '.[hf]'")
 
-TOLERANCE = 1e-4
 # Weight scale x fan-in^-0.5: random models whose outputs differ by input. T5 does not scale its attention
 # scores, so the same weights give it far larger activations: half the scale keeps float32 rounding below 1e-4.
 SPREAD = {"bart": 2.0, "t5": 1.0}
+# Seeds other than the name's where that gave a model a greedy decision of generate() within the tolerance
+# (test_greedy_matches_generate): smallest gaps between the two best logits 3.7e-5 (BART), 6.1e-4 (M2M100) and
+# 1.05e-3 (mBART) against tolerances of 8e-4 to 1e-3; with these 4.8e-3, 6.7e-3 and 4.7e-3.
+SEEDS = {"bart": 11, "m2m_100": 9, "mbart": 5}
 STEPS = 30
 VOCAB = 101
 BART_SIZES = dict(d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
@@ -64,7 +70,7 @@ CASES = {
 
 def _random_model(name: str):
     config_class, model_class, kwargs = CASES[name]
-    torch.manual_seed(sum(map(ord, name)))
+    torch.manual_seed(SEEDS.get(name, sum(map(ord, name))))
     model = getattr(transformers, model_class)(getattr(transformers, config_class)(**kwargs)).eval()
     spread = SPREAD["t5" if config_class in ("T5Config", "MT5Config") else "bart"]
     with torch.no_grad():  # weights large enough that outputs depend on the input; random biases and norm gains
@@ -127,7 +133,14 @@ def test_full_forward_matches_transformers(hf_case) -> None:
         ours = model(src, trg)
     reference = _reference(directory, src, trg, rules.pad)
     assert reference.abs().max() > 0.1  # the comparison is not between two near-zero tensors
-    torch.testing.assert_close(ours, reference, atol=TOLERANCE, rtol=0)
+    torch.testing.assert_close(ours, reference, atol=_tolerance(reference), rtol=0)
+
+
+def _tolerance(reference: torch.Tensor) -> float:
+    """verify's bound on logits: float32 rounding grows with the activations, and ours and transformers' round
+    differently (Marian, largest logit 7.4: 4e-5 apart with AVX2 kernels, 7e-5 for ONNX Runtime against
+    PyTorch's kernels without vectorisation), so a bound in absolute terms only would be a coin toss elsewhere."""
+    return DEFAULT_TOLERANCE.atol + DEFAULT_TOLERANCE.rtol * float(reference.abs().max())
 
 
 def test_cached_steps_match_transformers(hf_case) -> None:
@@ -137,6 +150,7 @@ def test_cached_steps_match_transformers(hf_case) -> None:
     rules = loaded.rules
     src, trg = _inputs(rules.pad, rules.start)
     reference = _reference(directory, src, trg, rules.pad)
+    tolerance = _tolerance(reference)
     with torch.no_grad():
         enc, src_mask = model.encode(src)
         cross = model.decoder.cross_keys_values(enc)
@@ -144,7 +158,7 @@ def test_cached_steps_match_transformers(hf_case) -> None:
         past = [(empty, empty.clone()) for _ in range(model.config.n_layers)]
         for t in range(STEPS):
             out, past = model.decoder.step(trg[:, t:t + 1], ConcatCache(past), cross, src_mask)
-            torch.testing.assert_close(model.project(out)[:, 0], reference[:, t], atol=TOLERANCE, rtol=0)
+            torch.testing.assert_close(model.project(out)[:, 0], reference[:, t], atol=tolerance, rtol=0)
 
 
 @pytest.fixture(scope="module")
@@ -161,6 +175,7 @@ def test_onnx_graphs_match_transformers_over_cached_steps(hf_case, hf_export) ->
     rules = loaded.rules
     src, trg = _inputs(rules.pad, rules.start)
     reference = _reference(directory, src, trg, rules.pad).numpy()
+    tolerance = _tolerance(torch.from_numpy(reference))
     sessions = {graph.filename: ort.InferenceSession(hf_export[graph].SerializeToString(),
                                                      providers=["CPUExecutionProvider"]) for graph in Graph}
     encoder, step = sessions["encoder.onnx"], sessions["decoder_step.onnx"]
@@ -176,7 +191,7 @@ def test_onnx_graphs_match_transformers_over_cached_steps(hf_case, hf_export) ->
     for t in range(STEPS):
         out = dict(zip(names, step.run(None, {**feeds, "input_ids": trg[:, t:t + 1].numpy(),
                                               "encoder_attention_mask": mask}), strict=True))
-        np.testing.assert_allclose(out["logits"][:, 0], reference[:, t], atol=TOLERANCE, rtol=0)
+        np.testing.assert_allclose(out["logits"][:, 0], reference[:, t], atol=tolerance, rtol=0)
         feeds |= {f"past_key_values.{i}.decoder.{kv}": out[f"present.{i}.decoder.{kv}"]
                   for i in range(cfg.n_layers) for kv in ("key", "value")}
 
@@ -197,6 +212,12 @@ def test_every_family_is_covered() -> None:
 @pytest.fixture(scope="module")
 def marian_dir(tmp_path_factory) -> Path:
     return _save("marian", tmp_path_factory.mktemp("marian-base"))
+
+
+@pytest.fixture(scope="module")
+def marian_export(marian_dir) -> dict:
+    """marian_dir's graphs, made once for the tests that decode with them."""
+    return export_all(_ours(marian_dir)[0], 17)
 
 
 def _copy(source: Path, target: Path) -> Path:
@@ -289,13 +310,13 @@ def _generate(directory: Path, sources: list[list[int]], pad: int, **options) ->
     return cut
 
 
-def _backends(model: Transformer):
-    """PyTorch, and ONNX Runtime through the contract's decoder_step and through decoder_step_search."""
+def _backends(model: Transformer, protos: dict):
+    """PyTorch, and ONNX Runtime through the contract's decoder_step and through decoder_step_search (`protos`: the
+    model's graphs as export_all made them)."""
     from tfm_export.runtime.backends.concat import ConcatBackend
     from tfm_export.runtime.backends.inplace import InPlaceBackend
     from tfm_export.runtime.backends.reference import TorchBackend
     from tfm_export.runtime.backends.search_step import SearchSessions
-    protos = export_all(model, 17)
     sessions = {graph.filename: ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
                 for graph, proto in protos.items()}
     encoder = sessions["encoder.onnx"]
@@ -305,18 +326,31 @@ def _backends(model: Transformer):
                                                                  model.config))}
 
 
-def test_greedy_matches_generate(hf_case) -> None:
+def test_greedy_matches_generate(hf_case, hf_export) -> None:
+    """Token-identical, on every family. Identity can be asked for because no decision of generate() here is a near
+    tie by verify's measure (the two best logits within the tolerance of each other; SEEDS chooses the models so):
+    the smallest gaps are 1.4 to 5.5 times the tolerance, 10 to 200 times our backends' distance from transformers
+    (4e-5 for Marian, 1e-6 for T5 here; other kernels change it by as much again)."""
     from tfm_export.runtime import decoding
     name, directory = hf_case
     model, loaded = _ours(directory)
     rules = loaded.rules
     sources = _sources()
-    want = _generate(directory, sources, rules.pad, num_beams=1, do_sample=False)
-    assert len({len(t) for t in want}) >= 3 and len(set(want)) >= 10  # stops at </s> and differs by input
     src = pad_batch(sources, rules.pad)
-    for label, backend in _backends(model).items():
+    reference = Reference(directory, _generate_inputs(src, rules.pad), dict(num_beams=1, do_sample=False))
+    want = reference.want
+    assert len({len(t) for t in want}) >= 3 and len(set(want)) >= 10  # stops at </s> and differs by input
+    margin = reference.greedy_margin()
+    assert margin > reference.bound, f"{name}: generate() decides a near tie ({margin:.1e}); reseed (SEEDS)"
+    for label, backend in _backends(model, hf_export).items():
         got = [h.tokens for h in decoding.greedy(backend, src, rules.max_new_tokens, rules=rules)]
         assert got == want, f"{name} {label}: greedy differs from transformers' generate()"
+
+
+def _generate_inputs(src: np.ndarray, pad: int) -> dict[str, torch.Tensor]:
+    """generate()'s inputs for padded sources, as _generate gives them."""
+    ids = torch.from_numpy(src)
+    return dict(input_ids=ids, attention_mask=(ids != pad).long())
 
 
 def test_directory_without_tokenizer_files_is_one_line(marian_dir, tmp_path) -> None:
@@ -380,20 +414,23 @@ def test_files_outside_the_directory_are_not_read(marian_dir, tmp_path) -> None:
 
 
 @pytest.mark.parametrize("early_stopping, penalty", [(True, 1.0), ("never", 2.0)])
-def test_beam_early_stopping_matches_generate(marian_dir, early_stopping, penalty) -> None:
+def test_beam_early_stopping_matches_generate(marian_dir, marian_export, early_stopping, penalty) -> None:
     """generate()'s early_stopping rules (True: an input is done with k finished; "never": the best live beam
-    is judged at max_length when the penalty is positive), on inputs where each rule changes outputs."""
+    is judged at max_length when the penalty is positive), on inputs where each rule changes outputs.
+    Token-identical, or differing where generate() itself, its log-probabilities moved by the tolerance, gives
+    ours (hf_judge): noise of 1e-4 in the log-probabilities changes generate()'s own beam-4 outputs here, and our
+    backends are 4e-5 from transformers."""
     from tfm_export.runtime import decoding
     model, loaded = _ours(marian_dir)
     rules = dataclasses.replace(loaded.rules, early_stopping=early_stopping)
     sources = _sources()
+    src = pad_batch(sources, rules.pad)
     options = dict(num_beams=4, do_sample=False, length_penalty=penalty)
-    want = _generate(marian_dir, sources, rules.pad, early_stopping=early_stopping, **options)
-    assert want != _generate(marian_dir, sources, rules.pad, early_stopping=False, **options)  # the rule acts
-    for label, backend in _backends(model).items():
-        got = decoding.transformers_beam_search(backend, pad_batch(sources, rules.pad), 4, rules.max_new_tokens,
-                                                penalty, rules=rules)
-        assert [h[0].tokens for h in got] == want, label
+    reference = Reference(marian_dir, _generate_inputs(src, rules.pad), dict(options, early_stopping=early_stopping))
+    assert reference.want != _generate(marian_dir, sources, rules.pad, early_stopping=False, **options)  # it acts
+    for label, backend in _backends(model, marian_export).items():
+        got = decoding.transformers_beam_search(backend, src, 4, rules.max_new_tokens, penalty, rules=rules)
+        assert_agrees(reference.judge(f"early_stopping {early_stopping}, {label}", [h[0].tokens for h in got]))
 
 
 def test_generation_settings_not_applied_are_named(marian_dir, tmp_path, caplog) -> None:

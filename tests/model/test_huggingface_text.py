@@ -8,11 +8,13 @@ models are random (tiny configs), nothing is downloaded.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
 import torch
 from click.testing import CliRunner
+from support.hf_judge import Reference, assert_agrees, text_inputs
 from support.hf_oracle import (
     HOSTILE,
     export_onnx,
@@ -173,8 +175,11 @@ def exported(hf_dir, tmp_path_factory) -> tuple[str, Path, Path]:
 @pytest.mark.parametrize("beam, penalty", [(1, 1.0), (4, 1.0), (4, 0.6), (4, 2.0)])
 def test_translate_matches_generate(exported, beam, penalty) -> None:
     """tfm-run translate on the exported directory (ONNX Runtime) and on the Hugging Face directory itself
-    (PyTorch): token-identical to generate() with the model's generation config, on 50 inputs, greedy and beam 4
-    with length penalties below, at and above 1."""
+    (PyTorch): as generate() with the model's generation config, on 50 inputs, greedy and beam 4 with length
+    penalties below, at and above 1. As generate() means token-identical, or differing only where generate()
+    itself, its log-probabilities moved by the tolerance, decodes ours (hf_judge), and 90% identical: these random
+    models decide beams by less than our backends' distance from transformers (random T5: gaps of 1e-5 and less
+    against 1e-6, T5 v1.1 against 3e-5), so which way a near tie goes depends on the machine's kernels."""
     _translate_matches_generate(exported, beam, penalty)
 
 
@@ -189,12 +194,15 @@ def test_gated_t5_translates_as_generate(exported, beam, penalty) -> None:
 def _translate_matches_generate(exported: tuple[str, Path, Path], beam: int, penalty: float) -> None:
     kind, directory, output = exported
     texts = sample_texts()
-    want = generate(transformers, directory, texts, num_beams=beam, do_sample=False, length_penalty=penalty)
+    reference = Reference(directory, text_inputs(directory, texts),
+                          dict(num_beams=beam, do_sample=False, length_penalty=penalty))
+    want = reference.want
     lengths = 2 if penalty > 1 else 3  # a penalty above 1 favours running to max_length
     assert len({len(t) for t in want}) >= lengths and len(set(want)) >= 10  # stops at </s>, differs by input
     options = ["--beam-size", str(beam), "--length-penalty", str(penalty)]
-    assert translate(output, texts, *options) == want, f"{kind} beam {beam}: onnxruntime"
-    assert translate(directory, texts, "--backend", "torch", *options) == want, f"{kind} beam {beam}: torch"
+    assert_agrees(reference.judge(f"{kind} beam {beam}: onnxruntime", translate(output, texts, *options)))
+    assert_agrees(reference.judge(f"{kind} beam {beam}: torch",
+                                  translate(directory, texts, "--backend", "torch", *options)))
 
 
 @pytest.mark.parametrize("hf_dir", ["marian"], indirect=True)
@@ -203,9 +211,10 @@ def test_marian_target_language_code_goes_before_the_source(exported) -> None:
     _, directory, output = exported
     assert load_checkpoint(directory).rules.languages == (">>fra<<",)
     texts = sample_texts()
-    want = generate(transformers, directory, [">>fra<< " + t for t in texts], num_beams=4, do_sample=False)
-    assert want != generate(transformers, directory, texts, num_beams=4, do_sample=False)  # the code acts
-    assert translate(output, texts, "--target-lang", ">>fra<<", "--beam-size", "4") == want
+    reference = Reference(directory, text_inputs(directory, [">>fra<< " + t for t in texts]),
+                          dict(num_beams=4, do_sample=False))  # judged as in test_translate_matches_generate
+    assert reference.want != generate(transformers, directory, texts, num_beams=4, do_sample=False)  # the code acts
+    assert_agrees(reference.judge(">>fra<<", translate(output, texts, "--target-lang", ">>fra<<", "--beam-size", "4")))
     result = CliRunner().invoke(run_main, ["translate", "--model", str(output), "--source-lang", ">>fra<<", "x"])
     assert result.exit_code == 1 and "sources carry no language code" in result.output, result.output
 
@@ -251,7 +260,9 @@ def test_quantized_directories_report_agreement(exported, precision, tmp_path) -
 
 def test_verify_compares_with_generate(exported, tmp_path) -> None:
     """`tfm-export verify` on a Hugging Face export decodes under the model's rules and holds the graphs to
-    generate() itself, on random sources and on text; `tfm-export check` finds them TensorRT-compatible."""
+    generate() itself, on random sources and on text; `tfm-export check` finds them TensorRT-compatible. Each
+    decode is identical or a near-tie (verify's own rule: which way these random models' near ties go depends on
+    the machine's kernels), and 90% of each row's are identical."""
     _, directory, output = exported
     texts = tmp_path / "texts.txt"
     texts.write_text("\n".join(sample_texts()) + "\n", encoding="utf-8")
@@ -261,7 +272,11 @@ def test_verify_compares_with_generate(exported, tmp_path) -> None:
     for row in ("greedy, 16 random sources vs generate()", "beam 4, 50 input lines vs generate()"):
         assert row in result.output
     decoders = len(graph_backends(output))  # the contract's step and the search steps, each held to generate()
-    assert decoders >= 2 and result.output.count("identical (100.0%)") == 4 * decoders
+    rows = re.findall(r"^(.*?) +(\d+)/(\d+) +identical \([\d.]+%\)(?:, (\d+) near-ties?)?$", result.output, re.M)
+    assert decoders >= 2 and len(rows) == 4 * decoders, result.output
+    for name, identical, total, ties in rows:
+        identical, total, ties = int(identical), int(total), int(ties or 0)
+        assert identical + ties == total and identical >= 0.9 * total, f"{name}: {identical}/{total}, {ties} ties"
     result = CliRunner().invoke(export_main, ["check", "--model", str(output)])  # TensorRT's static report
     assert result.exit_code == 0 and "check OK" in result.output, result.output
 

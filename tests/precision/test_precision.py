@@ -365,6 +365,25 @@ def test_fp16_logits_are_not_rounded_to_fp16(variants):
     assert cast.op_type != "Cast" or producers[cast.input[0]].op_type != "Cast"
 
 
+def test_fp16_directories_carry_the_fused_step_which_decodes_as_their_search_step(variants):
+    """The fused step is made in fp16 too (for CUDA, `--fused`): on the CPU, its 200 held-out decodes (beam 4) are
+    the fp16 decoder_step_search's, in place and in the device backend's fixed shapes."""
+    from tfm_export.demo import numbers as demo_numbers
+    from tfm_export.runtime import DecodeOptions, Translator
+    from tfm_export.runtime.backends import open_backend
+    from tfm_export.runtime.backends.search_step import FUSED, SEARCH
+    from tfm_export.runtime.session import SessionOptions
+    texts = [en for en, _ in demo_numbers.held_out_pairs()[:200]]
+    decoded = {}
+    for cache, fused in (("in-place", False), ("in-place", True), ("device", True)):
+        opened = open_backend(variants["fp16"], options=SessionOptions(cache=cache, fused=fused))
+        graph = opened.backend.decoder.get_modelmeta().custom_metadata_map["tfm_export.graph"]
+        assert graph == (FUSED if fused else SEARCH).value
+        decoded[cache, fused] = [t.ids for t in Translator.of(opened).translate(texts, DecodeOptions(beam_size=4))]
+    assert decoded["in-place", True] == decoded["in-place", False] == decoded["device", True]
+    assert read_manifest(variants["fp16"])["graphs"][FUSED.value]["inputs"][5]["name"] == "total_sequence_length"
+
+
 def test_the_device_backend_runs_fp16_caches(variants):
     """The GPU path's backend (all memory in OrtValues, here on the CPU) with an fp16 cache: as the contract's step."""
     from tfm_export.graphs.inputs import random_sources

@@ -15,6 +15,8 @@ import platform
 import resource
 import time
 from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import asdict, dataclass, field
 from importlib import metadata
 from pathlib import Path
@@ -22,8 +24,9 @@ from typing import Any
 
 import numpy as np
 
+from ..core.errors import first_line
 from ..core.machine import return_large_blocks
-from .runners import TIMED_BACKENDS, Artifacts, CppDecoder, Decode, agreement, open_decoder, unavailable
+from .runners import CPU_BACKENDS, Artifacts, CppDecoder, Decode, agreement, open_decoder, unavailable
 
 REFERENCE = "ort-fp32"
 # must decode as the reference does before being timed
@@ -31,11 +34,12 @@ SAME_MODEL = ("torch-full", "torch-cache", "ct2-fp32", "hf-generate")
 MAX_BATCH_SIZE = 1024  # sentences per timed call; beyond it the caches alone outgrow a machine's memory
 MAX_SENTENCES = 100_000  # benchmark inputs held in memory at once
 SAME_MODEL_MIN = 0.95  # share of identical greedy outputs; fp32 reorderings may flip a rare near-tie
+FAILED = "failed"  # how the skip reason of a backend that raised or died starts
 
 
 @dataclass(frozen=True)
 class BenchSettings:
-    backends: tuple[str, ...] = tuple(TIMED_BACKENDS)
+    backends: tuple[str, ...] = CPU_BACKENDS
     batch_sizes: tuple[int, ...] = (1, 8, 32)
     beam_sizes: tuple[int, ...] = (1, 4)
     output_length: int = 64  # forced (</s> barred until then); 0 = stop at </s>, up to the model's positions
@@ -47,6 +51,16 @@ class BenchSettings:
     full_recompute_max_rows: int = 8  # torch-full only where batch x beam <= this (a base-size batch of 128
     # rows at 64 tokens takes minutes); its target ratio is taken at batch 1
     device: str = "cpu"  # where every backend runs: "cpu" or "cuda"
+    cells: tuple[tuple[int, int], ...] = ()  # (beam, batch size) cells to time instead of every beam x batch size
+
+    @property
+    def grid(self) -> tuple[tuple[int, int], ...]:
+        """The (beam, batch size) cells timed: the given cells, else every beam size with every batch size."""
+        return self.cells or tuple((beam, batch) for beam in self.beam_sizes for batch in self.batch_sizes)
+
+    @property
+    def max_rows(self) -> int:
+        return max(beam * batch for beam, batch in self.grid)
 
 
 @dataclass
@@ -120,11 +134,10 @@ def measure(name: str, artifacts: Artifacts, sources: list[list[int]], length: i
                           f"{agreement(result.outputs, reference):.0%} of the inputs, so it is not the same model")
         return result
     forced = settings.output_length > 0
-    for beam in settings.beam_sizes:
-        for size in settings.batch_sizes:
-            if name == "torch-full" and beam * size > settings.full_recompute_max_rows:
-                continue
-            result.rows.append(_time_batches(decode, _batches(sources, size), beam, length, forced, settings))
+    for beam, size in settings.grid:
+        if name == "torch-full" and beam * size > settings.full_recompute_max_rows:
+            continue
+        result.rows.append(_time_batches(decode, _batches(sources, size), beam, length, forced, settings))
     if name in settings.sweep_backends:
         for n in [n for n in settings.sweep_lengths if n <= positions]:
             result.sweep[n] = _time_batches(decode, _batches(sources, 1), 1, n, True, settings).summary["median_ms"]
@@ -154,14 +167,22 @@ def peak_rss_mb(process: int | str = "self") -> float:
 
 def run_backends(artifacts: Artifacts, sources: list[list[int]], length: int, positions: int,
                  settings: BenchSettings, progress=None) -> list[BackendResult]:
+    """Every backend in a fresh process, the reference first. A backend that fails (an error, or its process
+    dies: a GPU kernel that cannot run, say) is reported as such in its row, and the others are still timed."""
     context = multiprocessing.get_context("spawn")
     done: dict[str, BackendResult] = {}
     for name in sorted(settings.backends, key=lambda n: n != REFERENCE):  # the reference first
         if progress:
             progress(name)
         reference = done[REFERENCE].outputs if REFERENCE in done and not done[REFERENCE].skipped else None
-        with context.Pool(1) as pool:
-            done[name] = pool.apply(measure, (name, artifacts, sources, length, positions, settings, reference))
+        with ProcessPoolExecutor(1, mp_context=context) as pool:
+            job = pool.submit(measure, name, artifacts, sources, length, positions, settings, reference)
+            try:
+                done[name] = job.result()
+            except BrokenProcessPool:
+                done[name] = BackendResult(name, skipped=f"{FAILED}: its process died")
+            except Exception as exc:  # whatever the backend's libraries raise, in the row instead of the run's end
+                done[name] = BackendResult(name, skipped=f"{FAILED}: {first_line(exc)}")
     results = [done[name] for name in settings.backends]
     reference = done.get(REFERENCE)
     for r in results:
@@ -201,8 +222,8 @@ def _rate(results: list[BackendResult], name: str, beam: int, batch: int) -> flo
 
 def ratios(results: list[BackendResult]) -> dict[str, float | None]:
     """The target ratios (docs/benchmarks.md), as tokens/s ratios from this one run (greedy)."""
-    def ratio(a: str, b: str, batch: int) -> float | None:
-        x, y = _rate(results, a, 1, batch), _rate(results, b, 1, batch)
+    def ratio(a: str, b: str, batch: int, beam: int = 1) -> float | None:
+        x, y = _rate(results, a, beam, batch), _rate(results, b, beam, batch)
         return x / y if x and y else None
     out = {"ort-fp32 / torch-full, batch 1": ratio("ort-fp32", "torch-full", 1)}
     for mode in ("dynamic", "static"):
@@ -216,5 +237,10 @@ def ratios(results: list[BackendResult]) -> dict[str, float | None]:
         out[f"ort-int8-dynamic / ct2-int8, batch {batch}"] = ratio("ort-int8-dynamic", "ct2-int8", batch)
     for batch in (1, 32, 128):
         out[f"ort-fp32 / hf-generate, batch {batch}"] = ratio("ort-fp32", "hf-generate", batch)
-        out[f"ort-fp16 / hf-generate-fp16, batch {batch}"] = ratio("ort-fp16", "hf-generate-fp16", batch)
+        for fp16 in ("ort-fp16", "ort-fp16-graphs"):
+            out[f"{fp16} / hf-generate-fp16, batch {batch}"] = ratio(fp16, "hf-generate-fp16", batch)
+        for plain in ("ort-fp32", "ort-fp16"):  # what capturing the steps as CUDA graphs gains
+            out[f"{plain}-graphs / {plain}, batch {batch}"] = ratio(f"{plain}-graphs", plain, batch)
+    for fp16 in ("ort-fp16", "ort-fp16-graphs"):
+        out[f"{fp16} / hf-generate-fp16, beam 4, batch 32"] = ratio(fp16, "hf-generate-fp16", 32, beam=4)
     return out

@@ -88,9 +88,8 @@ def run_benchmark(request: BenchRequest, say: Callable[[str], None] = lambda _: 
         inputs = texts or _texts(model, len(vocab), request.sentences)
         calib = calibration_for(inputs, request.calibration, calibration_texts, work / "calibration.txt",
                                 settings.output_length or None)
-        build_variants(built, model, work, calib, settings.backends,
-                       max(settings.batch_sizes) * max(settings.beam_sizes), say=say)
-        placement = _gpu_placement(built.artifacts.onnx["fp32"], settings, say) if settings.device == "cuda" else None
+        build_variants(built, model, work, calib, settings.backends, settings.max_rows, say=say)
+        placement = _gpu_placement(built.artifacts.onnx, settings, say) if settings.device == "cuda" else None
         results = run_backends(built.artifacts, sources, length, model.positions, settings,
                                progress=lambda n: say(f"measure {n}"))
         floors = _gpu_step_floors(model, settings, sources, length, say) if settings.device == "cuda" else {}
@@ -103,31 +102,42 @@ def run_benchmark(request: BenchRequest, say: Callable[[str], None] = lambda _: 
     return BenchRun(results, built, found, info, settings)
 
 
-def _gpu_placement(directory: Path, settings: BenchSettings, say: Callable[[str], None]) -> str | None:
-    """Where the fp32 decoder step's nodes run on the GPU (bench.placement), said first: a node on the CPU or a
-    Memcpy would be paid in every cell below."""
+def _gpu_placement(directories: dict[str, Path], settings: BenchSettings, say: Callable[[str], None]
+                   ) -> str | None:
+    """Where the fp32 and fp16 decoder steps' nodes run on the GPU (bench.placement), said first: a node on the
+    CPU or a Memcpy would be paid in every cell below, and blocks a CUDA graph's capture."""
     if not has_cuda_provider():
         return None
     from ..runtime.session import SessionOptions
     from .placement import step_placement
-    line = step_placement(directory, SessionOptions(intra_op_threads=settings.threads, device="cuda")).line
-    say(f"placement: {line}")
-    return line
+    options = SessionOptions(intra_op_threads=settings.threads, device="cuda")
+    lines = [f"{variant} {step_placement(directories[variant], options).line}"
+             for variant in ("fp32", "fp16") if variant in directories]
+    for line in lines:
+        say(f"placement: {line}")
+    return "; ".join(lines)
 
 
 def _gpu_step_floors(model: BenchModel, settings: BenchSettings, sources: list[list[int]], length: int,
                      say: Callable[[str], None]) -> dict[str, float]:
     """decoder_step_search alone on the GPU (bench.step_floor), per (beam, batch) timed, at the mean cache length
-    and source length: the step no loop around it can beat. Needs the model's weights (not an fp32 directory)."""
+    and source length: the step no loop around it can beat; beside it the same step's captured CUDA graph
+    replayed, where it can be captured. Needs the model's weights (not an fp32 directory)."""
     if model.checkpoint is None or not has_cuda_provider():
         return {}
-    from .step_floor import exported_step, step_floor_ms
+    from .step_floor import REPLAY, exported_step, replay_ms, step_floor_ms
     say("GPU step floor")
     source, weights = round(sum(map(len, sources)) / len(sources)), model.checkpoint.model
+    floors = {}
     with exported_step(weights) as graph:
-        return {f"beam {beam}, batch {batch}": step_floor_ms(graph, weights, batch, beam, (length - 1) // 2, source,
-                                                             device="cuda")["CUDA"]
-                for beam in settings.beam_sizes for batch in settings.batch_sizes}
+        for beam, batch in settings.grid:
+            cell, shape = f"beam {beam}, batch {batch}", (weights, batch, beam, (length - 1) // 2, source)
+            floors[cell] = step_floor_ms(graph, *shape, device="cuda")["CUDA"]
+            try:
+                floors[f"{cell}, {REPLAY}"] = replay_ms(graph, *shape)
+            except TfmExportError as exc:
+                say(f"{cell}: no {REPLAY}: {exc}")
+    return floors
 
 
 def _input_rows(texts: list[str], model: BenchModel) -> list[list[int]]:

@@ -29,6 +29,9 @@ TIMED_BACKENDS = {
     "ort-int8-static": "ONNX Runtime, int8 Q/DQ graph (static, calibrated; on CPU its Q/DQ run as float ops)",
     "ort-int8-dynamic": "ONNX Runtime int8 dynamic",
     "ort-fp16": "ONNX Runtime fp16 on CUDA",
+    "ort-fp32-graphs": "ONNX Runtime fp32, the device backend's steps captured as CUDA graphs and replayed "
+                       "(on the CPU: the same backend, uncaptured)",
+    "ort-fp16-graphs": "ONNX Runtime fp16 on CUDA, the device backend's steps captured as CUDA graphs and replayed",
     "ort-generate": "ONNX Runtime fp32, the whole search in generate.onnx (BeamSearch op, one input per call)",
     "tensorrt": "TensorRT fp16 engines (built from the fp32 graphs' fp16 version)",
     "ct2-fp32": "CTranslate2 float32 (same weights)",
@@ -40,14 +43,19 @@ TIMED_BACKENDS = {
 }
 DEVICES = ("cpu", "cuda")
 GPU_ONLY = {"ort-fp16": "fp16 is for GPUs; time it with --device cuda",
+            "ort-fp16-graphs": "fp16 is for GPUs; time it with --device cuda",
             "tensorrt": "TensorRT engines run on GPUs; time them with --device cuda",
             "hf-generate-fp16": "fp16 is for GPUs; time it with --device cuda"}
 CPU_ONLY = {"ort-int8-dynamic":
             "its int8 operators (DynamicQuantizeLinear, MatMulInteger) are ONNX Runtime CPU kernels"}
 # what `--device cuda` times by default: every GPU backend, and generate() as the anchor
-GPU_BACKENDS = ("ort-fp32", "ort-fp16", "ort-generate", "tensorrt", "torch-cache", "hf-generate", "hf-generate-fp16")
+GPU_BACKENDS = ("ort-fp32", "ort-fp32-graphs", "ort-fp16", "ort-fp16-graphs", "ort-generate", "tensorrt",
+                "torch-cache", "hf-generate", "hf-generate-fp16")
+# the device backend with its steps captured as CUDA graphs: a GPU measurement, so not in the CPU default
+CUDA_GRAPHS = ("ort-fp32-graphs", "ort-fp16-graphs")
+CPU_BACKENDS = tuple(name for name in TIMED_BACKENDS if name not in CUDA_GRAPHS)  # what `--device cpu` times
 ONNX_VARIANTS = {"ort-fp32": "fp32", "ort-int8-static": "int8-static", "ort-int8-dynamic": "int8-dynamic",
-                 "ort-fp16": "fp16", "ort-generate": "generate"}
+                 "ort-fp16": "fp16", "ort-generate": "generate", "ort-fp32-graphs": "fp32", "ort-fp16-graphs": "fp16"}
 
 Decode = Callable[[Sequence[Sequence[int]], int, int, bool], list[tuple[int, ...]]]
 
@@ -146,8 +154,10 @@ def open_decoder(name: str, artifacts: Artifacts, threads: int, device: str = "c
     if name == "tensorrt":
         return _searching(open_backend(artifacts.tensorrt, "tensorrt").searcher, artifacts.rules)
     options = SessionOptions(intra_op_threads=threads, device=device)
+    if name in CUDA_GRAPHS:  # the device backend always, so that on the CPU it runs the same code uncaptured
+        options = dataclasses.replace(options, cache="device", cuda_graphs=True)
     if name == "ort-generate":
-        return _searching(open_backend(artifacts.onnx["generate"], "onnxruntime-generate", options=options).searcher,
+        return _searching(open_backend(artifacts.onnx["generate"], "onnxruntime-generate", device, options).searcher,
                           artifacts.rules)
     return _searching(open_backend(artifacts.onnx[ONNX_VARIANTS[name]], "onnxruntime", device, options).searcher,
                       artifacts.rules)

@@ -13,14 +13,16 @@ from pathlib import Path
 import numpy as np
 from torch import nn
 
+from ..core.errors import TfmExportError, first_line
 from ..core.graph_spec import DEFAULT_OPSET, FORCED_TOKEN, TOKEN_BIAS, GraphVariant, cache_head_sizes, cache_names
 from ..core.graph_spec import search_step_spec as spec_of
 from ..graphs.export import export_graph
 from ..graphs.onnx_io import save_graph
-from ..runtime.session import SessionOptions
+from ..runtime.session import SessionOptions, has_cuda_provider
 from .kernel_floor import best_run_ms
 
 GRAPH = GraphVariant.DECODER_STEP_SEARCH
+REPLAY = "CUDA graph replay"
 
 
 def step_inputs(model: nn.Module, batch: int, beam: int, cache_length: int,
@@ -66,3 +68,27 @@ def step_floor_ms(graph: Path, model: nn.Module, batch: int, beam: int, cache_le
             options = SessionOptions(intra_op_threads=count, spinning=spinning, memory_arena=False)  # as tfm-run
             best[label] = best_run_ms(graph, feeds, options, present)
     return best
+
+
+def graph_unavailable() -> str | None:
+    """Why the step cannot be captured as a CUDA graph here, or None."""
+    return None if has_cuda_provider() else "CUDA graphs need ONNX Runtime's CUDA provider, which this one lacks"
+
+
+def replay_ms(graph: Path, model: nn.Module, batch: int, beam: int, cache_length: int, source_length: int) -> float:
+    """Best replay time (ms) of the step (as step_floor_ms times it on a GPU) captured once as a CUDA graph: the
+    step with no launch cost, what a captured decode's step approaches. Raises, saying why, where it cannot be
+    captured (no CUDA provider; a node off the CUDA provider, a Memcpy or a kernel that cannot be captured)."""
+    why = graph_unavailable()
+    if why:
+        raise TfmExportError(why)
+    names = cache_names(model.config)
+    present = dict(zip(names.self_inputs, names.self_outputs, strict=True)).get
+    feeds = step_inputs(model, batch, beam, cache_length, source_length)
+    try:
+        return best_run_ms(graph, feeds, SessionOptions(device="cuda", cuda_graphs=True), present,
+                           captured=True)
+    except TfmExportError:
+        raise
+    except Exception as exc:  # onnxruntime's own types: a capture that failed
+        raise TfmExportError(f"the step could not be captured ({first_line(exc)})") from None

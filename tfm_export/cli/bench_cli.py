@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from ..bench.protocol import MAX_BATCH_SIZE, MAX_SENTENCES, BenchSettings
-from ..bench.runners import DEVICES, GPU_BACKENDS, TIMED_BACKENDS
+from ..bench.runners import CPU_BACKENDS, DEVICES, GPU_BACKENDS, TIMED_BACKENDS
 from ..core.errors import TfmExportError
 from ..core.extras import require_extra
 from ..core.files import check_output_path
@@ -24,6 +24,19 @@ def _ints(text: str, name: str, maximum: int | None = None) -> tuple[int, ...]:
     if not values or min(values) < 1 or (maximum is not None and max(values) > maximum):
         raise click.BadParameter(f"values must be 1..{maximum or 'any'}", param_hint=name)
     return values
+
+
+def _cells(text: str | None) -> tuple[tuple[int, int], ...]:
+    """BEAMxBATCH,... (4x32: beam 4, batch 32) -> ((4, 32), ...); None -> () (every beam with every batch)."""
+    if text is None:
+        return ()
+    cells = []
+    for cell in text.split(","):
+        beam, _, batch = cell.strip().partition("x")
+        if not (beam.isdigit() and batch.isdigit()):
+            raise click.BadParameter(f"{cell!r} is not BEAMxBATCH (4x32: beam 4, batch 32)", param_hint="--cells")
+        cells.append((_ints(beam, "--cells", MAX_BEAM)[0], _ints(batch, "--cells", MAX_BATCH_SIZE)[0]))
+    return tuple(cells)
 
 
 def _backends(text: str) -> tuple[str, ...]:
@@ -45,12 +58,16 @@ def _backends(text: str) -> tuple[str, ...]:
                    "and the PyTorch backends), timing by default " + ", ".join(GPU_BACKENDS) + ".")
 @click.option("--backends", default=None,
               help="Comma-separated: " + "; ".join(f"{name}: {what}" for name, what in TIMED_BACKENDS.items()) +
-                   ". Default: all of them on cpu (each one that cannot run here says why), the GPU ones on cuda.")
+                   ". Default: all but the CUDA-graph ones on cpu (each one that cannot run here says why), the GPU "
+                   "ones on cuda.")
 @click.option("--batch-sizes", default="1,8,32", show_default=True,
               help=f"Comma-separated sentences per batch call (at most {MAX_BATCH_SIZE}); each is timed for every "
                    "beam size.")
 @click.option("--beam-sizes", default="1,4", show_default=True,
               help=f"Comma-separated; 1 = greedy (at most {MAX_BEAM}).")
+@click.option("--cells", default=None,
+              help="Comma-separated BEAMxBATCH cells to time instead of every --beam-sizes with every "
+                   "--batch-sizes (1x1,1x128,4x32: greedy batch 1 and 128, beam 4 batch 32).")
 @click.option("--output-length", type=click.IntRange(min=0), default=64, show_default=True,
               help="Tokens every backend generates (</s> barred until then); 0 = stop at </s>.")
 @click.option("--input", "input_file", type=click.Path(path_type=Path, dir_okay=False), default=None,
@@ -75,9 +92,9 @@ def _backends(text: str) -> tuple[str, ...]:
               help="PNG: tokens/s per backend and batch size, and latency against output length.")
 @click.option("--markdown", "markdown_path", type=click.Path(path_type=Path, dir_okay=False), default=None,
               help="The tables as markdown (docs/benchmarks.md is made from these).")
-def bench(model_path: Path, device: str, backends: str | None, batch_sizes: str, beam_sizes: str, output_length: int,
-          input_file: Path | None, sentences: int, calibration: Path | None, repeats: int, min_time: float,
-          threads: int, full_recompute_max_rows: int, work_dir: Path | None, json_path: Path | None,
+def bench(model_path: Path, device: str, backends: str | None, batch_sizes: str, beam_sizes: str, cells: str | None,
+          output_length: int, input_file: Path | None, sentences: int, calibration: Path | None, repeats: int,
+          min_time: float, threads: int, full_recompute_max_rows: int, work_dir: Path | None, json_path: Path | None,
           plot_path: Path | None, markdown_path: Path | None) -> None:
     """Time every backend side by side on the same weights and inputs: latency, tokens/s, memory, size.
 
@@ -87,11 +104,12 @@ def bench(model_path: Path, device: str, backends: str | None, batch_sizes: str,
     """
     require_extra("export", "tfm-run bench")
     from ..bench.run import BenchRequest, run_benchmark
-    default = GPU_BACKENDS if device == "cuda" else tuple(TIMED_BACKENDS)
+    default = GPU_BACKENDS if device == "cuda" else CPU_BACKENDS
     chosen = _backends(backends) if backends is not None else default
     settings = BenchSettings(chosen, _ints(batch_sizes, "--batch-sizes", maximum=MAX_BATCH_SIZE),
                              _ints(beam_sizes, "--beam-sizes", maximum=MAX_BEAM), output_length, repeats, min_time,
-                             threads, full_recompute_max_rows=full_recompute_max_rows, device=device)
+                             threads, cells=_cells(cells), full_recompute_max_rows=full_recompute_max_rows,
+                             device=device)
     for path, option in ((json_path, "--json"), (plot_path, "--plot"), (markdown_path, "--markdown")):
         check_output_path(path, option, inputs=[p for p in (model_path, input_file, calibration) if p])
     request = BenchRequest(model_path, settings, input_file, sentences, calibration, work_dir)

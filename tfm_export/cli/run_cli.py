@@ -154,10 +154,11 @@ def output_stream(output: Path | None) -> Iterator[Callable[[list[str]], None]]:
               help="On the CPU, decode with decoder_step_search (cache written in place, the search's top "
                    "candidates computed in the graph) where the model directory has it; --no-search-graph: the "
                    "graph contract's decoder_step, its logits reduced in NumPy. Env: TFM_ORT_SEARCH_GRAPH=1/0.")
-@click.option("--fused/--no-fused", default=True, envvar="TFM_ORT_FUSED", show_default=True,
-              help="On the CPU, that step with its attention in ONNX Runtime's own kernels "
-                   "(decoder_step_search_fused) where the model directory has it; --no-fused: decoder_step_search, "
-                   "standard ONNX operators only. Env: TFM_ORT_FUSED=1/0.")
+@click.option("--fused/--no-fused", default=None, envvar="TFM_ORT_FUSED",
+              help="decoder_step_search_fused (the same step in ONNX Runtime's attention kernels) where the model "
+                   "directory has it: --fused wherever it has one (an fp16 directory on CUDA, say); --no-fused: "
+                   "decoder_step_search, standard ONNX operators only. Default: where it pays, an fp32 directory "
+                   "on the CPU. Env: TFM_ORT_FUSED=1/0.")
 @click.option("--graph-cache", type=click.Choice(["on", "off"]), default="on", envvar="TFM_GRAPH_CACHE",
               show_default=True,
               help="On the CPU, open the model directory's pre-packed graphs (ONNX Runtime's optimised copies, their "
@@ -176,7 +177,7 @@ def translate(texts: tuple[str, ...], model_path: Path, vocab: tuple[Path, ...],
               device: str | None, beam_size: int | None, length_penalty: float | None, max_length: int | None,
               n_best: int, batch_size: int, source_lang: str | None, target_lang: str | None, truncate: bool,
               input_file: Path | None, output: Path | None, fmt: str, threads: int, ort_opt_level: str,
-              memory_arena: bool | None, spinning: bool, search_graph: bool, fused: bool, graph_cache: str,
+              memory_arena: bool | None, spinning: bool, search_graph: bool, fused: bool | None, graph_cache: str,
               ort_trt: bool, tf32: bool, cuda_graphs: bool) -> None:
     """Translate TEXT arguments, a file or stdin: one translation per line, in input order.
 

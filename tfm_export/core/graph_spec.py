@@ -27,6 +27,10 @@ SEARCH_BEAMS = 8  # the widest beam decoder_step_search's own candidates serve (
 # decoder_step_search's decoding-rule inputs: an additive (vocab,) float32 bias (0, or -inf for a banned id and
 # for </s> before the minimum length) and the id forced at this step (-1: none; forced, it gets log-p 0)
 TOKEN_BIAS, FORCED_TOKEN = "token_bias", "forced_token"
+# decoder_step_search_fused's GroupQueryAttention takes the filled positions after the step (cache_length + 1) as
+# an int32 scalar in host memory (its CUDA kernel reads it there): the runtime, which knows it, feeds it, so a GPU
+# session copies nothing from the device for it
+TOTAL_LENGTH = "total_sequence_length"
 TOP_LOGPROBS, TOP_IDS = "top_logprobs", "top_ids"  # per row its K best (log-probability, id), best first
 FUSED_HEAD_MULTIPLE = 8  # ONNX Runtime's CPU GroupQueryAttention runs only head sizes that are multiples of this
 FUSED_MIN_ONNXRUNTIME = (1, 21)  # 1.20 ignores MultiHeadAttention's key padding mask (a padded source's logits
@@ -59,9 +63,10 @@ class GraphVariant(_GraphFile, str, Enum):
     # of fixed capacity written in place (graphs.buffer_cache.BufferCache): ONNX Runtime and TensorRT runtimes decode
     # with it, embedders keep the contract's decoder_step.
     DECODER_STEP_SEARCH = "decoder_step_search"
-    # decoder_step_search's maths, inputs and outputs with its attention in ONNX Runtime's kernels (com.microsoft
-    # GroupQueryAttention writing the buffers itself, MultiHeadAttention over the source): what tfm-run runs on the
-    # CPU where the directory has it; fp32 only, never TensorRT's (graphs.buffer_cache.FusedBufferCache).
+    # decoder_step_search's maths and outputs with its attention in ONNX Runtime's kernels (com.microsoft
+    # GroupQueryAttention writing the buffers itself, MultiHeadAttention over the source), and one more input,
+    # TOTAL_LENGTH: what tfm-run runs on the CPU where the directory has it, in fp32; fp16 directories carry it for
+    # CUDA; never TensorRT's (graphs.buffer_cache.FusedBufferCache).
     DECODER_STEP_SEARCH_FUSED = "decoder_step_search_fused"
 
 
@@ -156,7 +161,8 @@ def search_step_spec(cfg: ModelConfig, graph: GraphVariant = GraphVariant.DECODE
     encoder's mask and keys/values come once per source (source_batch_size): the batch_size rows are
     source_batch_size equal consecutive groups (a source's beams), each attending to its own source. Outputs:
     the logits, and per row the K best log-probabilities after the decoding rules (TOKEN_BIAS, FORCED_TOKEN)
-    with their ids, ties to the lower id."""
+    with their ids, ties to the lower id. The fused twin also takes TOTAL_LENGTH, cache_length + 1, from the
+    host."""
     k, names = search_top_k(cfg), cache_names(cfg)
     return GraphSpec(
         graph,
@@ -165,6 +171,7 @@ def search_step_spec(cfg: ModelConfig, graph: GraphVariant = GraphVariant.DECODE
                 TensorSpec("cache_length", "int64", ()),
                 TensorSpec(TOKEN_BIAS, "float32", (cfg.trg_vocab_size,)),
                 TensorSpec(FORCED_TOKEN, "int64", ()),
+                *(() if graph.standard_ops else (TensorSpec(TOTAL_LENGTH, "int32", ()),)),
                 *past_inputs(cfg, CAPACITY, SOURCES)),
         outputs=(TensorSpec("logits", "float32", (BATCH, 1, cfg.trg_vocab_size)),
                  TensorSpec(TOP_LOGPROBS, "float32", (BATCH, k)),

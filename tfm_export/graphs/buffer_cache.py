@@ -68,6 +68,12 @@ class FusedBufferCache(BufferCache):
     the source's keys. In PyTorch, the reference the export is held to, it computes exactly what BufferCache
     does; only the exported graph differs. For equal key and value head sizes, without a relative position bias."""
 
+    def __init__(self, buffers: list[KV], length: Tensor, total: Tensor) -> None:
+        """total: length + 1 as an int32 scalar the caller feeds from the host (GroupQueryAttention's
+        total_sequence_length, which its CUDA kernel reads in host memory)."""
+        super().__init__(buffers, length)
+        self.total = total
+
     def extend(self, layer: int, keys: Tensor, values: Tensor) -> KV:
         if torch.onnx.is_in_onnx_export():
             return keys, values  # the kernel writes them
@@ -86,7 +92,7 @@ class FusedBufferCache(BufferCache):
         counts = self.start.to(torch.int32)
         out, present_keys, present_values = torch.onnx.ops.symbolic_multi_out(
             f"{MS}::GroupQueryAttention",
-            [_merged(q), _merged(k), _merged(v), keys, values, counts.expand(rows), counts + 1],
+            [_merged(q), _merged(k), _merged(v), keys, values, counts.expand(rows), self.total],
             {"num_heads": heads, "kv_num_heads": heads}, dtypes=[q.dtype] * 3,
             shapes=[(rows, 1, heads * size), keys.shape, values.shape], version=1)
         self.present.append((present_keys, present_values))

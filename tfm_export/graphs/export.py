@@ -18,7 +18,15 @@ import onnxruntime
 import torch
 from torch.export import Dim
 
-from ..core.graph_spec import SUPPORTED_OPSETS, Graph, GraphSpec, GraphVariant, graph_specs, variant_specs
+from ..core.graph_spec import (
+    SUPPORTED_OPSETS,
+    TOTAL_LENGTH,
+    Graph,
+    GraphSpec,
+    GraphVariant,
+    graph_specs,
+    variant_specs,
+)
 from ..model.transformer import Transformer
 from ..runtime.session import runs_fused_graphs
 from .buffer_cache import write_at
@@ -32,18 +40,21 @@ log = logging.getLogger(__name__)
 
 
 def _dynamic_shapes(spec: GraphSpec) -> tuple:
-    """The spec's symbolic axes as torch.export Dims; trailing cache inputs as one nested tuple (*past)."""
+    """The spec's symbolic axes as torch.export Dims; trailing inputs (the cache, after the fused step's total
+    length) as one nested tuple (*past)."""
     dims: dict[str, Dim] = {}
     shapes = [{axis: dims.setdefault(sym, Dim(sym.replace(" ", ""))) for axis, sym in enumerate(t.shape)
                if isinstance(sym, str)} for t in spec.inputs]
-    past = next((i for i, t in enumerate(spec.inputs) if t.name.startswith("past_key_values")), None)
+    past = next((i for i, t in enumerate(spec.inputs) if t.name.startswith("past_key_values") or
+                 t.name == TOTAL_LENGTH), None)  # SearchStepGraph takes the fused step's total length in *past
     return tuple(shapes) if past is None else (*shapes[:past], tuple(shapes[past:]))
 
 
 def _module(model: Transformer, spec: GraphSpec) -> tuple[torch.nn.Module, tuple]:
     """The module a graph is exported from, and its tracing inputs."""
     if isinstance(spec.graph, GraphVariant):
-        return SearchStepGraph(model, not spec.graph.standard_ops), search_example_inputs(model)
+        fused = not spec.graph.standard_ops
+        return SearchStepGraph(model, fused), search_example_inputs(model, fused)
     module = EncoderGraph(model) if spec.graph is Graph.ENCODER else DecoderStepGraph(model)
     return module, example_inputs(model)[spec.graph.value]
 

@@ -36,17 +36,20 @@ class SearchStepGraph(nn.Module):
 
     def forward(self, input_ids: Tensor, encoder_attention_mask: Tensor, cache_length: Tensor, token_bias: Tensor,
                 forced_token: Tensor, *past: Tensor) -> tuple[Tensor, ...]:
-        # past, per layer: decoder key buffer, decoder value buffer, encoder key, encoder value (per source)
+        # fused: total_sequence_length (int32, cache_length + 1, from the host) first; then per layer: decoder key
+        # buffer, decoder value buffer, encoder key, encoder value (per source)
+        total, past = (past[0], past[1:]) if self.cache is FusedBufferCache else (None, past)
         layers = [past[4 * i:4 * i + 4] for i in range(len(past) // 4)]
         src_mask = (encoder_attention_mask != 0).unsqueeze(1)  # (B, 1, S)
-        cache = self.cache([(k, v) for k, v, _, _ in layers], cache_length)
+        buffers = [(k, v) for k, v, _, _ in layers]
+        cache = self.cache(buffers, cache_length) if total is None else self.cache(buffers, cache_length, total)
         x, present = self.model.decoder.step(input_ids, cache, [(k, v) for _, _, k, v in layers], src_mask)
         logits = self.model.project(x)  # (N, 1, V)
         values, ids = select(logits[:, 0], token_bias, forced_token, self.k)
         return (logits, values, ids, *[t for kv in present for t in kv])
 
 
-def search_example_inputs(model: Transformer, sources: int = 2, group: int = 3, src_len: int = 5,
+def search_example_inputs(model: Transformer, fused: bool = False, sources: int = 2, group: int = 3, src_len: int = 5,
                           capacity: int = 4) -> tuple[Tensor, ...]:
     """Inputs for tracing: every dynamic size distinct and > 1 so the exporter keeps them symbolic."""
     cfg, batch = model.config, sources * group
@@ -58,4 +61,5 @@ def search_example_inputs(model: Transformer, sources: int = 2, group: int = 3, 
                  torch.randn(sources, cfg.n_head, src_len, cfg.d_v)]
     ids = torch.randint(FIRST_TOKEN_ID, cfg.trg_vocab_size, (batch, 1))
     bias = torch.zeros(cfg.trg_vocab_size)
-    return (ids, mask, torch.tensor(capacity - 1), bias, torch.tensor(-1), *past)
+    total = (torch.tensor(capacity, dtype=torch.int32),) if fused else ()
+    return (ids, mask, torch.tensor(capacity - 1), bias, torch.tensor(-1), *total, *past)

@@ -39,7 +39,7 @@ from ..graphs.inputs import random_sources
 from ..graphs.onnx_io import add_shared, check_contract, load_graph, save_graph_of, sharing_note, tensors_of
 from ..runtime import decoding
 from ..runtime.backends import graph_decoders
-from ..runtime.backends.search_step import prepack_new
+from ..runtime.backends.search_step import fused_usable, prepack_new
 from .calibration import Traces, record_traces
 from .fp16 import to_fp16
 from .int8 import float_ops, quantize_dynamic_graph, quantize_static_graph
@@ -47,7 +47,7 @@ from .int8 import float_ops, quantize_dynamic_graph, quantize_static_graph
 PRECISIONS = tuple(p for p in MODEL_PRECISIONS if p != "fp32")  # what quantize makes from fp32
 NO_STATIC_SEARCH = ("int8 static graphs are calibrated on traces of the contract's decoder_step and are meant for "
                     "TensorRT; decoder_step_search is made for fp32, fp16 and int8 dynamic")
-NO_FUSED = ("fp32 only: its ONNX Runtime operators are not converted; this directory decodes on the CPU through "
+NO_FUSED = ("fp32 and fp16 only: its ONNX Runtime operators are not quantized; this directory decodes through "
             "decoder_step_search")
 log = logging.getLogger(__name__)
 
@@ -120,8 +120,7 @@ def quantize_model_dir(source: Path, output: Path, precision: str, mode: str | N
     manifest = parent.manifest  # what the new manifest copies
     mode = check_request(parent, precision, mode, calibration, keep_io_types, float_embeddings)
     vocab = parent.vocabulary()  # present and parseable, before any slow work
-    variants = [v for v in GraphVariant if parent.has(v) and v.standard_ops] \
-        if (precision, mode) != ("int8", "static") else []
+    variants = _variants(parent, precision, mode)
     graphs = {g: load_graph(source, manifest, g.value) for g in (*Graph, *variants)}
     for skipped in [g for g in parent.graphs if g not in {v.value for v in (*Graph, *variants)}]:
         parent.graph_path(skipped)  # not converted, but a damaged directory is refused
@@ -170,6 +169,15 @@ def quantize_model_dir(source: Path, output: Path, precision: str, mode: str | N
             prepack_new(staging, output)
         bar.update()
     return new
+
+
+def _variants(parent: ModelDir, precision: str, mode: str | None) -> list[GraphVariant]:
+    """The optional step graphs made in this precision: none for int8 static (TensorRT's); decoder_step_search
+    otherwise, and its fused twin in fp16 (ONNX Runtime's attention kernels take fp16, on CUDA and on the CPU)."""
+    if (precision, mode) == ("int8", "static"):
+        return []
+    return [v for v in GraphVariant if parent.has(v) and (v.standard_ops or (precision == "fp16" and
+                                                                              fused_usable(parent)))]
 
 
 def _traces(source: Path, vocab: Vocabulary, calibration: Calibration, progress: bool) -> Traces:
@@ -227,7 +235,7 @@ def _manifest(parent: dict[str, Any], source: Path, precision: str, mode: str, k
 
 def _smoke_test(staging: Path, output: Path, source: Path) -> None:
     """The new graphs load in ONNX Runtime and decode a few tokens; an unusable artifact is never left."""
-    decoders = graph_decoders(staging)  # the fused step stays fp32 and is not made here
+    decoders = graph_decoders(staging)  # every step graph made here, an fp16 fused one included
     backend = decoders["decoder_step"]
     cfg, precision = backend.config, backend.model_dir.precision
     src = random_sources(cfg.src_vocab_size, 2, min(8, cfg.n_position), seed=0)

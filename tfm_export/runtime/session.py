@@ -43,9 +43,10 @@ class SessionOptions:
     # GPU path rehearsed). None: in-place on the CPU, device on a GPU, concat without decoder_step_search.
     cache: str | None = None
     cache_step: int = CAPACITY_STEP  # positions a full cache buffer grows by
-    # on the CPU, decoder_step_search_fused (the same step in ONNX Runtime's attention kernels) where the directory
-    # has it; False: decoder_step_search, standard ONNX operators only
-    fused: bool = True
+    # decoder_step_search_fused (the same step in ONNX Runtime's attention kernels) where the directory has it: None,
+    # where it pays (an fp32 directory on the CPU); True, wherever the directory has one (fp16 on CUDA, say); False,
+    # never (decoder_step_search, standard ONNX operators only)
+    fused: bool | None = None
     device: str = "cpu"  # "cuda": every session on the CUDA execution provider, or an error saying why not
     tf32: bool = False  # on CUDA, fp32 MatMuls in TF32 (faster, ~1e-3 relative): off, so that fp32 is fp32
     cuda_graphs: bool = False  # on CUDA, the device backend's steps captured as CUDA graphs and replayed

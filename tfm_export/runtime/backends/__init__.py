@@ -100,7 +100,9 @@ def open_backend(model: str | Path, kind: str | None = None, device: str | None 
     each graph becomes a session (default: ONNX Runtime); the bls layout's graphs are native Triton models."""
     path = Path(model)
     given = classify(path)
-    kind = kind or DEFAULT_KINDS[given]
+    # a directory without a manifest (a Hugging Face model's) runs on PyTorch only when asked: by default ONNX
+    # Runtime's opener says what the directory is and how to export it
+    kind = kind or ("onnxruntime" if given is Given.CHECKPOINT and path.is_dir() else DEFAULT_KINDS[given])
     if kind not in BACKENDS:
         raise TfmExportError(f"unknown backend {kind!r}; choose one of {', '.join(BACKENDS)}")
     if options.tensorrt_ep and kind != "onnxruntime":
@@ -227,12 +229,11 @@ def graph_decoders(directory: Path, options: SessionOptions = DEFAULT_OPTIONS) -
     be held to the reference: the contract's decoder_step, decoder_step_search, and its fused twin where this ONNX
     Runtime computes it right."""
     from ...core.graph_spec import Graph
-    from ..session import runs_fused_graphs
-    from .search_step import FUSED, SEARCH
+    from .search_step import FUSED, SEARCH, fused_usable
     model_dir = ModelDir.read(directory)
     wanted = {Graph.DECODER_STEP.value: dataclasses.replace(options, cache="concat")}
     if model_dir.has(SEARCH):
         wanted[SEARCH.value] = dataclasses.replace(options, cache="in-place", fused=False)
-    if model_dir.has(FUSED) and runs_fused_graphs():
+    if fused_usable(model_dir):
         wanted[FUSED.value] = dataclasses.replace(options, cache="in-place", fused=True)
     return {name: open_backend(directory, "onnxruntime", options=chosen).backend for name, chosen in wanted.items()}

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnxruntime as ort
 
-from ...core.graph_spec import FORCED_TOKEN, TOKEN_BIAS, TOP_IDS, TOP_LOGPROBS
+from ...core.graph_spec import FORCED_TOKEN, TOKEN_BIAS, TOP_IDS, TOP_LOGPROBS, TOTAL_LENGTH
 from ...core.sources import check_source_length, check_target_length
 from ..session import CAPACITY_STEP, CUDA_PROVIDER
 from ..step import LOGITS_ONLY, Candidates, Reorders, StepRule
@@ -126,13 +126,15 @@ class DeviceBackend(Reorders):
         self.decoder, self.model_dir = sessions.decoder, sessions.model_dir
         providers = self.decoder.get_providers()
         self.device = "cuda" if CUDA_PROVIDER in providers else "cpu"
-        self.cuda_graphs = cuda_graphs and self.device == "cuda"
+        # a captured graph would freeze the fused step's host-side total length: that step runs uncaptured
+        self.cuda_graphs = cuda_graphs and self.device == "cuda" and not sessions.host_length
         self.memory = DeviceMemory(self.device, providers, sessions.cache_dtype)
         self._sources: dict = {}  # (count, length) -> Sources; pooled()
         self._workspaces: dict = {}  # (shape, sources) -> Workspace; pooled()
         self.captured = 0  # shapes whose steps have a CUDA graph id
         self.step_calls = 0
-        self.wasted_rows = 0  # row-steps computed for rows that had finished (the price of fixed shapes)
+        self.row_steps = 0  # rows computed, step by step
+        self.wasted_rows = 0  # of those, rows that had finished (the price of fixed shapes)
         self.rule_uploads = 0  # vocabulary-sized uploads of the decoding rules
 
     # --- sources -----------------------------------------------------------------------------------------------
@@ -177,6 +179,8 @@ class DeviceBackend(Reorders):
         work.ids[state.live, 0] = tokens
         work.io["input_ids"].update_inplace(work.ids)
         work.io["cache_length"].update_inplace(np.array(state.length, np.int64))
+        if self.sessions.host_length:
+            work.io[TOTAL_LENGTH].update_inplace(np.array(state.length + 1, np.int32))
         state.rules.apply(rule)
         if state.rules.changed or state.rules_in is not work:  # a vocabulary-sized upload: only when needed
             work.io[TOKEN_BIAS].update_inplace(state.rules.bias)
@@ -186,6 +190,7 @@ class DeviceBackend(Reorders):
         current = work.cache.current
         self.decoder.run_with_iobinding(work.steps[current], work.runs[current])
         self.step_calls += 1
+        self.row_steps += work.shape.rows
         self.wasted_rows += work.shape.rows - state.rows
         state.length += 1
         if rule.count > self.top_k:
@@ -268,6 +273,8 @@ class DeviceBackend(Reorders):
               "logits": self.memory.upload(np.zeros((rows, 1, cfg.trg_vocab_size), np.float32)),
               TOP_LOGPROBS: self.memory.upload(np.zeros((rows, self.top_k), np.float32)),
               TOP_IDS: self.memory.upload(np.zeros((rows, self.top_k), np.int64))}
+        if self.sessions.host_length:  # in host memory, where GroupQueryAttention's CUDA kernel reads it
+            io[TOTAL_LENGTH] = ort.OrtValue.ortvalue_from_numpy(np.zeros((), np.int32))
         work = Workspace(shape, sources, cache, io, np.full((rows, 1), cfg.trg_pad_idx, np.int64))
         for side in range(2):
             work.steps.append(self._bound(work, side))
@@ -287,7 +294,7 @@ class DeviceBackend(Reorders):
         """The decoder bound to one cache set: each layer's tensors as its past inputs and, written in place, its
         present outputs; the sources, small inputs and outputs of the workspace."""
         binding = self.decoder.io_binding()
-        for name in SMALL_INPUTS:
+        for name in (*SMALL_INPUTS, *([TOTAL_LENGTH] if self.sessions.host_length else [])):
             binding.bind_ortvalue_input(name, work.io[name])
         binding.bind_ortvalue_input("encoder_attention_mask", work.sources.mask)
         for name, value in zip(self.names.cross_inputs, work.sources.cross, strict=True):

@@ -14,12 +14,12 @@ one per layer and kind.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import onnxruntime as ort
 
-from ...core.graph_spec import FORCED_TOKEN, TOKEN_BIAS, TOP_IDS, TOP_LOGPROBS
+from ...core.graph_spec import FORCED_TOKEN, TOKEN_BIAS, TOP_IDS, TOP_LOGPROBS, TOTAL_LENGTH
 from ...core.machine import LARGE_BLOCK_BYTES
 from ...core.sources import check_source_length, check_target_length
 from ..session import CAPACITY_STEP
@@ -41,6 +41,7 @@ class Buffers:
     logits: np.ndarray  # (N, 1, V)
     top: tuple[np.ndarray, np.ndarray]  # (N, K) log-probabilities and ids, best first
     values: list[ort.OrtValue]  # what is bound: the session reads and writes their memory
+    total: np.ndarray = field(default_factory=lambda: np.zeros((), np.int32))  # the fused step's TOTAL_LENGTH
 
 
 @dataclass
@@ -147,6 +148,7 @@ class InPlaceBackend(Reorders):
             buffers = self._bind(state, self._grown(state), buffers)
         buffers.ids[:, 0] = tokens
         buffers.length[...] = state.length
+        buffers.total[...] = state.length + 1
         state.rules.apply(rule)
         self.decoder.run_with_iobinding(buffers.binding)
         self.step_calls += 1
@@ -218,6 +220,7 @@ class InPlaceBackend(Reorders):
             buffers = replace(same_rows, binding=binding, blocks=blocks, cache=layer_views(blocks, rows), values=[])
         inputs = {"input_ids": buffers.ids, "encoder_attention_mask": state.mask, "cache_length": buffers.length,
                   TOKEN_BIAS: state.rules.bias, FORCED_TOKEN: state.rules.forced,
+                  **({TOTAL_LENGTH: buffers.total} if self.sessions.host_length else {}),
                   **dict(zip(self.names.self_inputs, buffers.cache, strict=True)),
                   **dict(zip(self.names.cross_inputs, state.cross, strict=True))}
         outputs = {"logits": buffers.logits, TOP_LOGPROBS: buffers.top[0], TOP_IDS: buffers.top[1]}

@@ -19,6 +19,7 @@ from ...artifacts.model_dir import ModelDir
 from ...core.config import ModelConfig
 from ...core.errors import TfmExportError, first_line
 from ...core.graph_spec import (
+    TOTAL_LENGTH,
     Graph,
     GraphSpec,
     GraphVariant,
@@ -37,11 +38,20 @@ log = logging.getLogger(__name__)
 SEARCH, FUSED = GraphVariant.DECODER_STEP_SEARCH, GraphVariant.DECODER_STEP_SEARCH_FUSED
 
 
+def fused_usable(model_dir: ModelDir) -> bool:
+    """The directory has decoder_step_search_fused as this runtime runs it (its total length fed from the host;
+    an older export's computes it on the device), and this ONNX Runtime computes it right."""
+    if not model_dir.has(FUSED) or not runs_fused_graphs():
+        return False
+    return TOTAL_LENGTH in {t["name"] for t in model_dir.entry(FUSED)["inputs"]}
+
+
 def chosen_step(model_dir: ModelDir, options: SessionOptions) -> GraphVariant:
-    """decoder_step_search_fused where the directory has it, the options allow it (the CPU, fused) and this ONNX
-    Runtime computes it right; else decoder_step_search."""
-    fused = model_dir.has(FUSED) and options.fused and options.device == "cpu" and options.cache != "device"
-    return FUSED if fused and runs_fused_graphs() else SEARCH
+    """decoder_step_search_fused where it is usable and the options ask for it (by default where it pays: an fp32
+    directory decoded on the CPU in place); else decoder_step_search."""
+    pays = model_dir.precision == "fp32" and options.device == "cpu" and options.cache != "device"
+    wanted = pays if options.fused is None else options.fused
+    return FUSED if wanted and fused_usable(model_dir) else SEARCH
 
 
 @dataclass
@@ -56,6 +66,8 @@ class SearchSessions:
 
     def __post_init__(self) -> None:
         self.names, self.top_k = cache_names(self.config), search_top_k(self.config)
+        # the fused step takes its total length from host memory (graph_spec.TOTAL_LENGTH)
+        self.host_length = TOTAL_LENGTH in {i.name for i in self.decoder.get_inputs()}
         kind = next(i.type for i in self.decoder.get_inputs() if i.name == self.names.self_inputs[0])
         self.cache_dtype = np.dtype(np.float16 if kind == "tensor(float16)" else np.float32)
 
