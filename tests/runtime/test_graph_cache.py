@@ -1,11 +1,14 @@
 """The pre-packed graphs (runtime.graph_cache): made by export, quantize and `tfm-export prepack`, opened read-only by
 translation, the same translations with them as without (the oracle: the same directory loaded without them), and
-every entry that is damaged, stale or foreign left unused, with a warning, and nothing written."""
+every entry that is damaged, stale or foreign left unused, with a warning, and nothing written. With them, the
+stamps (core.stamps) that spare a load the hashing of files unchanged since the command that wrote them hashed
+them; a file written, copied or replaced since is hashed (and refused where it differs) as if there were none."""
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import shutil
 from pathlib import Path
 
@@ -15,14 +18,16 @@ from click.testing import CliRunner
 from support.common import listing, unwritable_dir
 
 from tfm_export import DecodeOptions, Translator
+from tfm_export.artifacts.manifest import ModelDirError
 from tfm_export.cli.export_cli import main as export_main
 from tfm_export.cli.run_cli import main as run_main
+from tfm_export.core import stamps as stamps_module
 from tfm_export.core.errors import TfmExportError
 from tfm_export.core.files import file_sha256
 from tfm_export.demo import numbers as demo_numbers
 from tfm_export.runtime import graph_cache
 from tfm_export.runtime import session as session_module
-from tfm_export.runtime.graph_cache import CACHE_DIR, DATA, ENTRY, GRAPH, GraphCache
+from tfm_export.runtime.graph_cache import CACHE_DIR, DATA, ENTRY, GRAPH, STAMPS, GraphCache
 from tfm_export.runtime.session import SessionOptions
 
 TEXTS = [en for en, _ in demo_numbers.held_out_pairs()[:24]]
@@ -71,7 +76,7 @@ def not_from_cache(opened: list[Path], model: Path) -> None:
 
 def test_export_makes_the_entries_and_a_translation_opens_them_and_writes_nothing(model, expected, opened,
                                                                                    caplog):
-    assert sorted(p.name for p in (model / CACHE_DIR).iterdir()) == FP32_GRAPHS
+    assert sorted(p.name for p in (model / CACHE_DIR).iterdir()) == [*FP32_GRAPHS, STAMPS]
     manifest = json.loads((model / "manifest.json").read_text())
     for graph in FP32_GRAPHS:
         entry = model / CACHE_DIR / graph
@@ -93,7 +98,7 @@ def test_export_makes_the_entries_and_a_translation_opens_them_and_writes_nothin
 
 def test_quantize_makes_entries_for_int8_dynamic_and_none_where_no_search_step(variants, tmp_path, opened):
     model = Path(shutil.copytree(variants["int8-dynamic"], tmp_path / "int8"))
-    assert sorted(p.name for p in (model / CACHE_DIR).iterdir()) == ["decoder_step_search", "encoder"]
+    assert sorted(p.name for p in (model / CACHE_DIR).iterdir()) == ["decoder_step_search", "encoder", STAMPS]
     without = translate(model, on=False)
     opened.clear()
     assert translate(model) == without
@@ -275,3 +280,64 @@ def test_a_quantize_that_cannot_prepack_writes_its_directory_and_warns(demo_onnx
     assert not (tmp_path / "q" / CACHE_DIR).exists() and not [p for p in (tmp_path / "q").iterdir()
                                                               if p.name.startswith(".")]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["q"]
+
+
+@pytest.fixture
+def hashed(monkeypatch) -> list[Path]:
+    """The files a load reads to hash them, as it reads them."""
+    paths: list[Path] = []
+    real = stamps_module.file_sha256
+
+    def recording(path):
+        paths.append(Path(path))
+        return real(path)
+    monkeypatch.setattr(stamps_module, "file_sha256", recording)
+    return paths
+
+
+@pytest.fixture
+def prepacked(model) -> Path:
+    """The test's copy remade in place by prepack, so that its stamps name this copy's files."""
+    result = CliRunner().invoke(export_main, ["prepack", "--model", str(model)])
+    assert result.exit_code == 0, result.output
+    return model
+
+
+def test_after_prepack_a_load_hashes_nothing_and_translates_the_same(prepacked, expected, hashed, caplog):
+    with caplog.at_level(logging.INFO):
+        assert translate(prepacked) == expected
+    assert hashed == []
+    assert ", 0 hashed" in caplog.text  # -v says so
+    assert translate(prepacked, on=False) == expected
+    assert {p.name for p in hashed} >= {"encoder.onnx", "decoder_step_search_fused.onnx"}  # off: stamps unread
+
+
+def write_back(path: Path, offset: int) -> None:
+    """One byte flipped, the file's size and modification time as they were (its change time cannot be)."""
+    st = path.stat()
+    flip_a_byte(path, offset)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
+def test_a_stamped_directory_file_written_since_is_hashed_and_refused(prepacked, hashed):
+    write_back(prepacked / "encoder.onnx", (prepacked / "encoder.onnx").stat().st_size - 16)
+    with pytest.raises(ModelDirError, match="encoder.onnx: sha256 differs"):
+        Translator.load(prepacked)
+    assert [p.name for p in hashed] == ["encoder.onnx"]
+
+
+def test_a_stamped_entry_written_since_is_hashed_and_not_used(prepacked, expected, opened, hashed, caplog):
+    write_back(prepacked / CACHE_DIR / "decoder_step_search_fused" / DATA, 0)
+    with caplog.at_level(logging.WARNING):
+        assert translate(prepacked) == expected
+    assert "differ from the sha256" in caplog.text and DATA in [p.name for p in hashed]
+    assert prepacked / "decoder_step_search_fused.onnx" in opened
+
+
+def test_a_copy_of_a_prepacked_directory_hashes_its_files(prepacked, expected, opened, hashed, tmp_path, caplog):
+    copy = Path(shutil.copytree(prepacked, tmp_path / "copy"))  # bytes and modification times kept
+    with caplog.at_level(logging.INFO):
+        assert translate(copy) == expected
+    assert "0 file(s) known by their stamps" in caplog.text
+    assert {p.name for p in hashed} >= {"encoder.onnx", "decoder_step_search_fused.onnx", DATA}
+    assert from_cache(opened, copy) == FP32_GRAPHS

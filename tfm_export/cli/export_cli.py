@@ -203,9 +203,10 @@ def quantize_cmd(model_dir: Path, precision: str, mode: str | None, calibration:
 def prepack_cmd(model_dir: Path) -> None:
     """Make the model directory's pre-packed graphs for this machine: ONNX Runtime's optimised copies of the graphs
     a CPU translation opens, their weights already in this CPU's layout (.tfm-cache/ inside the directory, each
-    file's sha256 in its entry). `tfm-run translate` then maps them instead of optimising and packing at every
-    start. Run it after copying a directory to another machine or upgrading onnxruntime; old ones are replaced at
-    once, and a failure leaves them as they were."""
+    file's sha256 in its entry), and the stamps of every file it hashed. `tfm-run translate` then maps them instead
+    of optimising and packing, and hashes no file unchanged since, at every start. Run it after copying a directory
+    (to another machine, disk or path) or upgrading onnxruntime; old ones are replaced at once, and a failure leaves
+    them as they were."""
     from ..runtime.backends.search_step import prepack
     from ..runtime.graph_cache import CACHE_DIR
     made = prepack(model_dir)

@@ -165,7 +165,9 @@ def output_stream(output: Path | None) -> Iterator[Callable[[list[str]], None]]:
                    "weights already in this CPU's layout, made by `tfm-export onnx`, `quantize` or `prepack`) where "
                    "they were made for this machine, ONNX Runtime and graph, and their sha256 match: sessions built "
                    "without packing, the weights in shared file pages instead of private memory. Any that do not "
-                   "match are not used (a one-line warning); nothing is written. Env: TFM_GRAPH_CACHE=on/off.")
+                   "match are not used (a one-line warning); nothing is written. On any device, the stamps the same "
+                   "commands leave spare hashing files unchanged since they hashed them; off: every file hashed. "
+                   "Env: TFM_GRAPH_CACHE=on/off.")
 @click.option("--ort-trt", is_flag=True, help="With --device cuda: ONNX Runtime's TensorRT execution provider first.")
 @click.option("--tf32", is_flag=True, envvar="TFM_TF32",
               help="With --device cuda: fp32 matrix products in TF32 (faster on Ampere and later, ~1e-3 relative "

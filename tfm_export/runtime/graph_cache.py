@@ -13,6 +13,10 @@ options that shape the optimised graph), and its files' sha256 (recorded in entr
 in background threads while the sessions build, as ModelDir.opening checks the directory. An entry whose key
 differs (stale: another ONNX Runtime, CPU or graph; or foreign) or whose files differ (damaged, copied) is not
 used: the load says so in one line and opens the directory's own graphs.
+
+The same commands leave `stamps.json` (core.stamps) beside the entries: the identity of every file they hashed,
+the directory's and the entries', so that a later load takes a file whose identity is unchanged as checked instead
+of reading it again; a file written, replaced or copied since is hashed in full, as without stamps.
 """
 
 from __future__ import annotations
@@ -35,9 +39,10 @@ import onnxruntime as ort
 from ..artifacts.manifest import ModelDirError
 from ..artifacts.model_dir import ModelDir
 from ..core.errors import TfmExportError, first_line
-from ..core.files import file_sha256, read_json, umask
+from ..core.files import read_json, umask
 from ..core.graph_spec import GraphSpec
 from ..core.machine import HASH_THREADS, cpu_kernel_key
+from ..core.stamps import Stamps
 from .session import SessionOptions
 
 log = logging.getLogger(__name__)
@@ -45,6 +50,7 @@ log = logging.getLogger(__name__)
 CACHE_FORMAT = 1  # raised when what an entry holds or how it is read changes: older entries are then stale
 CACHE_DIR = ".tfm-cache"  # inside the model directory
 ENTRY, GRAPH, DATA = "entry.json", "graph.onnx", "graph.onnx.data"
+STAMPS = "stamps.json"  # in CACHE_DIR: core.stamps for the directory's files and the entries'
 STAGING_SUFFIX = ".partial"
 EXTERNAL_MIN_BYTES = 1024  # initializers at least this large go to the data file (mapped, not parsed)
 REBUILD = "run `tfm-export prepack --model {}` to make it for this machine"
@@ -73,12 +79,18 @@ def uses_cache(options: SessionOptions) -> bool:
     return options.graph_cache and options.device == "cpu" and not options.tensorrt_ep
 
 
+def directory_stamps(model_dir: ModelDir, options: SessionOptions) -> Stamps:
+    """The stamps a load of the directory trusts (on any device): none with the graph cache turned off."""
+    return Stamps.read(model_dir.path / CACHE_DIR / STAMPS) if options.graph_cache else Stamps()
+
+
 @dataclass
 class GraphCache:
     """One load's view of a directory's entries: looked up and opened (reading), or written into `build` (a
     staging directory) from the directory's own graphs."""
 
     model_dir: ModelDir
+    stamps: Stamps
     build: Path | None = None
     used: list[str] = field(default_factory=list)  # the graphs this load opened from entries
     checks: list[tuple[Path, Future]] = field(default_factory=list)
@@ -117,7 +129,7 @@ class GraphCache:
             return loader(path, spec, options, so)
         assert self.pool is not None, "GraphCache.load outside opening()"
         for name, record in entry["files"].items():  # hashed while ONNX Runtime maps them
-            self.checks.append((slot / name, self.pool.submit(_same_sha256, slot / name, record["sha256"])))
+            self.checks.append((slot / name, self.pool.submit(self._same_sha256, slot / name, record["sha256"])))
         try:
             session = loader(slot / GRAPH, spec, replace(options, optimization="disable"), so)
         except TfmExportError as exc:  # said once: its hashes no longer matter
@@ -127,6 +139,12 @@ class GraphCache:
             return loader(path, spec, options, so)
         self.used.append(key["graph"])
         return session
+
+    def _same_sha256(self, path: Path, expected: str) -> bool:
+        try:
+            return self.stamps.sha256(path) == expected
+        except OSError:
+            return False
 
     def _matching(self, slot: Path, key: dict[str, Any]) -> dict[str, Any] | None:
         """The slot's entry when it has exactly this key and lists its files well-formed; None otherwise, with a
@@ -171,7 +189,7 @@ class GraphCache:
         names = [name for name in (GRAPH, DATA) if (slot / name).exists()]
         if GRAPH not in names:
             raise ModelDirError(f"{slot}: ONNX Runtime wrote no optimised graph")
-        entry = {"key": key, "files": {name: {"sha256": file_sha256(slot / name)} for name in names}}
+        entry = {"key": key, "files": {name: {"sha256": self.stamps.sha256(slot / name)} for name in names}}
         (slot / ENTRY).write_text(json.dumps(entry, indent=1), encoding="utf-8")
         return session
 
@@ -186,13 +204,6 @@ def entry_key(model_dir: ModelDir, graph: str, options: SessionOptions, shared: 
             "onnxruntime": onnxruntime_build(), "machine": cpu_kernel_key(), "optimization": options.optimization,
             "fold_qdq": options.fold_qdq, "prepacked": prepacked,
             "shared": sorted([name, value.data_type(), list(value.shape())] for name, value in shared.items())}
-
-
-def _same_sha256(path: Path, expected: str) -> bool:
-    try:
-        return file_sha256(path) == expected
-    except OSError:
-        return False
 
 
 @contextlib.contextmanager

@@ -28,8 +28,9 @@ from ...core.graph_spec import (
     search_top_k,
     variant_specs,
 )
+from ...core.stamps import Stamps
 from ...core.token_rules import TokenRules
-from ..graph_cache import DamagedEntry, GraphCache, staged_cache, uses_cache
+from ..graph_cache import STAMPS, DamagedEntry, GraphCache, directory_stamps, staged_cache, uses_cache
 from ..session import DEFAULT_OPTIONS, SessionOptions, runs_fused_graphs
 from ..step import StepRule
 from .loaders import SessionLoader, directory_options, open_graph, run_encoder, shared_values, sharing
@@ -80,15 +81,17 @@ def load_search_sessions(model_dir: ModelDir, options: SessionOptions,
     """The step graph chosen_step picks, with the encoder; the tied table read once and given to both. With the
     default loader on the CPU the sessions open the directory's pre-packed graphs where they match this load
     (runtime.graph_cache); ones found damaged once open are dropped, and the load made again without them."""
-    cache = GraphCache(model_dir) if loader is open_graph and uses_cache(options) else None
+    stamps = directory_stamps(model_dir, options)
+    cache = GraphCache(model_dir, stamps) if loader is open_graph and uses_cache(options) else None
     try:
-        sessions = _load_search_sessions(model_dir, options, loader, cache)
+        sessions = _load_search_sessions(model_dir, options, loader, stamps, cache)
         if cache is not None and cache.used:
             log.info("%s: %s opened from its pre-packed graphs", model_dir.path, ", ".join(cache.used))
+        log.info("%s: %s", model_dir.path, stamps.summary())
         return sessions
     except DamagedEntry as exc:
         log.warning("%s", exc)
-        return _load_search_sessions(model_dir, options, loader, None)
+        return _load_search_sessions(model_dir, options, loader, Stamps(), None)
 
 
 def prepack(directory: Path, options: SessionOptions = DEFAULT_OPTIONS) -> list[str]:
@@ -101,9 +104,11 @@ def prepack(directory: Path, options: SessionOptions = DEFAULT_OPTIONS) -> list[
         raise ModelDirError(f"{directory}: has no {chosen_step(model_dir, options).filename}, the only step the "
                             "pre-packed graphs are for (int8 static directories decode with decoder_step); "
                             "nothing to pre-pack")
+    stamps = Stamps(recording=True)
     with staged_cache(model_dir.path) as staging:
-        _load_search_sessions(model_dir, options, open_graph, GraphCache(model_dir, build=staging))
-        return sorted(p.name for p in staging.iterdir())
+        _load_search_sessions(model_dir, options, open_graph, stamps, GraphCache(model_dir, stamps, build=staging))
+        stamps.write(staging / STAMPS)
+        return sorted(p.name for p in staging.iterdir() if p.is_dir())
 
 
 def prepack_new(staging: Path, output: Path) -> None:
@@ -116,7 +121,7 @@ def prepack_new(staging: Path, output: Path) -> None:
                     output, first_line(exc))
 
 
-def _load_search_sessions(model_dir: ModelDir, options: SessionOptions, loader: SessionLoader,
+def _load_search_sessions(model_dir: ModelDir, options: SessionOptions, loader: SessionLoader, stamps: Stamps,
                           cache: GraphCache | None) -> SearchSessions:
     directory, graph = model_dir.path, chosen_step(model_dir, options)
     if not model_dir.has(graph):
@@ -127,7 +132,7 @@ def _load_search_sessions(model_dir: ModelDir, options: SessionOptions, loader: 
     config = model_dir.config
     # one session after the other, in this thread: sessions built in two threads left their freed load-time memory
     # in a second malloc arena, ~70 MB more peak RSS on the base config, and saved no time
-    with model_dir.opening() as paths, (cache.opening() if cache else contextlib.nullcontext()):
+    with model_dir.opening(stamps.sha256) as paths, (cache.opening() if cache else contextlib.nullcontext()):
         shared = shared_values(model_dir, graph, check=False)  # the opening checks its file
 
         def load(name: Graph | GraphVariant, spec: GraphSpec, prepacked: bool) -> ort.InferenceSession:
