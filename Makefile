@@ -107,8 +107,15 @@ bench: setup
 		--backends $(BENCH_BACKENDS) --rounds 3 --repeats 1 --min-time 0 --json $(BENCH)/base.json > $(BENCH)/base.md
 	$(PY) scripts/bench_interleaved.py --targets demo=$(BENCH)/demo.json base=$(BENCH)/base.json > $(BENCH)/targets.md
 	$(PY) scripts/fixed_shapes.py --model $(BENCH)/demo/onnx-fp32 > $(BENCH)/fixed-shapes.md
+	rm -f $(BENCH)/startup.md
+	for m in base demo; do for p in fp32:float32 int8-dynamic:int8; do \
+		$(PY) scripts/startup_phases.py --ort $(BENCH)/$$m/onnx-$${p%%:*} --ct2 $(BENCH)/$$m/ctranslate2 \
+			--ct2-compute-type $${p##*:} --variant off:TFM_GRAPH_CACHE=off --rounds 5 >> $(BENCH)/startup.md || exit 1; \
+	done; done
+	for p in fp32 int8-dynamic; do \
+		$(PY) scripts/cache_steps.py --model $(BENCH)/base/onnx-$$p --rounds 9 >> $(BENCH)/startup.md || exit 1; done
 	$(PY) scripts/plot_bench.py --output $(BENCH)/bench.png demo=$(BENCH)/demo.json base=$(BENCH)/base.json
-	cat $(BENCH)/demo.md $(BENCH)/base.md $(BENCH)/targets.md $(BENCH)/fixed-shapes.md
+	cat $(BENCH)/demo.md $(BENCH)/base.md $(BENCH)/targets.md $(BENCH)/fixed-shapes.md $(BENCH)/startup.md
 
 # The contract's decoder_step (whole-cache Concat) beside decoder_step_search and CTranslate2, base config, 64 tokens.
 bench-anchor: setup

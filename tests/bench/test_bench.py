@@ -316,3 +316,40 @@ def test_fixed_shapes_script_reports_the_device_backends_wasted_rows(demo_onnx):
     rows = re.findall(r"^\| (\d) \| 8 \| ([\d.]+) \| ([\d.]+) \| ([\d.]+) \| ([\d.]+)% \|$", result.stdout, re.M)
     assert [row[0] for row in rows] == ["1", "4"], result.stdout
     assert all(float(rate) > 0 for row in rows for rate in row[1:4]) and float(rows[0][4]) > 0, result.stdout
+
+
+def test_startup_phases_script_splits_the_first_translation(demo_onnx, tmp_path):
+    """scripts/startup_phases.py (make bench): tfm-run translate in fresh processes, with and without the graph
+    cache, each start split into its phases and its memory, the phases adding up to the first line."""
+    import subprocess
+    import sys
+
+    from support.common import REPO
+    report = tmp_path / "phases.json"
+    result = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "startup_phases.py"), "--ort", str(demo_onnx), "--rounds", "1",
+         "--variant", "off:TFM_GRAPH_CACHE=off", "--json", str(report)],
+        capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    runs = {name: rounds[0] for name, rounds in json.loads(report.read_text()).items()}
+    assert sorted(runs) == [f"tfm-run {demo_onnx.parent.name}/{demo_onnx.name}",
+                            f"tfm-run {demo_onnx.parent.name}/{demo_onnx.name} [off]"]
+    for phases in runs.values():
+        assert phases["imports"] + phases["load"] + phases["first batch"] == pytest.approx(phases["first line"])
+        assert phases["session"] > 0 and phases["peak MB"] >= phases["private MB"] > 0, phases
+    assert " first line " in result.stdout.splitlines()[0]
+
+
+def test_cache_steps_script_times_both_loads(demo_onnx):
+    """scripts/cache_steps.py (make bench): the directory loaded with and without its pre-packed graphs, every cell
+    timed for each."""
+    import re
+    import subprocess
+    import sys
+
+    from support.common import REPO
+    result = subprocess.run([sys.executable, str(REPO / "scripts" / "cache_steps.py"), "--model", str(demo_onnx),
+                             "--rounds", "1", "--max-length", "16"], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    rows = re.findall(r"^\| (greedy|beam 4), batch \d \| (\d+) \| (\d+) \| [\d.]+ ", result.stdout, re.M)
+    assert len(rows) == 3 and all(int(on) > 0 and int(off) > 0 for _, on, off in rows), result.stdout

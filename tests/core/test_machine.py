@@ -33,3 +33,13 @@ def test_large_blocks_come_from_mmap_after_a_large_free(setting, where):
     env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
     out = subprocess.run([sys.executable, "-c", PROBE, setting], capture_output=True, text=True, env=env, check=True)
     assert out.stdout.strip() == where
+
+
+def test_the_cpu_kernel_key_names_the_architecture_and_only_kernel_features():
+    import platform
+
+    from tfm_export.core.machine import KERNEL_FEATURES, cpu_kernel_key
+    key = cpu_kernel_key()
+    assert key.startswith(platform.machine() + ";") and key == cpu_kernel_key()
+    features = key.rsplit(";", 1)[1]
+    assert set(filter(None, features.split(","))) <= KERNEL_FEATURES

@@ -126,11 +126,10 @@ def test_manifest_records_what_consumers_need(tiny):
     assert str(ckpt.path.parent.parent) not in (directory / "manifest.json").read_text()
     for graph in Graph:
         assert m["graphs"][graph.value]["sha256"] == file_sha256(directory / graph.filename)
-    assert sorted(p.name for p in directory.iterdir()) == ["decoder_step.onnx", "decoder_step_search.onnx",
-                                                            "decoder_step_search.onnx.data",
-                                                            "decoder_step_search_fused.onnx",
-                                                            "decoder_step_search_fused.onnx.data", "encoder.onnx",
-                                                            "manifest.json", "tokenizer.json"]
+    assert sorted(p.name for p in directory.iterdir()) == [
+        ".tfm-cache", "decoder_step.onnx", "decoder_step_search.onnx", "decoder_step_search.onnx.data",
+        "decoder_step_search_fused.onnx", "decoder_step_search_fused.onnx.data", "encoder.onnx", "manifest.json",
+        "tokenizer.json"]  # .tfm-cache: the pre-packed graphs (runtime.graph_cache)
     for graph in ("decoder_step_search", "decoder_step_search_fused"):
         assert m["graphs"][graph]["sha256"] == file_sha256(directory / f"{graph}.onnx")
     assert m["optimizations"]

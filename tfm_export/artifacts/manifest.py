@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core.errors import TfmExportError
-from ..core.files import read_json
+from ..core.files import is_sha256, read_json
 
 MANIFEST = "manifest.json"
 HF_CONFIG_FILE = "config.json"  # what marks a Hugging Face model directory
@@ -37,10 +37,6 @@ class DirectoryKind:
 
 def is_positive(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value > 0
-
-
-def is_sha256(value: Any) -> bool:
-    return isinstance(value, str) and len(value) == 64
 
 
 def is_text(value: Any) -> bool:

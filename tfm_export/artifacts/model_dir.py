@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import math
 import shutil
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -136,24 +136,28 @@ def file_hashes(directory: Path, names: Iterable[str]) -> dict[str, str]:
     return {name: file_sha256(directory / name) for name in sorted(set(names))}
 
 
-def verified_file(directory: Path, name: object, expected: object, what: str, remake: str = REMAKE) -> Path:
+Hasher = Callable[[Path], str]  # a file's sha256: file_sha256, or core.stamps.Stamps.sha256
+
+
+def verified_file(directory: Path, name: object, expected: object, what: str, remake: str = REMAKE,
+                  sha256: Hasher = file_sha256) -> Path:
     """A file the manifest names: inside the directory, and with the sha256 the manifest records for it (a
     swapped or damaged file is refused on every read)."""
     path = contained_file(directory, name, ModelDirError, what, remake)
     if not is_sha256(expected):  # a file the manifest does not hash is read by nobody
         raise ModelDirError(f"{path}: {MANIFEST} records no sha256 for it (file added or manifest edited); {remake}")
-    if file_sha256(path) != expected:
+    if sha256(path) != expected:
         raise ModelDirError(f"{path}: sha256 differs from {MANIFEST} (file changed or damaged); {remake}")
     return path
 
 
-def graph_path(directory: Path, manifest: dict[str, Any], graph: str) -> Path:
+def graph_path(directory: Path, manifest: dict[str, Any], graph: str, sha256: Hasher = file_sha256) -> Path:
     """The graph's file (and its external weights, if it has them), checked against the manifest's sha256."""
     entry = manifest["graphs"][graph]
-    path = verified_file(directory, entry["file"], entry["sha256"], f"graph file of {graph}")
+    path = verified_file(directory, entry["file"], entry["sha256"], f"graph file of {graph}", sha256=sha256)
     data = f"{entry['file']}.data"
     if data in manifest["files"] or (directory / data).exists():
-        verified_file(directory, data, manifest["files"].get(data), f"external weights of {graph}")
+        verified_file(directory, data, manifest["files"].get(data), f"external weights of {graph}", sha256=sha256)
     return path
 
 
@@ -170,8 +174,9 @@ def verified_graphs(directory: Path, manifest: dict[str, Any]) -> dict[str, Path
 
 def shared_initializers(directory: Path, manifest: dict[str, Any], graph: str,
                         check: bool = True) -> dict[str, np.ndarray]:
-    """The initializers a graph shares with the encoder, read from its external weights (sha256 checked, unless the
-    caller checks the whole directory itself: ModelDir.opening)."""
+    """The initializers a graph shares with the encoder, mapped read-only from its external weights (sha256 checked,
+    unless the caller checks the whole directory itself: ModelDir.opening). Mapped, not read: the embedding lookups
+    touch only the rows of the tokens they meet, and the pages are the page cache's, shared between processes."""
     entries = manifest["graphs"][graph].get(SHARED, [])
     if not entries:
         return {}
@@ -185,13 +190,12 @@ def shared_initializers(directory: Path, manifest: dict[str, Any], graph: str,
     data, what = f"{manifest['graphs'][graph]['file']}.data", f"external weights of {graph}"
     path = verified_file(directory, data, manifest["files"].get(data), what) if check else \
         contained_file(directory, data, ModelDirError, what, REMAKE)
-    arrays = {}
+    arrays, size = {}, path.stat().st_size
     for entry in entries:
-        count = math.prod(entry["shape"])
-        array = np.fromfile(path, np.dtype(entry["dtype"]), count, offset=entry["offset"])
-        if array.size != count:
+        dtype = np.dtype(entry["dtype"])
+        if entry["offset"] + math.prod(entry["shape"]) * dtype.itemsize > size:
             raise ModelDirError(f"{path}: ends before {entry['name']!r} does (the manifest's {SHARED}); {REMAKE}")
-        arrays[entry["name"]] = array.reshape(entry["shape"])
+        arrays[entry["name"]] = np.memmap(path, dtype, mode="r", offset=entry["offset"], shape=tuple(entry["shape"]))
     return arrays
 
 
@@ -310,13 +314,14 @@ class ModelDir(ReadDirectory):
         return verified_graphs(self.path, self.manifest)
 
     @contextlib.contextmanager
-    def opening(self) -> Iterator[dict[str, Path]]:
+    def opening(self, sha256: Hasher = file_sha256) -> Iterator[dict[str, Path]]:
         """Every graph file by name, to open while the directory's graphs and their external weights are hashed in
         background threads (sha256 and ONNX Runtime's loading both release the GIL: on two cores a base-config
         start-up then hides most of the hashing). Leaving waits for the hashes: a damaged or swapped file is
-        refused, with its own error, before anything opened from the directory is used."""
+        refused, with its own error, before anything opened from the directory is used. sha256: how a file is
+        hashed (core.stamps: not again, where a writer stamped it)."""
         pool = ThreadPoolExecutor(HASH_THREADS)
-        pending = [pool.submit(graph_path, self.path, self.manifest, graph) for graph in self.graphs]
+        pending = [pool.submit(graph_path, self.path, self.manifest, graph, sha256) for graph in self.graphs]
         pool.shutdown(wait=False)
         try:
             yield {graph: contained_file(self.path, self.manifest["graphs"][graph]["file"], ModelDirError,

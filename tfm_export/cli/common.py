@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import io
 import logging
 import math
@@ -44,7 +45,21 @@ class ClosedStdout(io.TextIOBase):
 
 class ErrorReportingGroup(click.Group):
     """Turns a TfmExportError (bad input) into `Error: ...` on stderr and exit code 1, and a bad option into
-    one line with exit code 2."""
+    one line with exit code 2. lazy_commands: name -> "module:attribute" of subcommands imported only when named
+    (or listed by --help), so that a command does not import what only another one needs."""
+
+    def __init__(self, *args: Any, lazy_commands: dict[str, str] | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.lazy_commands = dict(lazy_commands or {})
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*super().list_commands(ctx), *self.lazy_commands})
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        if name in self.lazy_commands and name not in self.commands:
+            module, attribute = self.lazy_commands[name].split(":")
+            self.add_command(getattr(importlib.import_module(module), attribute), name)
+        return super().get_command(ctx, name)
 
     def invoke(self, ctx: click.Context) -> Any:
         handle_signals()  # as entry.py does, for callers of the groups themselves

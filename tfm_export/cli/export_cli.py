@@ -139,16 +139,19 @@ def random_checkpoint_cmd(output: Path, d_model: int, heads: int, layers: int, f
               show_default=True, help="ONNX opset; both keep LayerNormalization as one op. 17 parses in TensorRT 8.6 "
                                       "(JetPack 6.0) and later; 18 needs TensorRT 10.")
 @click.option("--no-optimize", is_flag=True, help="Skip the exporter's graph optimizer (constant folding etc.).")
+@click.option("--no-prepack", is_flag=True,
+              help="Leave out the pre-packed graphs (.tfm-cache/, made for this machine's CPU and ONNX Runtime; "
+                   "see `tfm-export prepack`).")
 @click.option("--force", is_flag=True, help="Replace a non-empty output directory.")
 def onnx_cmd(checkpoint: Path, vocab: tuple[Path, ...], output: Path, opset: str, no_optimize: bool,
-             force: bool) -> None:
+             no_prepack: bool, force: bool) -> None:
     """Export encoder and decoder-step ONNX graphs with an explicit KV cache, checked against PyTorch."""
     require_extra("export", "tfm-export onnx")
     from ..graphs.pipeline import export_model_dir
     from ..model.loading import load_checkpoint
     ckpt = load_checkpoint(checkpoint, list(vocab))
     manifest = export_model_dir(ckpt, output, int(opset), optimize=not no_optimize, force=force,
-                                progress=sys.stderr.isatty())
+                                progress=sys.stderr.isatty(), prepacked=not no_prepack)
     click.echo(f"wrote {output}: {', '.join(g['file'] for g in manifest['graphs'].values())}, manifest.json "
                f"(opset {manifest['opset']}, {manifest['precision']}, max {manifest['limits']['max_source_length']} "
                "positions)")
@@ -175,19 +178,39 @@ def onnx_cmd(checkpoint: Path, vocab: tuple[Path, ...], output: Path, opset: str
                    "about 2x larger graphs.")
 @click.option("--output", type=click.Path(path_type=Path, file_okay=False), required=True,
               help="Model directory to create, same contract as the input.")
+@click.option("--no-prepack", is_flag=True,
+              help="Leave out the pre-packed graphs (.tfm-cache/, made for this machine's CPU and ONNX Runtime; "
+                   "see `tfm-export prepack`).")
 @click.option("--force", is_flag=True, help="Replace a non-empty output directory.")
 def quantize_cmd(model_dir: Path, precision: str, mode: str | None, calibration: Path | None,
                  calibration_max_length: int | None, keep_io_types: bool, float_embeddings: bool, output: Path,
-                 force: bool) -> None:
+                 no_prepack: bool, force: bool) -> None:
     """Make an fp16 or int8 model directory from an fp32 one (check it with `tfm-export verify`)."""
     require_extra("export", "tfm-export quantize")
     from ..precision.pipeline import Calibration, quantize_model_dir
     calib = Calibration.from_options(calibration, calibration_max_length)
     manifest = quantize_model_dir(model_dir, output, precision, mode, calib, keep_io_types, force,
-                                  progress=sys.stderr.isatty(), float_embeddings=float_embeddings)
+                                  progress=sys.stderr.isatty(), float_embeddings=float_embeddings,
+                                  prepacked=not no_prepack)
     sizes = {g: (output / e["file"]).stat().st_size / 1e6 for g, e in manifest["graphs"].items()}
     kind = f"int8 {manifest['int8']['mode']}" if precision == "int8" else precision
     click.echo(f"wrote {output}: {kind}, " + ", ".join(f"{g} {mb:.1f} MB" for g, mb in sizes.items()))
+
+
+@main.command("prepack")
+@click.option("--model", "model_dir", type=click.Path(path_type=Path), required=True,
+              help="A model directory (fp32, or int8 dynamic): its pre-packed graphs are (re)made inside it.")
+def prepack_cmd(model_dir: Path) -> None:
+    """Make the model directory's pre-packed graphs for this machine: ONNX Runtime's optimised copies of the graphs
+    a CPU translation opens, their weights already in this CPU's layout (.tfm-cache/ inside the directory, each
+    file's sha256 in its entry), and the stamps of every file it hashed. `tfm-run translate` then maps them instead
+    of optimising and packing, and hashes no file unchanged since, at every start. Run it after copying a directory
+    (to another machine, disk or path) or upgrading onnxruntime; old ones are replaced at once, and a failure leaves
+    them as they were."""
+    from ..runtime.backends.search_step import prepack
+    from ..runtime.graph_cache import CACHE_DIR
+    made = prepack(model_dir)
+    click.echo(f"wrote {model_dir / CACHE_DIR}: {', '.join(made)}")
 
 
 @main.command("verify")

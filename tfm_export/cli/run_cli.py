@@ -25,11 +25,10 @@ from ..runtime.translator import (
     Translation,
     Translator,
 )
-from .bench_cli import bench
 from .common import ErrorReportingGroup, drop_unwritable_stdout, setup_logging, vocab_option
 
 
-@click.group(cls=ErrorReportingGroup)
+@click.group(cls=ErrorReportingGroup, lazy_commands={"bench": f"{__package__}.bench_cli:bench"})
 @click.option("-v", "--verbose", is_flag=True, help="Log progress and warnings.")
 @click.version_option(__version__, message="%(prog)s %(version)s")
 def main(verbose: bool) -> None:
@@ -160,6 +159,15 @@ def output_stream(output: Path | None) -> Iterator[Callable[[list[str]], None]]:
                    "directory has it: --fused wherever it has one (an fp16 directory on CUDA, say); --no-fused: "
                    "decoder_step_search, standard ONNX operators only. Default: where it pays, an fp32 directory "
                    "on the CPU. Env: TFM_ORT_FUSED=1/0.")
+@click.option("--graph-cache", type=click.Choice(["on", "off"]), default="on", envvar="TFM_GRAPH_CACHE",
+              show_default=True,
+              help="On the CPU, open the model directory's pre-packed graphs (ONNX Runtime's optimised copies, their "
+                   "weights already in this CPU's layout, made by `tfm-export onnx`, `quantize` or `prepack`) where "
+                   "they were made for this machine, ONNX Runtime and graph, and their sha256 match: sessions built "
+                   "without packing, the weights in shared file pages instead of private memory. Any that do not "
+                   "match are not used (a one-line warning); nothing is written. On any device, the stamps the same "
+                   "commands leave spare hashing files unchanged since they hashed them; off: every file hashed. "
+                   "Env: TFM_GRAPH_CACHE=on/off.")
 @click.option("--ort-trt", is_flag=True, help="With --device cuda: ONNX Runtime's TensorRT execution provider first.")
 @click.option("--tf32", is_flag=True, envvar="TFM_TF32",
               help="With --device cuda: fp32 matrix products in TF32 (faster on Ampere and later, ~1e-3 relative "
@@ -171,8 +179,8 @@ def translate(texts: tuple[str, ...], model_path: Path, vocab: tuple[Path, ...],
               device: str | None, beam_size: int | None, length_penalty: float | None, max_length: int | None,
               n_best: int, batch_size: int, source_lang: str | None, target_lang: str | None, truncate: bool,
               input_file: Path | None, output: Path | None, fmt: str, threads: int, ort_opt_level: str,
-              memory_arena: bool | None, spinning: bool, search_graph: bool, fused: bool | None, ort_trt: bool,
-              tf32: bool, cuda_graphs: bool) -> None:
+              memory_arena: bool | None, spinning: bool, search_graph: bool, fused: bool | None, graph_cache: str,
+              ort_trt: bool, tf32: bool, cuda_graphs: bool) -> None:
     """Translate TEXT arguments, a file or stdin: one translation per line, in input order.
 
     Input is translated as it arrives and each translation is printed (and flushed) once every line before
@@ -185,7 +193,7 @@ def translate(texts: tuple[str, ...], model_path: Path, vocab: tuple[Path, ...],
     chunks = read_chunks(input_file, texts, batch_size)
     session = SessionOptions(intra_op_threads=threads, optimization=ort_opt_level, memory_arena=memory_arena,
                              spinning=spinning, cache=None if search_graph else "concat", fused=fused,
-                             tensorrt_ep=ort_trt, tf32=tf32, cuda_graphs=cuda_graphs)
+                             graph_cache=graph_cache == "on", tensorrt_ep=ort_trt, tf32=tf32, cuda_graphs=cuda_graphs)
     translator = Translator.load(model_path, vocab, backend, device, session)
     translator = translator.with_languages(source_lang, target_lang)
     check_output_path(output, "--output", [*inputs, *translator.vocab.files])  # a checkpoint's tokenizer too
@@ -210,5 +218,3 @@ def progress_bar(show: bool) -> Iterator[Callable[[int], object] | None]:
     with tqdm(desc="translating", unit="line") as bar:
         yield bar.update
 
-
-main.add_command(bench)

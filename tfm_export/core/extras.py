@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import importlib.util
 import re
-from importlib import metadata
 
 from .errors import TfmExportError
 
@@ -20,6 +19,7 @@ IMPORT_NAMES = {"protobuf": "google.protobuf", "pytest-xdist": "xdist"}  # impor
 
 def extra_packages(extra: str) -> list[str]:
     """Import names of the packages `extra` installs (other extras it names included)."""
+    from importlib import metadata  # ~15 ms (it imports the email package): only commands that check an extra pay it
     try:
         requirements = metadata.requires(DISTRIBUTION) or []
     except metadata.PackageNotFoundError:  # running from a source tree that was never installed

@@ -27,6 +27,10 @@ MAX_JSON_BYTES = 512 << 20  # manifests are kilobytes; the largest tokenizers JS
 PARTIAL_SUFFIX = ".partial"  # an interrupted streamed output keeps what it wrote under its name + this
 
 
+def is_sha256(value: Any) -> bool:
+    return isinstance(value, str) and len(value) == 64
+
+
 def file_sha256(path: Path) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as f:

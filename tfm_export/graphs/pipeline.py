@@ -21,6 +21,7 @@ from ..core.token_rules import SEED_RULES
 from ..core.tokenizer import SPECIAL_IDS, tokenizer_files
 from ..model.checkpoint import Checkpoint
 from ..runtime.backends import graph_decoders
+from ..runtime.backends.search_step import prepack_new
 from .export import export_all
 from .inputs import random_sources, random_targets
 from .onnx_io import add_shared, save_graph_of
@@ -92,8 +93,9 @@ def check_parity(ckpt: Checkpoint, directory: Path, steps: int = 3, seed: int = 
 
 
 def export_model_dir(ckpt: Checkpoint, output: Path, opset: int = DEFAULT_OPSET, optimize: bool = True,
-                     force: bool = False, progress: bool = True) -> dict[str, Any]:
-    """Write the model directory (docs/graph-contract.md); returns its manifest."""
+                     force: bool = False, progress: bool = True, prepacked: bool = True) -> dict[str, Any]:
+    """Write the model directory (docs/graph-contract.md); returns its manifest. prepacked: with the graphs ONNX
+    Runtime opens on this machine's CPU pre-packed (runtime.graph_cache), made last, from the checked directory."""
     torch.manual_seed(0)
     inputs = (ckpt.path, *(Path(t.origin) for t in (ckpt.vocab.source, ckpt.vocab.target)))
     with (staged_directory(output, force, keep=inputs) as staging,
@@ -121,5 +123,8 @@ def export_model_dir(ckpt: Checkpoint, output: Path, opset: int = DEFAULT_OPSET,
         bar.set_postfix_str("parity")
         worst = check_parity(ckpt, staging)
         log.info("parity with PyTorch: max abs difference %.2e", worst)
+        if prepacked:
+            bar.set_postfix_str("prepack")
+            prepack_new(staging, output)
         bar.update()
     return manifest

@@ -39,7 +39,7 @@ from ..graphs.inputs import random_sources
 from ..graphs.onnx_io import add_shared, check_contract, load_graph, save_graph_of, sharing_note, tensors_of
 from ..runtime import decoding
 from ..runtime.backends import graph_decoders
-from ..runtime.backends.search_step import fused_usable
+from ..runtime.backends.search_step import fused_usable, prepack_new
 from .calibration import Traces, record_traces
 from .fp16 import to_fp16
 from .int8 import float_ops, quantize_dynamic_graph, quantize_static_graph
@@ -111,7 +111,8 @@ def check_request(directory: ModelDir, precision: str, mode: str | None,
 
 def quantize_model_dir(source: Path, output: Path, precision: str, mode: str | None = None,
                        calibration: Calibration | None = None, keep_io_types: bool = False, force: bool = False,
-                       progress: bool = True, float_embeddings: bool = False) -> dict[str, Any]:
+                       progress: bool = True, float_embeddings: bool = False,
+                       prepacked: bool = True) -> dict[str, Any]:
     """Write the fp16/int8 sibling of an fp32 model directory; returns its manifest. float_embeddings: int8
     keeps the embedding tables (and a projection tied to them) float: the strict reading of "embeddings in higher
     precision", at 2x the size."""
@@ -163,6 +164,9 @@ def quantize_model_dir(source: Path, output: Path, precision: str, mode: str | N
         write_manifest(staging, new)
         bar.set_postfix_str("smoke test")
         _smoke_test(staging, output, source)
+        if prepacked and precision == "int8" and GraphVariant.DECODER_STEP_SEARCH in variants:
+            bar.set_postfix_str("prepack")
+            prepack_new(staging, output)
         bar.update()
     return new
 

@@ -52,6 +52,8 @@ class SessionOptions:
     cuda_graphs: bool = False  # on CUDA, the device backend's steps captured as CUDA graphs and replayed
     tensorrt_ep: bool = False  # with device "cuda": ONNX Runtime's TensorRT execution provider first
     fold_qdq: bool = False  # run Q/DQ as plain float ops, weight DequantizeLinear constant-folded (see OrtBackend)
+    # on the CPU, open the model directory's pre-packed graphs where they match this machine (runtime.graph_cache)
+    graph_cache: bool = os.environ.get("TFM_GRAPH_CACHE", "on") != "off"
 
 
 DEFAULT_OPTIONS = SessionOptions()

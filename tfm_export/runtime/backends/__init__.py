@@ -156,6 +156,7 @@ def _onnxruntime(request: Request) -> Opened:
     loader given with the concat cache may run the graphs anywhere (the bls layout: native Triton models, for a
     model or an engine directory alike)."""
     from ...core.graph_spec import Graph, graph_specs
+    from ..graph_cache import directory_stamps
     from .concat import ConcatBackend
     from .loaders import directory_options
     options, loader = _on_device(request), request.loader or open_graph
@@ -168,7 +169,7 @@ def _onnxruntime(request: Request) -> Opened:
     cache = _cache(model_dir, options)
     if cache == "concat":
         options, specs = directory_options(model_dir, options), graph_specs(model_dir.config)
-        with model_dir.opening() as paths:
+        with model_dir.opening(directory_stamps(model_dir, options).sha256) as paths:
             sessions = [loader(paths[g.value], specs[g], options, None) for g in Graph]
         return _opened(ConcatBackend(*sessions, model_dir.config, model_dir), model_dir)
     from .search_step import load_search_sessions

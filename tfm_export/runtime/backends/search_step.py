@@ -5,8 +5,11 @@ cache in host arrays, the device backend in device memory; both are built from t
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import logging
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
@@ -14,20 +17,25 @@ import onnxruntime as ort
 from ...artifacts.manifest import ModelDirError
 from ...artifacts.model_dir import ModelDir
 from ...core.config import ModelConfig
+from ...core.errors import TfmExportError, first_line
 from ...core.graph_spec import (
     TOTAL_LENGTH,
     Graph,
+    GraphSpec,
     GraphVariant,
     cache_names,
     graph_specs,
     search_top_k,
     variant_specs,
 )
+from ...core.stamps import Stamps
 from ...core.token_rules import TokenRules
-from ..session import SessionOptions, runs_fused_graphs
+from ..graph_cache import STAMPS, DamagedEntry, GraphCache, directory_stamps, staged_cache, uses_cache
+from ..session import DEFAULT_OPTIONS, SessionOptions, runs_fused_graphs
 from ..step import StepRule
 from .loaders import SessionLoader, directory_options, open_graph, run_encoder, shared_values, sharing
 
+log = logging.getLogger(__name__)
 SEARCH, FUSED = GraphVariant.DECODER_STEP_SEARCH, GraphVariant.DECODER_STEP_SEARCH_FUSED
 
 
@@ -70,7 +78,51 @@ class SearchSessions:
 
 def load_search_sessions(model_dir: ModelDir, options: SessionOptions,
                          loader: SessionLoader = open_graph) -> SearchSessions:
-    """The step graph chosen_step picks, with the encoder; the tied table read once and given to both."""
+    """The step graph chosen_step picks, with the encoder; the tied table read once and given to both. With the
+    default loader on the CPU the sessions open the directory's pre-packed graphs where they match this load
+    (runtime.graph_cache); ones found damaged once open are dropped, and the load made again without them."""
+    stamps = directory_stamps(model_dir, options)
+    cache = GraphCache(model_dir, stamps) if loader is open_graph and uses_cache(options) else None
+    try:
+        sessions = _load_search_sessions(model_dir, options, loader, stamps, cache)
+        if cache is not None and cache.used:
+            log.info("%s: %s opened from its pre-packed graphs", model_dir.path, ", ".join(cache.used))
+        log.info("%s: %s", model_dir.path, stamps.summary())
+        return sessions
+    except DamagedEntry as exc:
+        log.warning("%s", exc)
+        return _load_search_sessions(model_dir, options, loader, Stamps(), None)
+
+
+def prepack(directory: Path, options: SessionOptions = DEFAULT_OPTIONS) -> list[str]:
+    """Write (or replace) the directory's pre-packed graphs (runtime.graph_cache) for a CPU load with these options,
+    made by loading it as translation does (the whole directory checked first); returns the graphs it holds. The
+    old ones are replaced at once, and nothing is left behind on a failure."""
+    model_dir = ModelDir.read(directory)
+    options = dataclasses.replace(options, device="cpu", tensorrt_ep=False)
+    if not model_dir.has(chosen_step(model_dir, options)):
+        raise ModelDirError(f"{directory}: has no {chosen_step(model_dir, options).filename}, the only step the "
+                            "pre-packed graphs are for (int8 static directories decode with decoder_step); "
+                            "nothing to pre-pack")
+    stamps = Stamps(recording=True)
+    with staged_cache(model_dir.path) as staging:
+        _load_search_sessions(model_dir, options, open_graph, stamps, GraphCache(model_dir, stamps, build=staging))
+        stamps.write(staging / STAMPS)
+        return sorted(p.name for p in staging.iterdir() if p.is_dir())
+
+
+def prepack_new(staging: Path, output: Path) -> None:
+    """prepack for a directory being written (export, quantize): one that cannot be made here (an ONNX Runtime that
+    cannot save a graph, say) is a warning, not a failed export; the directory then loads without them."""
+    try:
+        prepack(staging)
+    except TfmExportError as exc:
+        log.warning("%s: pre-packed graphs not made (%s); it loads without them (`tfm-export prepack` retries)",
+                    output, first_line(exc))
+
+
+def _load_search_sessions(model_dir: ModelDir, options: SessionOptions, loader: SessionLoader, stamps: Stamps,
+                          cache: GraphCache | None) -> SearchSessions:
     directory, graph = model_dir.path, chosen_step(model_dir, options)
     if not model_dir.has(graph):
         raise ModelDirError(f"{directory}: has no {graph.filename}; export the model again with `tfm-export onnx`")
@@ -80,11 +132,16 @@ def load_search_sessions(model_dir: ModelDir, options: SessionOptions,
     config = model_dir.config
     # one session after the other, in this thread: sessions built in two threads left their freed load-time memory
     # in a second malloc arena, ~70 MB more peak RSS on the base config, and saved no time
-    with model_dir.opening() as paths:
+    with model_dir.opening(stamps.sha256) as paths, (cache.opening() if cache else contextlib.nullcontext()):
         shared = shared_values(model_dir, graph, check=False)  # the opening checks its file
-        encoder = loader(paths[Graph.ENCODER.value], graph_specs(config)[Graph.ENCODER], options,
-                         sharing(shared, prepacked=False))
-        decoder = loader(paths[graph.value], variant_specs(config)[graph], options, sharing(shared))
+
+        def load(name: Graph | GraphVariant, spec: GraphSpec, prepacked: bool) -> ort.InferenceSession:
+            so = sharing(shared, prepacked)
+            if cache is None:
+                return loader(paths[name.value], spec, options, so)
+            return cache.load(name, paths[name.value], spec, options, so, shared, prepacked, loader)
+        encoder = load(Graph.ENCODER, graph_specs(config)[Graph.ENCODER], prepacked=False)
+        decoder = load(graph, variant_specs(config)[graph], prepacked=True)
     return SearchSessions(encoder, decoder, config, model_dir, shared)
 
 
