@@ -30,21 +30,24 @@ def tiny_model() -> Transformer:
 
 @pytest.fixture(scope="session")
 def demo_onnx(tmp_path_factory) -> Path:
-    """The demo checkpoint exported once per test session."""
+    """The demo checkpoint exported once per test run (shared by the xdist workers: tests copy it to change it)."""
     from tfm_export.graphs.pipeline import export_model_dir
     from tfm_export.model.loading import load_checkpoint
-    out = tmp_path_factory.mktemp("demo-onnx") / "model"
-    export_model_dir(load_checkpoint(DEMO_CKPT), out, progress=False)
-    return out
+    def make(root: Path) -> None:
+        root.mkdir(parents=True)
+        export_model_dir(load_checkpoint(DEMO_CKPT), root / "model", progress=False)
+    return made_once(tmp_path_factory, "demo-onnx", make) / "model"
 
 
 @pytest.fixture(scope="session")
 def demo_generate(demo_onnx, tmp_path_factory) -> Path:
     """The demo model directory plus generate.onnx, made once per test session."""
     from tfm_export.graphs.generate_dir import write_generate_dir
-    out = tmp_path_factory.mktemp("demo-generate") / "model"
-    write_generate_dir(demo_onnx, out, progress=False)
-    return out
+
+    def make(root: Path) -> None:
+        root.mkdir(parents=True)
+        write_generate_dir(demo_onnx, root / "model", progress=False)
+    return made_once(tmp_path_factory, "demo-generate", make) / "model"
 
 
 @pytest.fixture(scope="session")
@@ -66,16 +69,18 @@ def base_onnx(tmp_path_factory):
 def variants(demo_onnx, tmp_path_factory) -> dict[str, Path]:
     """The demo model in every precision, made once: int8 static/dynamic, fp16, fp16 with fp32 I/O."""
     from tfm_export.precision.pipeline import Calibration, quantize_model_dir
-    root = tmp_path_factory.mktemp("precision")
     texts = CALIBRATION.read_text().splitlines()
-    made = {"fp32": demo_onnx}
-    for name, kwargs in {"int8-static": dict(precision="int8", calibration=Calibration(CALIBRATION, texts)),
-                         "int8-dynamic": dict(precision="int8", mode="dynamic"),
-                         "fp16": dict(precision="fp16"),
-                         "fp16-io": dict(precision="fp16", keep_io_types=True)}.items():
-        quantize_model_dir(demo_onnx, root / name, progress=False, **kwargs)
-        made[name] = root / name
-    return made
+    made = {"int8-static": dict(precision="int8", calibration=Calibration(CALIBRATION, texts)),
+            "int8-dynamic": dict(precision="int8", mode="dynamic"),
+            "fp16": dict(precision="fp16"),
+            "fp16-io": dict(precision="fp16", keep_io_types=True)}
+
+    def make(root: Path) -> None:
+        root.mkdir(parents=True)
+        for name, kwargs in made.items():
+            quantize_model_dir(demo_onnx, root / name, progress=False, **kwargs)
+    root = made_once(tmp_path_factory, "precision", make)
+    return {"fp32": demo_onnx, **{name: root / name for name in made}}
 
 
 @pytest.fixture(scope="session")

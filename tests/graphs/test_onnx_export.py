@@ -58,8 +58,7 @@ def test_tiny_parity_step_by_step(tiny, batch):
     assert_stepwise_parity(*tiny, batch)
 
 
-@pytest.mark.slow
-def test_base_config_parity_step_by_step(base_onnx):
+def test_base_config_parity_step_by_step(base_onnx):  # the base-size parity make test keeps
     for batch in (1, 4):
         assert_stepwise_parity(*base_onnx, batch)
 

@@ -32,7 +32,6 @@ def _rehearse(out: Path, work: Path, *options: str) -> subprocess.CompletedProce
                            "--numbers", "8", *options], capture_output=True, text=True, timeout=1200)
 
 
-@pytest.mark.slow
 def test_the_rehearsal_runs_every_part_end_to_end(work, tmp_path):
     """env, parity and speed pass on the CPU: packages absent from the lent machine are absent here too, the wheel
     pieces are joined and installed as onnxruntime-gpu's would be, every comparison of the device backend with the

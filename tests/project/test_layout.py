@@ -183,7 +183,6 @@ def test_check_and_quantize_do_not_load_torch(demo_onnx, tmp_path, command):
     assert "torch" not in modules_after(code)
 
 
-@pytest.mark.slow
 def test_the_runtime_installs_and_translates_without_pytorch(demo_onnx, tmp_path):
     """`pip install tfm-export` (no extras) into a fresh venv: translate the demo directory, no torch installed."""
     env_dir = tmp_path / "venv"
