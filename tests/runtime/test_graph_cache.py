@@ -341,3 +341,13 @@ def test_a_copy_of_a_prepacked_directory_hashes_its_files(prepacked, expected, o
     assert "0 file(s) known by their stamps" in caplog.text
     assert {p.name for p in hashed} >= {"encoder.onnx", "decoder_step_search_fused.onnx", DATA}
     assert from_cache(opened, copy) == FP32_GRAPHS
+
+
+def test_a_damaged_directory_is_its_own_error_alone(model, monkeypatch, caplog):
+    """Stale entries in a directory whose own file is damaged: the load fails on the damage, and says nothing of the
+    entries (it would be two lines about one problem)."""
+    monkeypatch.setattr(graph_cache, "cpu_kernel_key", lambda: "something else")
+    flip_a_byte(model / "encoder.onnx", (model / "encoder.onnx").stat().st_size - 16)
+    with caplog.at_level(logging.WARNING), pytest.raises(ModelDirError, match="encoder.onnx: sha256 differs"):
+        Translator.load(model)
+    assert not caplog.records

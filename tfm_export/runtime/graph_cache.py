@@ -93,6 +93,9 @@ class GraphCache:
     stamps: Stamps
     build: Path | None = None
     used: list[str] = field(default_factory=list)  # the graphs this load opened from entries
+    # entries not used, and why: warnings for the caller to give once the directory itself proved sound (a damaged
+    # directory's own error is then the only line)
+    notes: list[str] = field(default_factory=list)
     checks: list[tuple[Path, Future]] = field(default_factory=list)
     pool: ThreadPoolExecutor | None = None
 
@@ -134,8 +137,8 @@ class GraphCache:
             session = loader(slot / GRAPH, spec, replace(options, optimization="disable"), so)
         except TfmExportError as exc:  # said once: its hashes no longer matter
             self.checks = [(file, ok) for file, ok in self.checks if file.parent != slot]
-            log.warning("%s: cannot be loaded (%s); loading without it; %s", slot, first_line(exc),
-                        REBUILD.format(self.model_dir.path))
+            self.notes.append(f"{slot}: cannot be loaded ({first_line(exc)}); loading without it; "
+                              + REBUILD.format(self.model_dir.path))
             return loader(path, spec, options, so)
         self.used.append(key["graph"])
         return session
@@ -155,7 +158,7 @@ class GraphCache:
         try:
             entry = read_json(slot / ENTRY, TfmExportError, remake, max_bytes=1 << 20)
         except TfmExportError as exc:
-            log.warning("%s; loading without it", first_line(exc))
+            self.notes.append(f"{first_line(exc)}; loading without it")
             return None
         found = entry.get("key") if isinstance(entry, dict) and isinstance(entry.get("key"), dict) else {}
         changed = [k for k in key if found.get(k) != key[k]]
@@ -164,13 +167,13 @@ class GraphCache:
             return None
         if changed:
             what = dict.fromkeys(STALE[k] for k in changed if k in STALE)
-            log.warning("%s: made for another %s; loading without it; %s", slot, " and ".join(what), remake)
+            self.notes.append(f"{slot}: made for another {' and '.join(what)}; loading without it; {remake}")
             return None
         files = entry.get("files")
         if not isinstance(files, dict) or GRAPH not in files or set(files) - {GRAPH, DATA} \
                 or not all(isinstance(r, dict) and isinstance(r.get("sha256"), str) for r in files.values()) \
                 or not all((slot / name).is_file() for name in files):
-            log.warning("%s: its files are not the ones its entry lists; loading without it; %s", slot, remake)
+            self.notes.append(f"{slot}: its files are not the ones its entry lists; loading without it; {remake}")
             return None
         return entry
 

@@ -85,13 +85,18 @@ def load_search_sessions(model_dir: ModelDir, options: SessionOptions,
     cache = GraphCache(model_dir, stamps) if loader is open_graph and uses_cache(options) else None
     try:
         sessions = _load_search_sessions(model_dir, options, loader, stamps, cache)
-        if cache is not None and cache.used:
-            log.info("%s: %s opened from its pre-packed graphs", model_dir.path, ", ".join(cache.used))
-        log.info("%s: %s", model_dir.path, stamps.summary())
-        return sessions
     except DamagedEntry as exc:
-        log.warning("%s", exc)
-        return _load_search_sessions(model_dir, options, loader, Stamps(), None)
+        assert cache is not None
+        cache.notes.append(str(exc))
+        cache.used.clear()
+        sessions = _load_search_sessions(model_dir, options, loader, Stamps(), None)
+    if cache is not None:
+        for note in cache.notes:
+            log.warning("%s", note)
+        if cache.used:
+            log.info("%s: %s opened from its pre-packed graphs", model_dir.path, ", ".join(cache.used))
+    log.info("%s: %s", model_dir.path, stamps.summary())
+    return sessions
 
 
 def prepack(directory: Path, options: SessionOptions = DEFAULT_OPTIONS) -> list[str]:
