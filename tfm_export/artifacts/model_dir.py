@@ -174,9 +174,10 @@ def verified_graphs(directory: Path, manifest: dict[str, Any]) -> dict[str, Path
 
 def shared_initializers(directory: Path, manifest: dict[str, Any], graph: str,
                         check: bool = True) -> dict[str, np.ndarray]:
-    """The initializers a graph shares with the encoder, mapped read-only from its external weights (sha256 checked,
-    unless the caller checks the whole directory itself: ModelDir.opening). Mapped, not read: the embedding lookups
-    touch only the rows of the tokens they meet, and the pages are the page cache's, shared between processes."""
+    """The initializers a graph shares with the encoder, mapped from its external weights (sha256 checked, unless the
+    caller checks the whole directory itself: ModelDir.opening). Mapped, not read: the embedding lookups touch only
+    the rows of the tokens they meet, and the pages are the page cache's, shared between processes. Copy-on-write:
+    whatever writes to the table gets its own pages; the file never changes."""
     entries = manifest["graphs"][graph].get(SHARED, [])
     if not entries:
         return {}
@@ -195,7 +196,7 @@ def shared_initializers(directory: Path, manifest: dict[str, Any], graph: str,
         dtype = np.dtype(entry["dtype"])
         if entry["offset"] + math.prod(entry["shape"]) * dtype.itemsize > size:
             raise ModelDirError(f"{path}: ends before {entry['name']!r} does (the manifest's {SHARED}); {REMAKE}")
-        arrays[entry["name"]] = np.memmap(path, dtype, mode="r", offset=entry["offset"], shape=tuple(entry["shape"]))
+        arrays[entry["name"]] = np.memmap(path, dtype, mode="c", offset=entry["offset"], shape=tuple(entry["shape"]))
     return arrays
 
 
