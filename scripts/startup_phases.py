@@ -36,10 +36,9 @@ import tempfile
 import time
 from pathlib import Path
 
-# The child: a meta-path finder wraps functions of the modules named below once those modules have run, and
-# writes (event, start, end) records to TFM_PHASES_LOG. Then the CLI runs as the console script runs it.
-CHILD_ORT = r"""
-import sys, time, json, os, importlib.abc, importlib.util, functools
+# What both children start with: the interpreter's start recorded, memory recorded at exit, in TFM_PHASES_LOG.
+CHILD_COMMON = r"""
+import sys, time, json, os
 log = open(os.environ["TFM_PHASES_LOG"], "a")
 def record(event, start, end, cpu):
     log.write(json.dumps([event, start, end, cpu]) + "\n"); log.flush()
@@ -49,6 +48,12 @@ def memory(event):  # VmHWM: the peak so far; RssAnon: private pages; RssFile + 
     mb = lambda k: int(status[k].split()[0]) / 1024
     log.write(json.dumps([event, mb("VmHWM"), mb("RssAnon"), mb("RssFile") + mb("RssShmem")]) + "\n"); log.flush()
 import atexit; atexit.register(memory, "exit")
+"""
+
+# tfm-run's child: a meta-path finder wraps functions of the modules named below once those modules have run, and
+# records (event, start, end) spans. Then the CLI runs as the console script runs it.
+CHILD_ORT = CHILD_COMMON + r"""
+import importlib.abc, importlib.util, functools
 def timed(event, fn):
     @functools.wraps(fn)
     def wrapper(*a, **k):
@@ -90,17 +95,7 @@ from tfm_export.cli.entry import run_main
 run_main()
 """
 
-CHILD_CT2 = r"""
-import sys, time, json, os
-log = open(os.environ["TFM_PHASES_LOG"], "a")
-def record(event, start, end, cpu):
-    log.write(json.dumps([event, start, end, cpu]) + "\n"); log.flush()
-record("python", float(os.environ["TFM_PHASES_T0"]), time.time(), time.process_time())
-def memory(event):  # VmHWM: the peak so far; RssAnon: private pages; RssFile + RssShmem: shareable (file-backed)
-    status = dict(line.split(":", 1) for line in open("/proc/self/status").read().splitlines() if ":" in line)
-    mb = lambda k: int(status[k].split()[0]) / 1024
-    log.write(json.dumps([event, mb("VmHWM"), mb("RssAnon"), mb("RssFile") + mb("RssShmem")]) + "\n"); log.flush()
-import atexit; atexit.register(memory, "exit")
+CHILD_CT2 = CHILD_COMMON + r"""
 import ctranslate2
 start, cpu = time.time(), time.process_time()
 t = ctranslate2.Translator(sys.argv[1], device="cpu", compute_type=sys.argv[5], intra_threads=int(sys.argv[4]))

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from ..core.errors import first_line
-from ..core.files import umask
+from ..core.files import process_alive, umask
 from .manifest import ENGINE_FORMAT, MODEL_FORMAT, REPOSITORY_FORMAT, ModelDirError, manifest_format
 
 ARTIFACT_FORMATS = (MODEL_FORMAT, ENGINE_FORMAT, REPOSITORY_FORMAT)  # what --force may replace
@@ -71,16 +71,6 @@ def _owner(staging: Path) -> int | None:
     return int(parts[-2]) if len(parts) >= 3 and parts[-2].isdigit() else None
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _stagings(output: Path) -> Iterator[tuple[Path, int]]:
     """The staging directories beside `output` and the process each belongs to."""
     for staging in output.parent.glob(f".{glob.escape(output.name)}.*{STAGING_SUFFIX}"):
@@ -93,7 +83,7 @@ def _claim(output: Path) -> None:
     """Remove staging directories of earlier runs that died (SIGKILL, power loss) and refuse while a live
     process is writing the same output."""
     for staging, pid in _stagings(output):
-        if pid != os.getpid() and _alive(pid):
+        if pid != os.getpid() and process_alive(pid):
             raise ModelDirError(f"{output}: another tfm-export (process {pid}) is writing it now; wait for it to "
                                 "finish or choose another --output")
         shutil.rmtree(staging, ignore_errors=True)

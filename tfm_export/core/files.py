@@ -27,6 +27,17 @@ MAX_JSON_BYTES = 512 << 20  # manifests are kilobytes; the largest tokenizers JS
 PARTIAL_SUFFIX = ".partial"  # an interrupted streamed output keeps what it wrote under its name + this
 
 
+def process_alive(pid: int) -> bool:
+    """Whether a process with this id exists (one owned by another user counts): a staging directory's owner."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def is_sha256(value: Any) -> bool:
     return isinstance(value, str) and len(value) == 64
 

@@ -38,8 +38,9 @@ import onnxruntime as ort
 
 from ..artifacts.manifest import ModelDirError
 from ..artifacts.model_dir import ModelDir
+from ..artifacts.staging import STAGING_SUFFIX
 from ..core.errors import TfmExportError, first_line
-from ..core.files import read_json, umask
+from ..core.files import process_alive, read_json, umask
 from ..core.graph_spec import GraphSpec
 from ..core.machine import HASH_THREADS, cpu_kernel_key
 from ..core.stamps import Stamps
@@ -51,7 +52,6 @@ CACHE_FORMAT = 1  # raised when what an entry holds or how it is read changes: o
 CACHE_DIR = ".tfm-cache"  # inside the model directory
 ENTRY, GRAPH, DATA = "entry.json", "graph.onnx", "graph.onnx.data"
 STAMPS = "stamps.json"  # in CACHE_DIR: core.stamps for the directory's files and the entries'
-STAGING_SUFFIX = ".partial"
 EXTERNAL_MIN_BYTES = 1024  # initializers at least this large go to the data file (mapped, not parsed)
 REBUILD = "run `tfm-export prepack --model {}` to make it for this machine"
 # key fields a user's own session options change: an entry made for other options is simply not for this load
@@ -216,7 +216,7 @@ def staged_cache(directory: Path) -> Iterator[Path]:
     that died is removed first."""
     for left in directory.glob(f"{glob.escape(CACHE_DIR)}.*{STAGING_SUFFIX}"):
         pid = left.name[len(CACHE_DIR) + 1:].split(".")[0]
-        if pid.isdigit() and not _alive(int(pid)):
+        if pid.isdigit() and not process_alive(int(pid)):
             shutil.rmtree(left, ignore_errors=True)
     try:
         staging = Path(tempfile.mkdtemp(prefix=f"{CACHE_DIR}.{os.getpid()}.", suffix=STAGING_SUFFIX, dir=directory))
@@ -232,16 +232,6 @@ def staged_cache(directory: Path) -> Iterator[Path]:
                             "nothing was changed") from None
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _swap_into_place(staging: Path, target: Path) -> None:
