@@ -27,6 +27,7 @@ from ..core.token_rules import SEED_RULES
 from ..core.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from ..runtime.backends import open_backend
 from ..runtime.backends.generate import GENERATE
+from ..runtime.backends.search_step import prepack_new
 from ..runtime.search import SearchOptions
 from ..runtime.session import DEFAULT_OPTIONS
 from .generate import generate_graph, op_refusal
@@ -76,6 +77,7 @@ def write_generate_dir(model_dir: Path, output: Path, early_stopping: bool = Fal
         write_manifest(staging, new)
         bar.update()
         check_generate(staging, cfg, output)
+        prepack_new(staging, output)  # its onnxruntime backend opens the same two graphs as the model directory's
         bar.update()
     return new
 
