@@ -118,28 +118,30 @@ class GraphCache:
                                f"sha256 their entry records (damaged or copied); loading without them; "
                                + REBUILD.format(self.model_dir.path))
 
-    def load(self, graph: str, path: Path, spec: GraphSpec, options: SessionOptions, so: ort.SessionOptions,
-             shared: Mapping[str, ort.OrtValue], prepacked: bool, loader: Loader) -> Any:
+    def load(self, graph: str, path: Path, spec: GraphSpec, options: SessionOptions,
+             fresh: Callable[[], ort.SessionOptions], shared: Mapping[str, ort.OrtValue], prepacked: bool,
+             loader: Loader) -> Any:
         """A session for the directory's `graph` (its file `path`, being checked by the directory): from its entry
-        when the entry matches, else from `path` (and, when building, its entry written). `so` carries the shared
-        initializers; `prepacked`: whether the session pre-packs its weights (then saved in the entry)."""
+        when the entry matches, else from `path` (and, when building, its entry written). `fresh()` makes session
+        options carrying the shared initializers, new for each session tried (ONNX Runtime warns of options set
+        twice); `prepacked`: whether the session pre-packs its weights (then saved in the entry)."""
         key = entry_key(self.model_dir, graph, options, shared, prepacked)
         if self.build is not None:
-            return self._build(self.build / key["graph"], key, path, spec, options, so, prepacked, loader)
+            return self._build(self.build / key["graph"], key, path, spec, options, fresh(), prepacked, loader)
         slot = self.root / key["graph"]
         entry = self._matching(slot, key)
         if entry is None:
-            return loader(path, spec, options, so)
+            return loader(path, spec, options, fresh())
         assert self.pool is not None, "GraphCache.load outside opening()"
         for name, record in entry["files"].items():  # hashed while ONNX Runtime maps them
             self.checks.append((slot / name, self.pool.submit(self._same_sha256, slot / name, record["sha256"])))
         try:
-            session = loader(slot / GRAPH, spec, replace(options, optimization="disable"), so)
+            session = loader(slot / GRAPH, spec, replace(options, optimization="disable"), fresh())
         except TfmExportError as exc:  # said once: its hashes no longer matter
             self.checks = [(file, ok) for file, ok in self.checks if file.parent != slot]
             self.notes.append(f"{slot}: cannot be loaded ({first_line(exc)}); loading without it; "
                               + REBUILD.format(self.model_dir.path))
-            return loader(path, spec, options, so)
+            return loader(path, spec, options, fresh())
         self.used.append(key["graph"])
         return session
 

@@ -141,10 +141,10 @@ def _load_search_sessions(model_dir: ModelDir, options: SessionOptions, loader: 
         shared = shared_values(model_dir, graph, check=False)  # the opening checks its file
 
         def load(name: Graph | GraphVariant, spec: GraphSpec, prepacked: bool) -> ort.InferenceSession:
-            so = sharing(shared, prepacked)
             if cache is None:
-                return loader(paths[name.value], spec, options, so)
-            return cache.load(name, paths[name.value], spec, options, so, shared, prepacked, loader)
+                return loader(paths[name.value], spec, options, sharing(shared, prepacked))
+            return cache.load(name, paths[name.value], spec, options, lambda: sharing(shared, prepacked), shared,
+                              prepacked, loader)
         encoder = load(Graph.ENCODER, graph_specs(config)[Graph.ENCODER], prepacked=False)
         decoder = load(graph, variant_specs(config)[graph], prepacked=True)
     return SearchSessions(encoder, decoder, config, model_dir, shared)
