@@ -7,7 +7,8 @@ file that was hashed, and its recorded sha256 is used instead of reading it. Any
 What stamps cannot see is damage below the file system (a disk's bit rot); `TFM_GRAPH_CACHE=off` hashes everything.
 
 Stamps are written only by a command that writes the directory they describe (`tfm-export onnx`, `quantize`,
-`prepack`), after every file they cover has been hashed and has not changed since; reading them never writes.
+`generate`, `prepack`), after every file they cover has been hashed and has not changed since; reading them never
+writes.
 """
 
 from __future__ import annotations
