@@ -278,6 +278,7 @@ def test_the_kernel_floor_multiplies_by_every_weight_a_step_reads(config):
     assert set(floor) == {"spinning", "sleeping"} and all(0 < v < 1000 for v in floor.values())
 
 
+@pytest.mark.slow
 def test_make_bench_script_runs_every_kind_of_backend_it_names(tmp_path):
     """scripts/bench_interleaved.py (what `make bench` and `make bench-anchor` run), one small round: each backend
     kind it opens its own way times its cell, and the greedy output of ours equals CTranslate2's."""

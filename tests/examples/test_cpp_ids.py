@@ -23,6 +23,7 @@ def tfm_translate() -> Path:
     return built_translator()
 
 
+@pytest.mark.slow
 def test_base_size_export_decodes_the_ids_tfm_run_does(tfm_translate, base_onnx):
     """Random weights of the base config (vocab 32,000): 4 sources, 12 tokens at most (a random model rarely ends
     earlier: the ranking, length penalty and scores are what is compared)."""

@@ -12,12 +12,12 @@ import pytest
 import torch
 from support.backends import assert_stepwise_parity, concat_backend, step_backend
 from support.builder import assert_every_graph_builds, needs_builder
-from support.variant_cases import CASES, COMBINATIONS, case_config, save_varied_checkpoint
+from support.variant_cases import CASES, COMBINATIONS, OPTIONS, case_config, save_varied_checkpoint
 
 from tfm_export.artifacts.model_dir import EMBEDDING_MIN_ELEMENTS
 from tfm_export.core.config import ModelConfig
 from tfm_export.core.graph_spec import Graph
-from tfm_export.core.variants import GATED_ACTIVATIONS, PRESETS
+from tfm_export.core.variants import GATED_ACTIVATIONS, PRESETS, variant_values
 from tfm_export.graphs.inputs import random_sources, random_targets
 from tfm_export.graphs.parity import DEFAULT_TOLERANCE, compare_stepwise
 from tfm_export.graphs.pipeline import export_model_dir
@@ -38,9 +38,11 @@ WEIGHT_SEEDS = {"rope": 2}
 FLOAT_TABLES = ("pos_table", "rotary.cos", "rotary.sin", "relative_attention_bias.weight")  # positions stay float
 
 
-@pytest.fixture(scope="module", params=[c for c in CASES if c not in EXPORT_SKIPS])
+@pytest.fixture(scope="module", params=[pytest.param(c, marks=() if c in COMBINATIONS else pytest.mark.slow)
+                                        for c in CASES if c not in EXPORT_SKIPS])
 def exported(request, tmp_path_factory):
-    """(case, checkpoint, fp32 directory) of a varied tiny model with 40 positions."""
+    """(case, checkpoint, fp32 directory) of a varied tiny model with 40 positions. An export takes half a minute:
+    make test exports the combinations, which hold every option between them, make test-slow each option too."""
     root = tmp_path_factory.mktemp("variant")
     # one layer keeps the export short; relative bias and the combinations take two (the bias is shared)
     layers = 2 if request.param in COMBINATIONS or request.param == "relative" else 1
@@ -69,6 +71,15 @@ def quantized(exported, tmp_path_factory):
 
 def _graph(directory, graph: Graph) -> onnx.ModelProto:
     return onnx.load(str(directory / graph.filename))
+
+
+def test_the_combinations_hold_every_option():
+    """What make test exports covers every option: each one's choices (numbers aside) are some combination's."""
+    for name, option in OPTIONS.items():
+        choices = {k: v for k, v in option.items() if isinstance(v, str | bool)}
+        if name not in EXPORT_SKIPS:
+            assert any(choices.items() <= variant_values("classic", combination).items()
+                       for combination in COMBINATIONS.values()), name
 
 
 def test_parity_over_30_cached_steps(exported):
@@ -196,7 +207,7 @@ def test_int8_graphs_run_end_to_end(exported, quantized):
 @needs_builder
 @pytest.mark.parametrize("exported", list(COMBINATIONS), indirect=True)
 def test_combinations_build_in_a_real_tensorrt_builder(exported, quantized):
-    """The four combinations (the modern and t5 presets among them): each TensorRT-ready graph of the fp32, fp16
+    """The combinations (the modern and t5 presets among them): each TensorRT-ready graph of the fp32, fp16
     and int8 static directories parsed and built (by TensorRT-RTX on machines without a GPU)."""
     _, _, fp32 = exported
     for directory in (fp32, quantized["fp16"], quantized["int8-static"]):

@@ -96,7 +96,13 @@ def _save(name: str, directory: Path) -> Path:
     return directory
 
 
-@pytest.fixture(scope="module", params=sorted(CASES))
+# Families whose exports make test already holds to generate() (test_huggingface_text, _languages): their cases here
+# run in make test-slow, half a minute of export each.
+DECODED_ELSEWHERE = ("bart", "m2m_100", "marian", "t5")
+
+
+@pytest.fixture(scope="module", params=[pytest.param(n, marks=pytest.mark.slow if n in DECODED_ELSEWHERE else ())
+                                        for n in sorted(CASES)])
 def hf_case(request, tmp_path_factory) -> tuple[str, Path]:
     return request.param, _save(request.param, tmp_path_factory.mktemp(request.param))
 

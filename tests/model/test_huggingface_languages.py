@@ -22,8 +22,8 @@ from click.testing import CliRunner
 from support.hf_judge import Reference, assert_agrees, text_inputs
 from support.hf_oracle import (
     HOSTILE,
-    export_onnx,
     generate,
+    made_and_exported,
     randomize,
     repository_lines,
     retarget_stop,
@@ -169,15 +169,20 @@ def _save(family: str, directory: Path) -> Path:
     return directory
 
 
+def made(tmp_path_factory, family: str) -> tuple[Path, Path]:
+    """The family's model and its export, made once per run (serving's tests take NLLB's)."""
+    return made_and_exported(tmp_path_factory, f"languages-{family}", lambda directory: _save(family, directory))
+
+
 @pytest.fixture(scope="module", params=sorted(CASES))
 def family_dir(request, tmp_path_factory) -> tuple[str, Path]:
-    return request.param, _save(request.param, tmp_path_factory.mktemp(request.param))
+    return request.param, made(tmp_path_factory, request.param)[0]
 
 
 @pytest.fixture(scope="module")
 def exported(family_dir, tmp_path_factory) -> tuple[str, Path, Path]:
-    family, directory = family_dir
-    return family, directory, export_onnx(directory, tmp_path_factory.mktemp("exported") / family)
+    family, _ = family_dir
+    return family, *made(tmp_path_factory, family)
 
 
 def test_languages_and_defaults_are_read(family_dir) -> None:

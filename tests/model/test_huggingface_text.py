@@ -17,8 +17,8 @@ from click.testing import CliRunner
 from support.hf_judge import Reference, assert_agrees, text_inputs
 from support.hf_oracle import (
     HOSTILE,
-    export_onnx,
     generate,
+    made_and_exported,
     randomize,
     repository_lines,
     retarget_stop,
@@ -120,9 +120,14 @@ def _save_model(kind: str, directory: Path) -> Path:
 ONE_TOKENIZER_EACH = pytest.mark.parametrize("hf_dir", ["marian", "t5"], indirect=True)  # t5-v1.1 shares T5's
 
 
+def made(tmp_path_factory, kind: str) -> tuple[Path, Path]:
+    """The kind's model and its export, made once per run (serving's tests take the same two)."""
+    return made_and_exported(tmp_path_factory, f"text-{kind}", lambda directory: _save_model(kind, directory))
+
+
 @pytest.fixture(scope="module", params=["marian", "t5", "t5-v1.1"])
 def hf_dir(request, tmp_path_factory) -> tuple[str, Path]:
-    return request.param, _save_model(request.param, tmp_path_factory.mktemp(request.param))
+    return request.param, made(tmp_path_factory, request.param)[0]
 
 
 @ONE_TOKENIZER_EACH
@@ -167,8 +172,8 @@ def test_marian_target_pieces_decode_as_marian_does(hf_dir) -> None:
 
 @pytest.fixture(scope="module")
 def exported(hf_dir, tmp_path_factory) -> tuple[str, Path, Path]:
-    kind, directory = hf_dir
-    return kind, directory, export_onnx(directory, tmp_path_factory.mktemp("exported") / kind)
+    kind, _ = hf_dir
+    return kind, *made(tmp_path_factory, kind)
 
 
 @ONE_TOKENIZER_EACH

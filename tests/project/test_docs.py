@@ -127,6 +127,7 @@ def test_the_readme_is_short_and_shows_the_two_setup_commands():
     assert not any(command in code for _, code in runnable_blocks(text) for command in SETUP_COMMANDS)
 
 
+@pytest.mark.slow
 def test_the_readmes_runnable_blocks_run_on_a_fresh_clone(tmp_path):
     """In order, from the clone's root, with the working tree's .venv first on PATH (as `source
     .venv/bin/activate` puts it): each block exits 0, and the translations they print agree with PyTorch's."""

@@ -17,7 +17,7 @@ import pytest
 import tritonclient.grpc as grpc
 import tritonclient.http as http
 from click.testing import CliRunner
-from support.hf_oracle import export_onnx, sample_texts
+from support.hf_oracle import sample_texts
 from support.triton_server import serving_environment, stand_in_native_models, text_input
 
 from tfm_export.cli.run_cli import main as run_main
@@ -45,13 +45,9 @@ def environment():
 
 @pytest.fixture(scope="module")
 def exports(environment, tmp_path_factory) -> dict[str, object]:
-    root = tmp_path_factory.mktemp("pretrained")
-    for kind in LANGUAGES:
-        (root / kind).mkdir()
-    directories = {"marian": monolingual._save_model("marian", root / "marian"),
-                   "nllb": multilingual._save("nllb", root / "nllb"),
-                   "t5": monolingual._save_model("t5", root / "t5")}
-    return {kind: export_onnx(directory, root / f"{kind}-onnx") for kind, directory in directories.items()}
+    """The same models and exports as the Hugging Face tests', made once per run."""
+    return {kind: (multilingual if kind == "nllb" else monolingual).made(tmp_path_factory, kind)[1]
+            for kind in LANGUAGES}
 
 
 @pytest.fixture(scope="module")

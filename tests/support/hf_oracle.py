@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 from click.testing import CliRunner
 
+from support.common import made_once
 from tfm_export.cli.export_cli import main as export_main
 from tfm_export.cli.run_cli import main as run_main
 
@@ -98,3 +100,13 @@ def export_onnx(directory: Path, output: Path) -> Path:
     result = CliRunner().invoke(export_main, ["onnx", "--checkpoint", str(directory), "--output", str(output)])
     assert result.exit_code == 0, result.output
     return output
+
+
+def made_and_exported(tmp_path_factory, name: str, save: Callable[[Path], Path]) -> tuple[Path, Path]:
+    """(Hugging Face directory, its export), made once per test run for every file that builds the same
+    seeded model (made_once): the model builders are deterministic, and the tests only read both."""
+    def make(root: Path) -> None:
+        (root / "hf").mkdir(parents=True)
+        export_onnx(save(root / "hf"), root / "onnx")
+    root = made_once(tmp_path_factory, f"hf-{name}", make)
+    return root / "hf", root / "onnx"

@@ -1,5 +1,6 @@
-"""The variant configurations the tests exercise: every option on its own, the issue's four combinations,
-and random-weight models whose norms, biases and tables are not at their initial values."""
+"""The variant configurations the tests exercise: every option on its own, combinations that hold every option
+between them (the issue's four and one for the rest), and random-weight models whose norms, biases and tables are
+not at their initial values."""
 
 from __future__ import annotations
 
@@ -38,6 +39,7 @@ COMBINATIONS = {
     "t5-like": {**PRESETS["t5"], **SMALL_RELATIVE},
     "sandwich + gelu + learned": dict(placement="sandwich", activation="gelu", positions="learned"),
     "deepnorm + swish": dict(placement="deepnorm", deepnorm_alpha=1.5, activation="swish"),
+    "glu + attention bias": dict(activation="glu", attention_bias=True),
 }
 CASES = {**OPTIONS, **COMBINATIONS}
 
