@@ -132,6 +132,17 @@ def test_a_damaged_weights_file_is_not_used(model, expected, opened, caplog, whe
     assert listing(model) == before  # nothing removed or rebuilt: prepack does that
 
 
+def test_the_load_made_again_after_a_damaged_entry_reports_its_own_hashing(model, caplog):
+    """Stamped in place, then an entry damaged: the first attempt knew the directory's files by their stamps, the
+    load made again without the entries hashed every file, and -v reports that load."""
+    result = CliRunner().invoke(export_main, ["prepack", "--model", str(model)])
+    assert result.exit_code == 0, result.output
+    flip_a_byte(model / CACHE_DIR / "decoder_step_search_fused" / DATA, 0)
+    with caplog.at_level(logging.INFO):
+        translate(model)
+    assert "differ from the sha256" in caplog.text and "0 file(s) known by their stamps" in caplog.text
+
+
 def test_a_graph_file_onnx_runtime_cannot_read_is_not_used(model, expected, opened, caplog):
     (model / CACHE_DIR / "encoder" / GRAPH).write_bytes(b"not a graph")
     with caplog.at_level(logging.WARNING):

@@ -89,7 +89,8 @@ def load_search_sessions(model_dir: ModelDir, options: SessionOptions,
         assert cache is not None
         cache.notes.append(str(exc))
         cache.used.clear()
-        sessions = _load_search_sessions(model_dir, options, loader, Stamps(), None)
+        stamps = Stamps()  # the load made again hashes every file: its count is the one to report
+        sessions = _load_search_sessions(model_dir, options, loader, stamps, None)
     if cache is not None:
         for note in cache.notes:
             log.warning("%s", note)
@@ -117,8 +118,9 @@ def prepack(directory: Path, options: SessionOptions = DEFAULT_OPTIONS) -> list[
 
 
 def prepack_new(staging: Path, output: Path) -> None:
-    """prepack for a directory being written (export, quantize): one that cannot be made here (an ONNX Runtime that
-    cannot save a graph, say) is a warning, not a failed export; the directory then loads without them."""
+    """prepack for a directory being written (export, quantize, generate): one that cannot be made here (an ONNX
+    Runtime that cannot save a graph, say) is a warning, not a failed export; the directory then loads without
+    them."""
     try:
         prepack(staging)
     except TfmExportError as exc:
