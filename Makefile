@@ -56,14 +56,16 @@ $(SERVING_STAMP): pyproject.toml
 
 # Two workers, each taking whole test files (module fixtures built once; the demo export and its precisions are
 # shared by both). Left out: the hostile battery (tests/hostile, marked `hostile`: `make hostile`) and the cases
-# marked `slow` (`make test-slow`), each minutes of base-size exports or training.
+# marked `slow` (`make test-slow`): minutes of base-size exports or training, or cases make test covers otherwise.
 test: setup browser
 	-$(MAKE) serving-env
 	$(PY) -m pytest -q -n 2 --dist loadfile -m "not hostile and not slow"
 
-# The cases make test leaves out for time (marked `slow`): base-size exports and precisions beyond the one base-size
-# parity test make test keeps (int8 and fp16 sizes, TensorRT and Polygraphy checks of the base graphs), the constructed
-# near-tie at base size, the modern variant at base size and as a trained demo.
+# The cases make test leaves out for time (marked `slow`): the base-size exports and precisions (parity, the C++
+# decode, int8 and fp16 sizes, TensorRT and Polygraphy checks of the base graphs), the constructed near-tie at base
+# size, the modern variant at base size and as a trained demo, each variant option on its own (make test exports the
+# combinations, which hold them all), the Hugging Face families whose exports make test decodes elsewhere, opset 18,
+# the README run on a fresh clone and the make bench script.
 test-slow: setup
 	$(PY) -m pytest -q -n 2 --dist loadfile -m "slow and not hostile"
 
