@@ -320,6 +320,7 @@ def test_ctranslate2_runs_the_hugging_face_weights_as_generate_does(opus_like_ma
     assert sum(a == b for a, b in zip(theirs, want, strict=True)) >= 0.9 * len(want)
 
 
+@pytest.mark.slow  # a minute; test_ctranslate2_runs_the_hugging_face_weights_as_generate_does holds the decode
 def test_bench_times_ctranslate2_on_the_same_hugging_face_weights(opus_like_marian, tmp_path) -> None:
     pytest.importorskip("ctranslate2", reason="CTranslate2 is in the dev/bench extras")
     report = tmp_path / "bench.json"
@@ -333,7 +334,7 @@ def test_bench_times_ctranslate2_on_the_same_hugging_face_weights(opus_like_mari
     assert {r["beam"] for r in backends["ct2-fp32"]["rows"]} == {1, 2}
 
 
-@pytest.mark.parametrize("beam", [1, 3])
+@pytest.mark.parametrize("beam", [pytest.param(1, marks=pytest.mark.slow), 3])  # beams are where it can differ
 def test_the_bench_anchor_generate_decodes_as_tfm_run_does(opus_like_marian, tmp_path, beam) -> None:
     """`tfm-run bench`'s hf-generate (transformers' generate() on the directory's weights) decodes the
     benchmark's inputs as the ONNX Runtime backend does, free and with </s> barred to a forced length, so the two

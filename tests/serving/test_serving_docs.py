@@ -97,6 +97,7 @@ def test_the_page_walks_through_every_step():
     assert shown and set(shown) <= page_lines
 
 
+@pytest.mark.slow  # a minute; the server tests beside it hold what the page shows
 def test_the_page_runs_as_written(tmp_path):
     serving_environment()  # or a skip that says how to build it
     prefix = _namespace()
