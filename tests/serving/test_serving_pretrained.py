@@ -135,9 +135,11 @@ def test_requests_into_different_languages_share_a_batch(server, tfm_run):
         result = _infer(server.grpc_url, model, texts, parameters)
         answers[index] = [t[0] for t in _strings(result.as_numpy("TRANSLATION"))]
     before = model_counts(server.http_url, model)
-    first = threading.Thread(target=send, args=(-1, TEXTS, blocker))
+    # the blocker: a whole batch at beam 4, still running when the others arrive (they only need to queue behind it;
+    # one that overtakes it shares its execution instead)
+    first = threading.Thread(target=send, args=(-1, (TEXTS * 2)[:MAX_BATCH], blocker))
     first.start()
-    time.sleep(0.1)  # the blocker reaches the model first
+    time.sleep(0.02)
     threads = [threading.Thread(target=send, args=(i, TEXTS[:10], case)) for i, case in enumerate(cases)]
     for thread in threads:
         thread.start()
