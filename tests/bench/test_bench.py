@@ -174,12 +174,17 @@ def test_bad_bench_requests_fail_before_any_work(tmp_path, demo_onnx):
     assert not list(demo_onnx.glob("onnx-*"))
 
 
-def test_a_bench_where_nothing_can_run_is_an_error(tmp_path):
+def test_a_bench_where_nothing_can_run_is_an_error_before_any_export(tmp_path):
+    """Backends that all need a GPU, on the CPU: one line with each one's reason, and nothing exported first."""
     ckpt = random_checkpoint(tiny_config(n_position=16), tmp_path / "m")
+    work = tmp_path / "work"
     result = CliRunner().invoke(run_main, ["bench", "--model", str(ckpt), "--backends", "ort-fp16,tensorrt",
-                                           "--batch-sizes", "1", "--beam-sizes", "1", "--output-length", "4"])
-    assert result.exit_code == 1 and "no backend could run here" in result.output.splitlines()[-1]
-    assert "ort-fp16          skipped: fp16 is for GPUs; time it with --device cuda" in result.output
+                                           "--batch-sizes", "1", "--beam-sizes", "1", "--output-length", "4",
+                                           "--work-dir", str(work)])
+    assert result.exit_code == 1 and len(result.output.strip().splitlines()) == 1, result.output
+    assert "no backend could run here (ort-fp16: fp16 is for GPUs; time it with --device cuda; tensorrt: " \
+           "TensorRT engines run on GPUs" in result.output
+    assert not work.exists()
 
 
 def _report(rates: dict[str, list[float]], rss: dict[str, float]) -> dict:

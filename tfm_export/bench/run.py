@@ -20,6 +20,7 @@ from ..runtime.session import has_cuda_provider
 from .artifacts import BenchModel, Built, build_fp32, build_variants, calibration_for, open_model
 from .protocol import BackendResult, BenchSettings, machine_info, ratios, run_backends
 from .report import markdown, plot, summary, table, to_json
+from .runners import wrong_device
 
 
 @dataclass(frozen=True)
@@ -68,6 +69,7 @@ def run_benchmark(request: BenchRequest, say: Callable[[str], None] = lambda _: 
     settings = request.settings
     _check_work_dir(request.work_dir)
     _check_device(settings.device)
+    _check_backends(settings)
     model = open_model(request.model)
     length = settings.output_length or model.positions
     if length > model.positions:
@@ -185,6 +187,14 @@ def _check_device(device: str) -> None:
     if not torch.cuda.is_available():
         raise TfmExportError("--device cuda: no CUDA GPU here (onnxruntime has no CUDA provider, PyTorch sees no GPU); "
                              "run on a machine with one and onnxruntime-gpu, or drop --device")
+
+
+def _check_backends(settings: BenchSettings) -> None:
+    """Backends that all need the other device fail here, not after minutes of export."""
+    reasons = {name: wrong_device(name, settings.device) for name in settings.backends}
+    if reasons and all(reasons.values()):
+        said = "; ".join(f"{name}: {reason}" for name, reason in reasons.items())
+        raise TfmExportError(f"no backend could run here ({said}); choose --backends for --device {settings.device}")
 
 
 def _check_work_dir(work_dir: Path | None) -> None:

@@ -80,12 +80,19 @@ class Artifacts:
     rules: TokenRules = SEED_RULES  # ids and beam rule of the model (a pretrained model's own)
 
 
-def unavailable(name: str, artifacts: Artifacts, device: str = "cpu") -> str | None:
-    """Why a backend cannot run here on `device`, or None."""
+def wrong_device(name: str, device: str) -> str | None:
+    """Why a backend never runs on `device`, known before any artifact is built; or None."""
     if device == "cpu" and name in GPU_ONLY:
         return GPU_ONLY[name]
     if device == "cuda" and name in CPU_ONLY:
         return f"CPU only: {CPU_ONLY[name]}"
+    return None
+
+
+def unavailable(name: str, artifacts: Artifacts, device: str = "cpu") -> str | None:
+    """Why a backend cannot run here on `device`, or None."""
+    if wrong_device(name, device):
+        return wrong_device(name, device)
     if name.startswith("hf-"):
         return _generate_unavailable(artifacts, device)
     if device == "cuda":
