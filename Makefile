@@ -64,8 +64,9 @@ test: setup browser
 # The cases make test leaves out for time (marked `slow`): the base-size exports and precisions (parity, the C++
 # decode, int8 and fp16 sizes, TensorRT and Polygraphy checks of the base graphs), the constructed near-tie at base
 # size, the modern variant at base size and as a trained demo, each variant option on its own (make test exports the
-# combinations, which hold them all), the Hugging Face families whose exports make test decodes elsewhere, opset 18,
-# the README run on a fresh clone and the make bench script.
+# combinations, which hold them all), the Hugging Face families whose exports make test decodes elsewhere, two of the
+# three seed checkpoint variants, opset 18, the README run on a fresh clone, the serving page run as written, the
+# make bench script and the Hugging Face bench timing.
 test-slow: setup
 	$(PY) -m pytest -q -n 2 --dist loadfile -m "slow and not hostile"
 
