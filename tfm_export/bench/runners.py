@@ -91,8 +91,8 @@ def wrong_device(name: str, device: str) -> str | None:
 
 def unavailable(name: str, artifacts: Artifacts, device: str = "cpu") -> str | None:
     """Why a backend cannot run here on `device`, or None."""
-    if wrong_device(name, device):
-        return wrong_device(name, device)
+    if reason := wrong_device(name, device):
+        return reason
     if name.startswith("hf-"):
         return _generate_unavailable(artifacts, device)
     if device == "cuda":
