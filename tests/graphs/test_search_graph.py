@@ -13,6 +13,7 @@ import pytest
 import torch
 from support.backends import step_backend
 from support.common import short_sources, tiny_config
+from support.search_graph import assert_standard_search_step
 
 from tfm_export.artifacts.model_dir import read_manifest
 from tfm_export.core.graph_spec import SEARCH_BEAMS, GraphVariant, search_top_k
@@ -23,7 +24,6 @@ from tfm_export.model.cache import ConcatCache
 from tfm_export.model.checkpoint import save_checkpoint
 from tfm_export.model.loading import load_checkpoint
 from tfm_export.model.synthetic import random_checkpoint
-from tfm_export.model.transformer import Transformer
 from tfm_export.runtime.decoding import StepRule
 
 SEARCH = GraphVariant.DECODER_STEP_SEARCH
@@ -114,21 +114,10 @@ def test_the_step_writes_each_new_key_and_value_in_place(models):
         assert not buffer[:, :, steps:].any()
 
 
-@pytest.mark.parametrize("preset", ["classic", "modern", "t5"])
-def test_every_architecture_gets_a_standard_search_step(tmp_path, preset):
-    """Made from the model's own code for every preset: standard ONNX operators only, no control flow, one
-    ScatterND per cache tensor (the in-place write), one TopK whose K is a constant of the graph."""
-    from tfm_export.core.graph_spec import search_step_spec
-    from tfm_export.core.variants import PRESETS
-    from tfm_export.graphs.export import export_graph
-    model = Transformer(tiny_config(n_position=24, **PRESETS[preset])).eval()
-    graph = export_graph(model, search_step_spec(model.config), 17).graph
-    ops = [n.op_type for n in graph.node]
-    assert {n.domain for n in graph.node} <= {"", "ai.onnx"} and not {"If", "Loop", "Scan"} & set(ops)
-    assert ops.count("ScatterND") == 2 * model.config.n_layers and ops.count("TopK") == 1
-    topk = next(n for n in graph.node if n.op_type == "TopK")
-    constant = {i.name: onnx.numpy_helper.to_array(i) for i in graph.initializer}
-    assert constant[topk.input[1]].tolist() == [search_top_k(model.config)]
+def test_the_search_step_is_standard_ops_with_k_a_constant(models):
+    """As the export wrote it (the variant architectures' are checked in test_variants_export)."""
+    ckpt, directory = models["random"]
+    assert_standard_search_step(onnx.load(str(directory / SEARCH.filename)), ckpt.config)
 
 
 def test_simplify_keeps_every_output_and_takes_nodes_out(models):
@@ -169,17 +158,25 @@ def step_feeds(cfg, rows: int, sources: int, capacity: int, length: int) -> dict
     return feeds
 
 
-def test_an_onnx_runtime_too_old_for_the_fused_step_never_runs_or_makes_it(models, monkeypatch, tmp_path):
+def test_an_onnx_runtime_too_old_for_the_fused_step_never_runs_it(models, monkeypatch):
     """onnxruntime 1.20 computes MultiHeadAttention's padded cross-attention wrongly: under it, translate decodes
-    through decoder_step_search, and export leaves the fused graph out."""
+    through decoder_step_search (and export leaves the fused graph out: the next test, in make test-slow)."""
     import onnxruntime
 
     from tfm_export.runtime.backends import open_backend
     from tfm_export.runtime.backends.search_step import FUSED
-    ckpt, directory = models["random"]
+    directory = models["random"][1]
     assert FUSED.value in read_manifest(directory)["graphs"]
     monkeypatch.setattr(onnxruntime, "__version__", "1.20.1")
     backend = open_backend(directory).backend
     assert backend.decoder.get_modelmeta().custom_metadata_map["tfm_export.graph"] == SEARCH.value
-    export_model_dir(ckpt, tmp_path / "model", progress=False)
+
+
+@pytest.mark.slow
+def test_an_onnx_runtime_too_old_for_the_fused_step_never_gets_it_exported(models, monkeypatch, tmp_path):
+    import onnxruntime
+
+    from tfm_export.runtime.backends.search_step import FUSED
+    monkeypatch.setattr(onnxruntime, "__version__", "1.20.1")
+    export_model_dir(models["random"][0], tmp_path / "model", progress=False)
     assert FUSED.value not in read_manifest(tmp_path / "model")["graphs"]
