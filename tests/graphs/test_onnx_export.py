@@ -50,6 +50,17 @@ def tiny(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def again(tiny, tmp_path_factory):
+    """The module's one second export of the same checkpoint: through the command line, with --force over a copy
+    of the first (an export of ours, which --force replaces)."""
+    ckpt, model = tiny
+    out = tmp_path_factory.mktemp("again") / "m"
+    shutil.copytree(model, out)
+    result = CliRunner().invoke(export_main, ["onnx", "--checkpoint", str(ckpt.path), "--output", str(out), "--force"])
+    return result, out
+
+
+@pytest.fixture(scope="module")
 def demo(demo_onnx):
     return load_checkpoint(DEMO_CKPT), demo_onnx
 
@@ -157,11 +168,11 @@ def test_the_tied_table_is_one_memory_for_both_sessions(tiny, graph):
     assert np.allclose(fresh.run_step(fresh.encode(src), np.array([[2]]))[1], logits)
 
 
-def test_export_is_deterministic(tiny, tmp_path):
-    ckpt, model = tiny
-    again = export_model_dir(ckpt, tmp_path / "again", progress=False)
+def test_export_is_deterministic(tiny, again):
+    result, out = again
+    assert result.exit_code == 0, result.output
     hashes = [{g: manifest["graphs"][g]["sha256"] for g in manifest["graphs"]}
-              for manifest in (read_manifest(model), again)]
+              for manifest in (read_manifest(tiny[1]), read_manifest(out))]
     assert hashes[0] == hashes[1] and Graph.DECODER_STEP.value in hashes[0]
 
 
@@ -265,10 +276,6 @@ def test_output_dir_rules(tiny, tmp_path):
     with pytest.raises(ModelDirError, match="out: is not a tfm-export directory .* even --force will not replace it"):
         export_model_dir(ckpt, out, force=True, progress=False)  # --force replaces artifacts, never the user's files
     assert listing(out) == ["keep.txt"]
-    (out / "keep.txt").unlink()
-    shutil.copytree(tiny[1], out, dirs_exist_ok=True)  # an export of ours, which --force replaces
-    export_model_dir(ckpt, out, force=True, progress=False)
-    assert "manifest.json" in listing(out)
     with pytest.raises(ModelDirError, match="parent directory of --output does not exist"):
         export_model_dir(ckpt, tmp_path / "no" / "such" / "dir", progress=False)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # no staging directories left behind
@@ -301,11 +308,17 @@ def test_failed_export_leaves_nothing(tmp_path):
     assert listing(tmp_path) == []
 
 
-def test_cli_export_inspect_verify(tiny, tmp_path):
+def test_force_replaces_an_export_of_ours(again):
+    result, out = again
+    assert result.exit_code == 0, result.output
+    assert "manifest.json" in listing(out)
+    assert sorted(p.name for p in out.parent.iterdir()) == ["m"]  # no staging directories left behind
+
+
+def test_cli_export_inspect_verify(tiny, again):
     ckpt, _ = tiny
     runner = CliRunner()
-    out = tmp_path / "m"
-    result = runner.invoke(export_main, ["onnx", "--checkpoint", str(ckpt.path), "--output", str(out)])
+    result, out = again
     assert result.exit_code == 0, result.output
     result = runner.invoke(export_main, ["onnx", "--checkpoint", str(ckpt.path), "--output", str(out)])
     assert result.exit_code == 1 and "directory is not empty; pass --force" in result.output

@@ -12,11 +12,12 @@ import pytest
 import torch
 from support.backends import assert_stepwise_parity, concat_backend, step_backend
 from support.builder import assert_every_graph_builds, needs_builder
-from support.variant_cases import CASES, COMBINATIONS, OPTIONS, case_config, save_varied_checkpoint
+from support.search_graph import assert_standard_search_step
+from support.variant_cases import CASES, COMBINATIONS, OPTIONS, exported_case
 
 from tfm_export.artifacts.model_dir import EMBEDDING_MIN_ELEMENTS
 from tfm_export.core.config import ModelConfig
-from tfm_export.core.graph_spec import Graph
+from tfm_export.core.graph_spec import Graph, GraphVariant
 from tfm_export.core.variants import GATED_ACTIVATIONS, PRESETS, variant_values
 from tfm_export.graphs.inputs import random_sources, random_targets
 from tfm_export.graphs.parity import DEFAULT_TOLERANCE, compare_stepwise
@@ -33,23 +34,17 @@ from tfm_export.verify.fp32 import decode_agreement, judged
 
 # An eps is one attribute of LayerNormalization: the NumPy oracle and CTranslate2 check it (test_variants_model).
 EXPORT_SKIPS = ("layernorm eps 1e-3",)
-# Seed 0's one-layer RoPE model emits the same tokens for every source, which would prove nothing about decoding.
-WEIGHT_SEEDS = {"rope": 2}
 FLOAT_TABLES = ("pos_table", "rotary.cos", "rotary.sin", "relative_attention_bias.weight")  # positions stay float
 
 
 @pytest.fixture(scope="module", params=[pytest.param(c, marks=() if c in COMBINATIONS else pytest.mark.slow)
                                         for c in CASES if c not in EXPORT_SKIPS])
 def exported(request, tmp_path_factory):
-    """(case, checkpoint, fp32 directory) of a varied tiny model with 40 positions. An export takes half a minute:
-    make test exports the combinations, which hold every option between them, make test-slow each option too."""
-    root = tmp_path_factory.mktemp("variant")
-    # one layer keeps the export short; relative bias and the combinations take two (the bias is shared)
-    layers = 2 if request.param in COMBINATIONS or request.param == "relative" else 1
-    config = case_config(request.param, n_position=40, n_layers=layers)
-    ckpt = load_checkpoint(save_varied_checkpoint(config, root / "ckpt", WEIGHT_SEEDS.get(request.param, 0)))
-    export_model_dir(ckpt, root / "model", progress=False)
-    return request.param, ckpt, root / "model"
+    """(case, checkpoint, fp32 directory) of a varied tiny model (support.variant_cases.exported_case). An export
+    takes half a minute: make test exports the combinations, which hold every option between them, make test-slow
+    each option too."""
+    ckpt, model = exported_case(tmp_path_factory, request.param)
+    return request.param, load_checkpoint(ckpt), model
 
 
 @pytest.fixture(scope="module")
@@ -107,6 +102,7 @@ def test_greedy_and_beam_4_decode_as_the_reference_decoders(exported, cache):
 
 
 def test_graphs_use_standard_ops_at_opset_17_and_pass_tensorrt_checks(exported):
+    """The contract graphs and decoder_step_search (support.search_graph), as every variant gets them."""
     case, ckpt, directory = exported
     for graph in Graph:
         proto = _graph(directory, graph)
@@ -116,6 +112,7 @@ def test_graphs_use_standard_ops_at_opset_17_and_pass_tensorrt_checks(exported):
         assert not ops & {"If", "Loop", "Scan", "Gelu", "Swish", "RMSNormalization", "RotaryEmbedding"}
         if ckpt.config.activation in ("gelu", "geglu"):
             assert "Erf" in ops  # GELU as TensorRT 8.6 parses it
+    assert_standard_search_step(_graph(directory, GraphVariant.DECODER_STEP_SEARCH), ckpt.config)
     report = check_model_dir(directory)
     assert report.errors() == [], report.lines()
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import subprocess
 import sys
@@ -21,10 +22,9 @@ from support.hf_oracle import randomize
 from tfm_export.artifacts.model_dir import SHARED, read_manifest
 from tfm_export.cli.export_cli import main as export_main
 from tfm_export.core.config import ModelConfig
-from tfm_export.core.graph_spec import Graph
+from tfm_export.core.graph_spec import DEFAULT_OPSET, Graph
 from tfm_export.demo import numbers as demo_numbers
 from tfm_export.graphs.export import export_all
-from tfm_export.graphs.pipeline import export_model_dir
 from tfm_export.model.huggingface import load_hf_directory
 from tfm_export.model.loading import load_checkpoint
 from tfm_export.model.synthetic import random_checkpoint
@@ -112,12 +112,11 @@ def test_int8_dynamic_folds_the_logits_scale_into_the_weight_scales(tmp_path):
     """A projection scaled by d_model ** -0.5 ("prj") computes its logits in one quantized MatMul: the scalar
     joins the weight's per-channel scales, and the logits equal ONNX Runtime's quantizer's unfolded graph's."""
     ckpt = load_checkpoint(random_checkpoint(tiny_config(scale_emb_or_prj="prj"), tmp_path / "ckpt"))
-    export_model_dir(ckpt, tmp_path / "fp32", progress=False)
-    path = str(tmp_path / "fp32" / "decoder_step.onnx")
-    folded = quantize_dynamic_graph(onnx.load(path), int8_embeddings=False)
+    step = export_all(ckpt.model, DEFAULT_OPSET, variants=False)[Graph.DECODER_STEP]  # the contract's graphs only
+    folded = quantize_dynamic_graph(copy.deepcopy(step), int8_embeddings=False)
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr("tfm_export.precision.int8.fold_output_scales", lambda proto: proto)
-        plain = quantize_dynamic_graph(onnx.load(path), int8_embeddings=False)
+        plain = quantize_dynamic_graph(copy.deepcopy(step), int8_embeddings=False)
     scalars = {i.name for i in plain.graph.initializer if not i.dims}
     assert _producers(plain)["logits"].op_type == "Mul" and _producers(plain)["logits"].input[1] in scalars
     producers = _producers(folded)

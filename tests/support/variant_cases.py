@@ -72,3 +72,24 @@ def save_varied_checkpoint(cfg: ModelConfig, directory: Path, seed: int = 0) -> 
                                "random")
     directory.mkdir(parents=True, exist_ok=True)
     return save_checkpoint(varied_model(cfg, seed), Vocabulary(tok, tok), directory / "ckpt.pt")
+
+
+# Seed 0's one-layer RoPE model emits the same tokens for every source, which would prove nothing about decoding.
+WEIGHT_SEEDS = {"rope": 2}
+
+
+def exported_case(tmp_path_factory, name: str) -> tuple[Path, Path]:
+    """(checkpoint, fp32 directory) of the case's varied tiny model with 40 positions, made once per test run for
+    every file that reads it (an export takes half a minute). One layer keeps the export short; relative bias and
+    the combinations take two (the bias is shared by the layers)."""
+    from support.common import made_once
+    from tfm_export.graphs.pipeline import export_model_dir
+    from tfm_export.model.loading import load_checkpoint
+
+    def make(root: Path) -> None:
+        layers = 2 if name in COMBINATIONS or name == "relative" else 1
+        config = case_config(name, n_position=40, n_layers=layers)
+        ckpt = load_checkpoint(save_varied_checkpoint(config, root / "ckpt", WEIGHT_SEEDS.get(name, 0)))
+        export_model_dir(ckpt, root / "model", progress=False)
+    root = made_once(tmp_path_factory, "variant-" + "".join(c if c.isalnum() else "-" for c in name), make)
+    return root / "ckpt" / "ckpt.pt", root / "model"
