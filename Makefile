@@ -65,8 +65,9 @@ test: setup browser
 # decode, int8 and fp16 sizes, TensorRT and Polygraphy checks of the base graphs), the constructed near-tie at base
 # size, the modern variant at base size and as a trained demo, each variant option on its own (make test exports the
 # combinations, which hold them all), the Hugging Face families whose exports make test decodes elsewhere, two of the
-# three seed checkpoint variants, opset 18, the README run on a fresh clone, the serving page run as written, the
-# make bench script and the Hugging Face bench timing.
+# three seed checkpoint variants, opset 18 (of the seed model and of a variant), the export under a too-old
+# onnxruntime, the README run on a fresh clone, the serving page run as written, the make bench script and the
+# Hugging Face bench timing.
 test-slow: setup
 	$(PY) -m pytest -q -n 2 --dist loadfile -m "slow and not hostile"
 
