@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from support.common import tiny_config
+from support.common import made_once, tiny_config
 from tfm_export.core.config import ModelConfig
 from tfm_export.core.tokenizer import Vocabulary, plain_word_tokenizer
 from tfm_export.core.variants import PRESETS
@@ -82,7 +82,6 @@ def exported_case(tmp_path_factory, name: str) -> tuple[Path, Path]:
     """(checkpoint, fp32 directory) of the case's varied tiny model with 40 positions, made once per test run for
     every file that reads it (an export takes half a minute). One layer keeps the export short; relative bias and
     the combinations take two (the bias is shared by the layers)."""
-    from support.common import made_once
     from tfm_export.graphs.pipeline import export_model_dir
     from tfm_export.model.loading import load_checkpoint
 
@@ -91,5 +90,5 @@ def exported_case(tmp_path_factory, name: str) -> tuple[Path, Path]:
         config = case_config(name, n_position=40, n_layers=layers)
         ckpt = load_checkpoint(save_varied_checkpoint(config, root / "ckpt", WEIGHT_SEEDS.get(name, 0)))
         export_model_dir(ckpt, root / "model", progress=False)
-    root = made_once(tmp_path_factory, "variant-" + "".join(c if c.isalnum() else "-" for c in name), make)
+    root = made_once(tmp_path_factory, f"variant-{name}", make)
     return root / "ckpt" / "ckpt.pt", root / "model"
