@@ -5,7 +5,7 @@ The maths is the model's (`Decoder.step` over a buffer_cache.BufferCache); this 
 does with a step's logits, so that K numbers per row leave the graph instead of the vocabulary's logits:
 log-softmax over every token, the decoding rules (an additive token bias: banned ids and </s> before the minimum
 length at -inf; a forced token, whose log-probability becomes 0 as generate()'s forcing leaves it), then TopK,
-sorted, ties to the lower id (ONNX TopK's order, the reference decoders' rule).
+sorted, equal logits to the lower id (ONNX TopK's order, the reference decoders' rule).
 """
 
 from __future__ import annotations
@@ -21,12 +21,20 @@ from .buffer_cache import BufferCache, FusedBufferCache
 
 
 def select(logits: Tensor, token_bias: Tensor, forced_token: Tensor, k: int) -> tuple[Tensor, Tensor]:
-    """(N, V) logits -> (N, k) log-probabilities after the rules and their ids, best first.
+    """(N, 1, V) logits -> (N, k) log-probabilities after the rules and their ids, best first.
 
-    The forced token's row (0 at its id, -inf elsewhere) is one row whose K best replace every row's K best,
-    the same numbers as a TopK over N copies of it: choosing between the (N, V) tensors instead kept one more
-    vocabulary-sized tensor alive per step (16 MB at 128 rows of a 32k vocabulary, the decode's memory peak)."""
-    values, ids = torch.topk(F.log_softmax(logits.float(), dim=-1) + token_bias, k, dim=-1)
+    One vocabulary-sized tensor at a time (16 MB at 128 rows of a 32k vocabulary: the decode's memory peak is
+    these): the Squeeze reads the bound logits in place; the log-softmax is reduced to one number per row
+    (its value at the row's maximum, -log(sum(exp(x - max)))) before the ranking tensor, the logits plus the
+    rules, exists; and only the K best are normalised, (x - max) + that number, the very sum the log-softmax
+    computes for them. Ranking by the logits keeps the log-softmax's order and tells apart two logits whose
+    log-probabilities round equal. The forced token's row (0 at its id, -inf elsewhere) is one row whose K
+    best replace every row's K best, the same numbers as a TopK over N copies of it."""
+    rows = logits.squeeze(1).float()
+    shift = F.log_softmax(rows, dim=-1).amax(dim=-1, keepdim=True)
+    top = rows.amax(dim=-1, keepdim=True)
+    values, ids = torch.topk(rows + token_bias, k, dim=-1)
+    values = (values - top) + shift
     only = torch.where(torch.arange(logits.size(-1)) == forced_token, 0.0, -torch.inf)[None]  # (1, V)
     forced_values, forced_ids = torch.topk(only, k, dim=-1)
     forced = forced_token >= 0
@@ -51,7 +59,7 @@ class SearchStepGraph(nn.Module):
         cache = self.cache(buffers, cache_length) if total is None else self.cache(buffers, cache_length, total)
         x, present = self.model.decoder.step(input_ids, cache, [(k, v) for _, _, k, v in layers], src_mask)
         logits = self.model.project(x)  # (N, 1, V)
-        values, ids = select(logits[:, 0], token_bias, forced_token, self.k)
+        values, ids = select(logits, token_bias, forced_token, self.k)
         return (logits, values, ids, *[t for kv in present for t in kv])
 
 
