@@ -64,10 +64,11 @@ test: setup browser
 # The cases make test leaves out for time (marked `slow`): the base-size exports and precisions (parity, the C++
 # decode, int8 and fp16 sizes, TensorRT and Polygraphy checks of the base graphs), the constructed near-tie at base
 # size, the modern variant at base size and as a trained demo, each variant option on its own (make test exports the
-# combinations, which hold them all), the Hugging Face families whose exports make test decodes elsewhere, two of the
-# three seed checkpoint variants, opset 18 (of the seed model and of a variant), the export under a too-old
-# onnxruntime, the README run on a fresh clone, the serving page run as written, the make bench script and the
-# Hugging Face bench timing.
+# combinations, which hold them all), the Hugging Face families whose exports make test decodes elsewhere (T5 v1.1
+# beside mT5; M2M100's and mBART-cc25's language rules beside NLLB's and mBART-50's), two of the three seed
+# checkpoint variants, opset 18 (of the seed model and of a variant), generate.onnx of the modern variant (the
+# T5-like one stays), the export under a too-old onnxruntime, the README run on a fresh clone, the serving page run
+# as written, the make bench script, a bench run of a modern model, and the Hugging Face bench timing and anchor.
 test-slow: setup
 	$(PY) -m pytest -q -n 2 --dist loadfile -m "slow and not hostile"
 

@@ -19,6 +19,8 @@ from tfm_export.trt.compat import check_model_dir
 pytest.importorskip("ctranslate2", reason="CTranslate2 is in the dev/bench extras")
 
 
+@pytest.mark.slow  # minutes of exports; make test holds the parts: the tiny bench run with its CTranslate2 anchor
+# (test_bench) and CTranslate2 scoring the modern model as PyTorch does (test_variants_model)
 def test_bench_runs_a_modern_model_with_ctranslate2_as_the_anchor(tmp_path):
     ckpt = save_varied_checkpoint(case_config("modern", n_position=16), tmp_path / "m")
     result = CliRunner().invoke(run_main, [

@@ -73,13 +73,14 @@ TINY_VARIANTS = {  # the demo model has a shared vocabulary and a tied projectio
     "untied embeddings and projection, d_k != d_v": dict(src_vocab_size=17, trg_vocab_size=17, d_k=8, d_v=4,
                                                          embs_share_weight=False, proj_share_weight=False),
     # Transformer variants: RoPE angles and relative-bias buckets come from the past length inside the subgraph
-    "modern (pre-norm, RMSNorm, SwiGLU, RoPE)": PRESETS["modern"],
+    "modern (pre-norm, RMSNorm, SwiGLU, RoPE)": PRESETS["modern"],  # make test-slow
     "T5-like (pre-norm, RMSNorm, GeGLU, relative bias)": dict(PRESETS["t5"], relative_buckets=8,
                                                               relative_max_distance=20),
 }
 
 
-@pytest.mark.parametrize("variant", TINY_VARIANTS)
+@pytest.mark.parametrize("variant", [pytest.param(v, marks=pytest.mark.slow if v.startswith("modern") else ())
+                                     for v in TINY_VARIANTS])
 def test_tiny_models_decode_as_the_reference_and_the_loop(tmp_path, variant):
     """Greedy against the reference decoder (padded batch, cut at max_length); beam search with </s> barred to the
     end (no stopping rule decides) against the decoding loop, n-best lists included."""

@@ -125,7 +125,7 @@ def made(tmp_path_factory, kind: str) -> tuple[Path, Path]:
     return made_and_exported(tmp_path_factory, f"text-{kind}", lambda directory: _save_model(kind, directory))
 
 
-@pytest.fixture(scope="module", params=["marian", "t5", "t5-v1.1"])
+@pytest.fixture(scope="module", params=["marian", "t5", pytest.param("t5-v1.1", marks=pytest.mark.slow)])
 def hf_dir(request, tmp_path_factory) -> tuple[str, Path]:
     return request.param, made(tmp_path_factory, request.param)[0]
 
@@ -188,6 +188,7 @@ def test_translate_matches_generate(exported, beam, penalty) -> None:
     _translate_matches_generate(exported, beam, penalty)
 
 
+@pytest.mark.slow  # most of a minute of export; make test holds gated T5 to generate() as mT5 (test_huggingface)
 @pytest.mark.parametrize("hf_dir", ["t5-v1.1"], indirect=True)
 @pytest.mark.parametrize("beam, penalty", [(1, 1.0), (4, 1.0), (4, 0.6)])
 def test_gated_t5_translates_as_generate(exported, beam, penalty) -> None:
@@ -334,7 +335,8 @@ def test_bench_times_ctranslate2_on_the_same_hugging_face_weights(opus_like_mari
     assert {r["beam"] for r in backends["ct2-fp32"]["rows"]} == {1, 2}
 
 
-@pytest.mark.parametrize("beam", [pytest.param(1, marks=pytest.mark.slow), 3])  # beams are where it can differ
+@pytest.mark.slow  # an export of its own; make bench runs the anchor
+@pytest.mark.parametrize("beam", [1, 3])
 def test_the_bench_anchor_generate_decodes_as_tfm_run_does(opus_like_marian, tmp_path, beam) -> None:
     """`tfm-run bench`'s hf-generate (transformers' generate() on the directory's weights) decodes the
     benchmark's inputs as the ONNX Runtime backend does, free and with </s> barred to a forced length, so the two
