@@ -161,7 +161,7 @@ def search_step_spec(cfg: ModelConfig, graph: GraphVariant = GraphVariant.DECODE
     encoder's mask and keys/values come once per source (source_batch_size): the batch_size rows are
     source_batch_size equal consecutive groups (a source's beams), each attending to its own source. Outputs:
     the logits, and per row the K best log-probabilities after the decoding rules (TOKEN_BIAS, FORCED_TOKEN)
-    with their ids, ties to the lower id. The fused twin also takes TOTAL_LENGTH, cache_length + 1, from the
+    with their ids, equal logits to the lower id. The fused twin also takes TOTAL_LENGTH, cache_length + 1, from the
     host."""
     k, names = search_top_k(cfg), cache_names(cfg)
     return GraphSpec(
