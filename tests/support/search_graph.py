@@ -22,7 +22,6 @@ def assert_standard_search_step(proto: onnx.ModelProto, cfg: ModelConfig) -> Non
     for topk in (n for n in graph.node if n.op_type == "TopK"):
         assert constant[topk.input[1]].tolist() == [search_top_k(cfg)]
     producers = {out: n for n in graph.node for out in n.output}
-    readers = {name: [n for n in graph.node if name in n.input] for name in producers}
 
     def made_by(names) -> list[str]:
         return [producers[i].op_type for i in names]
@@ -33,7 +32,7 @@ def assert_standard_search_step(proto: onnx.ModelProto, cfg: ModelConfig) -> Non
     centred, shift = (producers[i] for i in normalised.input)
     assert centred.op_type == "Sub" and made_by(centred.input) == ["TopK", "ReduceMax"]
     log_softmax = next(n for n in graph.node if n.op_type == "LogSoftmax")
-    assert shift.op_type == "ReduceMax" and readers[log_softmax.output[0]] == [shift]
+    assert shift.op_type == "ReduceMax" and [n for n in graph.node if log_softmax.output[0] in n.input] == [shift]
     ranked = producers[producers[centred.input[0]].input[0]]
     rows = producers[log_softmax.input[0]]
     assert rows.op_type == "Squeeze" and rows.input[0] == "logits"
