@@ -1,7 +1,9 @@
 """The pre-packed graphs: ONNX Runtime's own optimised copy of each graph a CPU load opens, saved with its weights in
-an external file (for the decoder, the MatMul weights already in the GEMM layout of this CPU's kernels), so that a
-load skips parsing, graph optimisation and packing and memory-maps the weights instead: a quicker start, and
-weights in file pages that every process running the model shares rather than on each one's heap.
+an external file (for the decoder, the MatMul weights also in the GEMM layout of this CPU's kernels), so that a
+load skips parsing and graph optimisation and memory-maps the weights: a quicker start, and packed weights in file
+pages that every process running the model shares rather than on each one's heap. ONNX Runtime still packs each
+weight at load (it knows a blob by a hash of the packed bytes) before it swaps the mapped blob in, so the blobs
+save memory, not time.
 
 They live in the model directory's `.tfm-cache/`, one entry per graph (entry.json, graph.onnx, graph.onnx.data),
 and are written only by a command that names the directory as its output: `tfm-export onnx` and `quantize` make
