@@ -152,6 +152,32 @@ def test_the_cycle_check_sees_a_lazy_circle(tmp_path):
     assert set(import_cycle(copy)) == {"tfm_export.model.checkpoint", "tfm_export.model.huggingface"}
 
 
+def literal_names(root: Path = PACKAGE) -> list[str]:
+    """Where a module spells one of the graph contract's tensor names as a string instead of importing it."""
+    from tfm_export.core import graph_spec
+    names = {graph_spec.INPUT_IDS, graph_spec.ATTENTION_MASK, graph_spec.LAST_HIDDEN_STATE, graph_spec.LOGITS,
+             graph_spec.ENCODER_ATTENTION_MASK, graph_spec.CACHE_LENGTH, graph_spec.TOKEN_BIAS, graph_spec.FORCED_TOKEN,
+             graph_spec.TOTAL_LENGTH, graph_spec.TOP_LOGPROBS, graph_spec.TOP_IDS}
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        if path.name == "graph_spec.py" and path.parent.name == "core":
+            continue
+        found += [f"{path.relative_to(root.parent)}:{node.lineno}: {node.value!r}"
+                  for node in ast.walk(ast.parse(path.read_text(), str(path)))
+                  if isinstance(node, ast.Constant) and node.value in names]
+    return found
+
+
+def test_the_contracts_tensor_names_are_written_once():
+    assert literal_names() == [], "import these names from tfm_export.core.graph_spec"
+
+
+def test_the_name_check_sees_a_literal(tmp_path):
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "m.py").write_text('FEEDS = {"input_ids": 1}\nLABEL = f"logits of {FEEDS}"\n')
+    assert literal_names(tmp_path) == [f"{tmp_path.name}/pkg/m.py:1: 'input_ids'"]
+
+
 def test_importing_the_runtime_loads_neither_torch_nor_onnx():
     assert not modules_after("import tfm_export.runtime; from tfm_export import Translator") & {"torch", "onnx"}
 

@@ -14,7 +14,17 @@ import numpy as np
 from torch import nn
 
 from ..core.errors import TfmExportError, first_line
-from ..core.graph_spec import DEFAULT_OPSET, FORCED_TOKEN, TOKEN_BIAS, GraphVariant, cache_head_sizes, cache_names
+from ..core.graph_spec import (
+    CACHE_LENGTH,
+    DEFAULT_OPSET,
+    ENCODER_ATTENTION_MASK,
+    FORCED_TOKEN,
+    INPUT_IDS,
+    TOKEN_BIAS,
+    GraphVariant,
+    cache_head_sizes,
+    cache_names,
+)
 from ..core.graph_spec import search_step_spec as spec_of
 from ..graphs.export import export_graph
 from ..graphs.onnx_io import save_graph
@@ -31,9 +41,9 @@ def step_inputs(model: nn.Module, batch: int, beam: int, cache_length: int,
     keys/values (their values do not change the time) in buffers with room for the new token."""
     cfg, rng, rows, names = model.config, np.random.default_rng(0), batch * beam, cache_names(model.config)
     cache_length = min(cache_length, cfg.n_position - 1)
-    feeds = {"input_ids": np.full((rows, 1), 4, np.int64),
-             "encoder_attention_mask": np.ones((batch, source_length), np.int64),
-             "cache_length": np.array(cache_length, np.int64),
+    feeds = {INPUT_IDS: np.full((rows, 1), 4, np.int64),
+             ENCODER_ATTENTION_MASK: np.ones((batch, source_length), np.int64),
+             CACHE_LENGTH: np.array(cache_length, np.int64),
              TOKEN_BIAS: np.zeros(cfg.trg_vocab_size, np.float32), FORCED_TOKEN: np.array(-1, np.int64)}
     for cached, count, length in ((names.self_inputs, rows, cache_length + 1), (names.cross_inputs, batch,
                                                                                  source_length)):

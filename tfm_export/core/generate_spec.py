@@ -9,7 +9,16 @@ graph from it, runtime.backends.generate feeds it, docs/graph-contract.md docume
 from __future__ import annotations
 
 from .config import ModelConfig
-from .graph_spec import BATCH, SRC_LEN, TensorSpec, cache_names
+from .graph_spec import (
+    ATTENTION_MASK,
+    BATCH,
+    ENCODER_ATTENTION_MASK,
+    INPUT_IDS,
+    LOGITS,
+    SRC_LEN,
+    TensorSpec,
+    cache_names,
+)
 
 GENERATE_FILE = "generate.onnx"
 OP = "com.microsoft.BeamSearch"
@@ -17,7 +26,7 @@ OP_MAX_LENGTH = 4096  # the op refuses a longer max_length (which counts the sta
 MIN_ONNXRUNTIME = (1, 22)  # the first release whose op takes an encoder subgraph of 2 inputs (1.21.1 refuses it)
 SEQUENCES_LEN = "max_length"  # the sequences output is padded to the max_length input
 
-INPUTS = (TensorSpec("input_ids", "int32", (BATCH, SRC_LEN)),
+INPUTS = (TensorSpec(INPUT_IDS, "int32", (BATCH, SRC_LEN)),
           TensorSpec("max_length", "int32", (1,)),
           TensorSpec("min_length", "int32", (1,)),
           TensorSpec("num_beams", "int32", (1,)),
@@ -26,8 +35,8 @@ INPUTS = (TensorSpec("input_ids", "int32", (BATCH, SRC_LEN)),
 OUTPUTS = (TensorSpec("sequences", "int32", (BATCH, "num_return_sequences", SEQUENCES_LEN)),
            TensorSpec("sequences_scores", "float32", (BATCH, "num_return_sequences")))
 
-ENCODER_INPUTS = {"input_ids": "encoder_input_ids", "attention_mask": "encoder_attention_mask"}
-DECODER_INPUTS = {"input_ids": "input_ids", "encoder_attention_mask": "encoder_attention_mask"}
+ENCODER_INPUTS = {INPUT_IDS: "encoder_input_ids", ATTENTION_MASK: ENCODER_ATTENTION_MASK}
+DECODER_INPUTS = {INPUT_IDS: INPUT_IDS, ENCODER_ATTENTION_MASK: ENCODER_ATTENTION_MASK}
 
 
 def op_name(contract_name: str) -> str:
@@ -50,7 +59,7 @@ def decoder_inputs(cfg: ModelConfig) -> list[str]:
 
 
 def decoder_outputs(cfg: ModelConfig) -> list[str]:
-    return ["logits", *(op_name(n) for n in cache_names(cfg).self_outputs)]
+    return [LOGITS, *(op_name(n) for n in cache_names(cfg).self_outputs)]
 
 
 def op_lengths(max_length: int, min_length: int = 0) -> tuple[int, int]:

@@ -23,6 +23,10 @@ PAST_LEN = "past_decoder_sequence_length"
 TOTAL_LEN = "past_decoder_sequence_length + decoder_sequence_length"
 CAPACITY = "cache_capacity"  # positions a caller-owned cache buffer holds (decoder_step_search)
 SOURCES = "source_batch_size"  # decoder_step_search: sources; batch_size rows are an equal group per source
+# the contract's tensor names besides the cache's (cache_names)
+INPUT_IDS, ATTENTION_MASK, LAST_HIDDEN_STATE = "input_ids", "attention_mask", "last_hidden_state"  # the encoder's
+ENCODER_ATTENTION_MASK, LOGITS = "encoder_attention_mask", "logits"  # the decoder's, with INPUT_IDS
+CACHE_LENGTH = "cache_length"  # decoder_step_search: the positions its cache buffers already hold
 SEARCH_BEAMS = 8  # the widest beam decoder_step_search's own candidates serve (K = 2 x beams); wider read its logits
 # decoder_step_search's decoding-rule inputs: an additive (vocab,) float32 bias (0, or -inf for a banned id and
 # for </s> before the minimum length) and the id forced at this step (-1: none; forced, it gets log-p 0)
@@ -124,9 +128,9 @@ def _cache(names: tuple[str, ...], cfg: ModelConfig, length: str, batch: str = B
 def encoder_spec(cfg: ModelConfig) -> GraphSpec:
     return GraphSpec(
         Graph.ENCODER,
-        inputs=(TensorSpec("input_ids", "int64", (BATCH, SRC_LEN)),
-                TensorSpec("attention_mask", "int64", (BATCH, SRC_LEN))),
-        outputs=(TensorSpec("last_hidden_state", "float32", (BATCH, SRC_LEN, cfg.d_model)),
+        inputs=(TensorSpec(INPUT_IDS, "int64", (BATCH, SRC_LEN)),
+                TensorSpec(ATTENTION_MASK, "int64", (BATCH, SRC_LEN))),
+        outputs=(TensorSpec(LAST_HIDDEN_STATE, "float32", (BATCH, SRC_LEN, cfg.d_model)),
                  *_cache(cache_names(cfg).cross_outputs, cfg, SRC_LEN)),
     )
 
@@ -141,10 +145,10 @@ def past_inputs(cfg: ModelConfig, self_length: str = PAST_LEN, sources: str = BA
 def decoder_step_spec(cfg: ModelConfig) -> GraphSpec:
     return GraphSpec(
         Graph.DECODER_STEP,
-        inputs=(TensorSpec("input_ids", "int64", (BATCH, NEW_LEN)),
-                TensorSpec("encoder_attention_mask", "int64", (BATCH, SRC_LEN)),
+        inputs=(TensorSpec(INPUT_IDS, "int64", (BATCH, NEW_LEN)),
+                TensorSpec(ENCODER_ATTENTION_MASK, "int64", (BATCH, SRC_LEN)),
                 *past_inputs(cfg)),
-        outputs=(TensorSpec("logits", "float32", (BATCH, NEW_LEN, cfg.trg_vocab_size)),
+        outputs=(TensorSpec(LOGITS, "float32", (BATCH, NEW_LEN, cfg.trg_vocab_size)),
                  *_cache(cache_names(cfg).self_outputs, cfg, TOTAL_LEN)),
     )
 
@@ -166,14 +170,14 @@ def search_step_spec(cfg: ModelConfig, graph: GraphVariant = GraphVariant.DECODE
     k, names = search_top_k(cfg), cache_names(cfg)
     return GraphSpec(
         graph,
-        inputs=(TensorSpec("input_ids", "int64", (BATCH, 1)),
-                TensorSpec("encoder_attention_mask", "int64", (SOURCES, SRC_LEN)),
-                TensorSpec("cache_length", "int64", ()),
+        inputs=(TensorSpec(INPUT_IDS, "int64", (BATCH, 1)),
+                TensorSpec(ENCODER_ATTENTION_MASK, "int64", (SOURCES, SRC_LEN)),
+                TensorSpec(CACHE_LENGTH, "int64", ()),
                 TensorSpec(TOKEN_BIAS, "float32", (cfg.trg_vocab_size,)),
                 TensorSpec(FORCED_TOKEN, "int64", ()),
                 *(() if graph.standard_ops else (TensorSpec(TOTAL_LENGTH, "int32", ()),)),
                 *past_inputs(cfg, CAPACITY, SOURCES)),
-        outputs=(TensorSpec("logits", "float32", (BATCH, 1, cfg.trg_vocab_size)),
+        outputs=(TensorSpec(LOGITS, "float32", (BATCH, 1, cfg.trg_vocab_size)),
                  TensorSpec(TOP_LOGPROBS, "float32", (BATCH, k)),
                  TensorSpec(TOP_IDS, "int64", (BATCH, k)),
                  *_cache(names.self_outputs, cfg, CAPACITY)),

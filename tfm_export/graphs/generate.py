@@ -28,7 +28,16 @@ from ..core.generate_spec import (
     encoder_outputs,
     op_name,
 )
-from ..core.graph_spec import BATCH, Graph, cache_names
+from ..core.graph_spec import (
+    ATTENTION_MASK,
+    BATCH,
+    ENCODER_ATTENTION_MASK,
+    INPUT_IDS,
+    LOGITS,
+    SRC_LEN,
+    Graph,
+    cache_names,
+)
 from ..core.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from .onnx_io import ExportError
 
@@ -40,8 +49,8 @@ def op_refusal(directory: ModelDir) -> str | None:
     """Why the BeamSearch op cannot take this directory's graphs, or None."""
     dtypes = directory.tensor_types(Graph.DECODER_STEP)
     cache = dtypes.get(cache_names(directory.config).self_inputs[0], "float32")
-    if cache != dtypes.get("logits", "float32"):
-        return (f"{directory.path}: its decoder_step takes a {cache} KV cache but returns {dtypes.get('logits')} "
+    if cache != dtypes.get(LOGITS, "float32"):
+        return (f"{directory.path}: its decoder_step takes a {cache} KV cache but returns {dtypes.get(LOGITS)} "
                 "logits; ONNX Runtime's BeamSearch needs the logits in the cache's dtype (and its CPU kernel takes "
                 "float32 only), so make the fp16 directory with `tfm-export quantize --precision fp16 "
                 "--keep-io-types`, or use the fp32 directory")
@@ -81,7 +90,7 @@ def encoder_subgraph(proto: onnx.ModelProto, cfg: ModelConfig) -> onnx.GraphProt
     """int32 ids and mask in; only the cross-attention K/V out (last_hidden_state is dropped)."""
     graph = onnx.GraphProto()
     graph.CopyFrom(proto.graph)
-    src = [BATCH, "encoder_sequence_length"]
+    src = [BATCH, SRC_LEN]
     _int32_inputs(graph, ENCODER_INPUTS, {new: src for new in ENCODER_INPUTS.values()})
     for name in cache_names(cfg).cross_outputs:
         _rename(graph, name, op_name(name))
@@ -96,8 +105,8 @@ def decoder_subgraph(proto: onnx.ModelProto, cfg: ModelConfig) -> onnx.GraphProt
     """int32 ids [B, 1] and mask in, self-attention past before cross; logits and self-attention presents out."""
     graph = onnx.GraphProto()
     graph.CopyFrom(proto.graph)
-    _int32_inputs(graph, DECODER_INPUTS, {"input_ids": [BATCH, 1],
-                                          "encoder_attention_mask": [BATCH, "encoder_sequence_length"]})
+    _int32_inputs(graph, DECODER_INPUTS, {INPUT_IDS: [BATCH, 1],
+                                          ENCODER_ATTENTION_MASK: [BATCH, SRC_LEN]})
     names = cache_names(cfg)
     for name in (*names.self_inputs, *names.cross_inputs, *names.self_outputs):
         _rename(graph, name, op_name(name))
@@ -142,11 +151,11 @@ def generate_graph(encoder: onnx.ModelProto, decoder: onnx.ModelProto, cfg: Mode
     vocab_mask[PAD_ID] = 0
     constants = [numpy_helper.from_array(np.array(PAD_ID, np.int32), "pad_id"),
                  numpy_helper.from_array(vocab_mask, "vocab_mask")]
-    mask = [helper.make_node("Equal", ["input_ids", "pad_id"], ["is_pad"], name="source_pad"),
+    mask = [helper.make_node("Equal", [INPUT_IDS, "pad_id"], ["is_pad"], name="source_pad"),
             helper.make_node("Not", ["is_pad"], ["is_token"], name="source_token"),
-            helper.make_node("Cast", ["is_token"], ["attention_mask"], to=TensorProto.INT32, name="source_mask")]
+            helper.make_node("Cast", ["is_token"], [ATTENTION_MASK], to=TensorProto.INT32, name="source_mask")]
     search = helper.make_node(
-        "BeamSearch", [*(t.name for t in INPUTS), "", "vocab_mask", "", "attention_mask"],
+        "BeamSearch", [*(t.name for t in INPUTS), "", "vocab_mask", "", ATTENTION_MASK],
         [t.name for t in OUTPUTS], name="beam_search", domain="com.microsoft", model_type=1,
         decoder_start_token_id=BOS_ID, eos_token_id=EOS_ID, pad_token_id=PAD_ID, early_stopping=int(early_stopping),
         no_repeat_ngram_size=0, vocab_size=cfg.trg_vocab_size, encoder=enc, decoder=dec)

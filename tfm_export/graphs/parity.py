@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..core.graph_spec import cache_names
+from ..core.graph_spec import LAST_HIDDEN_STATE, cache_names
 from ..runtime.step import GraphBackend
 
 if TYPE_CHECKING:
@@ -75,7 +75,7 @@ def _compare_stepwise(model: Transformer, backend: GraphBackend, src: np.ndarray
     enc_output, _ = model.encode(torch.from_numpy(src))
     cross = model.decoder.cross_keys_values(enc_output)
     got = backend.run_encoder(src)
-    diffs = [TensorDiff.of("encoder last_hidden_state", got["last_hidden_state"], enc_output.numpy())]
+    diffs = [TensorDiff.of("encoder last_hidden_state", got[LAST_HIDDEN_STATE], enc_output.numpy())]
     want_cross = np.concatenate([t.numpy().ravel() for kv in cross for t in kv])
     got_cross = np.concatenate([got[n].ravel() for n in cache_names(model.config).cross_outputs])
     diffs.append(TensorDiff.of("encoder present.*.encoder.*", got_cross, want_cross))

@@ -16,7 +16,7 @@ from ..artifacts.model_dir import TOKEN_RULES, file_hashes
 from ..artifacts.staging import staged_directory
 from ..core.errors import TfmExportError
 from ..core.files import file_sha256
-from ..core.graph_spec import DEFAULT_OPSET, Graph, GraphVariant, graph_specs, variant_specs
+from ..core.graph_spec import DEFAULT_OPSET, LOGITS, Graph, GraphVariant, graph_specs, variant_specs
 from ..core.token_rules import SEED_RULES
 from ..core.tokenizer import SPECIAL_IDS, tokenizer_files
 from ..model.checkpoint import Checkpoint
@@ -82,7 +82,7 @@ def check_parity(ckpt: Checkpoint, directory: Path, steps: int = 3, seed: int = 
     trg = random_targets(cfg.trg_vocab_size, 3, cfg.n_position, seed, cfg.trg_pad_idx)
     diffs = [d for backend in backends for d in compare_stepwise(ckpt.model, backend, src, trg, steps)]
     failed = [d for d in diffs if not d.within(DEFAULT_TOLERANCE)]
-    noise = float32_noise(ckpt.model, src, trg) if failed and all("logits" in d.name for d in failed) else 0.0
+    noise = float32_noise(ckpt.model, src, trg) if failed and all(LOGITS in d.name for d in failed) else 0.0
     failed = [d for d in failed if d.max_abs > FLOAT32_NOISE_FACTOR * noise]
     if failed:
         worst = failed[0]

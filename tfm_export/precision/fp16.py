@@ -16,13 +16,13 @@ import onnx
 from onnxruntime.transformers.float16 import convert_float_to_float16
 from onnxruntime.transformers.onnx_model import OnnxModel
 
-from ..core.graph_spec import TOKEN_BIAS, TOP_LOGPROBS
+from ..core.graph_spec import ATTENTION_MASK, ENCODER_ATTENTION_MASK, INPUT_IDS, LOGITS, TOKEN_BIAS, TOP_LOGPROBS
 from ..graphs.roles import role_nodes
 
 FP32_OPS = ("LayerNormalization", "Softmax")
 FP16_MAX = 65504.0  # weights beyond +-this become +-FP16_MAX, not inf
 FP16_MIN_POSITIVE = 5.96e-8  # smallest fp16 subnormal; smaller magnitudes would flush to zero anyway
-ALWAYS_FP32_IO = ("logits", "input_ids", "attention_mask", "encoder_attention_mask", TOKEN_BIAS, TOP_LOGPROBS)
+ALWAYS_FP32_IO = (LOGITS, INPUT_IDS, ATTENTION_MASK, ENCODER_ATTENTION_MASK, TOKEN_BIAS, TOP_LOGPROBS)
 
 
 def fp32_nodes(proto: onnx.ModelProto) -> dict[str, str]:
@@ -37,7 +37,7 @@ def fp32_nodes(proto: onnx.ModelProto) -> dict[str, str]:
     keep.update({n.name: "Add (residual)" for n in proto.graph.node if n.op_type == "Add" and n.name not in roles and
                  any(c.op_type == "LayerNormalization" or (c.op_type == "Pow" and roles.get(c.name) == "RMSNorm")
                      for c in consumers.get(n.output[0], []))})
-    node = producers.get("logits")
+    node = producers.get(LOGITS)
     while node is not None and node.op_type != "MatMul":  # the projection and the scale/reshape after it
         keep[node.name] = f"{node.op_type} (logits)"
         node = producers.get(node.input[0])

@@ -32,6 +32,7 @@ from onnxruntime.quantization import (
 
 from ..artifacts.model_dir import EMBEDDING_MIN_ELEMENTS
 from ..core.errors import TfmExportError, first_line
+from ..core.graph_spec import LOGITS
 from ..graphs.onnx_io import share_tied_weights
 from ..graphs.roles import role_groups
 
@@ -76,7 +77,7 @@ def _roundtrip(proto: onnx.ModelProto, quantize) -> onnx.ModelProto:
 def logits_nodes(proto: onnx.ModelProto) -> list[str]:
     """The MatMul that makes the logits (and nothing else): kept in float by static quantization."""
     producers = {out: node for node in proto.graph.node for out in node.output}
-    node = producers.get("logits")
+    node = producers.get(LOGITS)
     while node is not None and node.op_type not in QUANTIZED_OPS:
         node = producers.get(node.input[0])
     return [node.name] if node is not None else []

@@ -19,14 +19,14 @@ import numpy as np
 from ..artifacts.engine_dir import EngineDir, is_engine_dir
 from ..artifacts.model_dir import ModelDir
 from ..core.errors import TfmExportError
-from ..core.graph_spec import Graph, GraphSpec
+from ..core.graph_spec import LOGITS, Graph, GraphSpec
 from ..runtime.backends import open_backend
 from ..runtime.session import DEFAULT_OPTIONS, SessionOptions
 from ..runtime.translator import Translator
 from .contract import NativeGraph, native_graphs
 
 ORT_TYPES = {"float32": "float", "float16": "float16", "int64": "int64", "int32": "int32"}
-HOST_OUTPUTS = ("logits",)  # what the search reads on the host; everything else may stay on the device
+HOST_OUTPUTS = (LOGITS,)  # what the search reads on the host; everything else may stay on the device
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from ..artifacts.engine_dir import TENSORRT, EngineDir
 from ..artifacts.model_dir import ModelDir
-from ..core.graph_spec import Graph, graph_specs
+from ..core.graph_spec import LOGITS, Graph, graph_specs
 
 LAYOUTS = ("translator", "bls")
 DEVICES = ("cpu", "gpu")
@@ -74,7 +74,7 @@ def _engine_graphs(directory: EngineDir) -> dict[Graph, NativeGraph]:
     def dtype(name: str, declared: str) -> str:
         if declared == "int64":
             return "int32" if narrow_ids else "int64"
-        return "float16" if half and name != "logits" else declared
+        return "float16" if half and name != LOGITS else declared
     specs = graph_specs(directory.config)
     return {g: NativeGraph(g, *(tuple(_tensor(t.name, dtype(t.name, t.dtype), t.shape) for t in tensors)
                                 for tensors in (spec.inputs, spec.outputs)))

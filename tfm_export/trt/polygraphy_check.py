@@ -21,9 +21,13 @@ from ..artifacts.model_dir import ModelDir
 from ..core.config import ModelConfig
 from ..core.errors import TfmExportError, first_line
 from ..core.graph_spec import (
+    ATTENTION_MASK,
     BATCH,
+    CACHE_LENGTH,
     CAPACITY,
+    ENCODER_ATTENTION_MASK,
     FORCED_TOKEN,
+    INPUT_IDS,
     NEW_LEN,
     PAST_LEN,
     SOURCES,
@@ -79,15 +83,15 @@ def feeds(spec: GraphSpec, case: Case, types: dict[str, np.dtype], vocab: int, s
     out = {}
     for tensor in spec.inputs:
         shape = tuple(sizes[d] if isinstance(d, str) else d for d in tensor.shape)
-        if tensor.name == "input_ids":
+        if tensor.name == INPUT_IDS:
             out[tensor.name] = rng.integers(FIRST_TOKEN_ID, vocab, shape, dtype=np.int64)
-        elif tensor.name == "cache_length":
+        elif tensor.name == CACHE_LENGTH:
             out[tensor.name] = np.array(case.past, dtype=np.int64)
         elif tensor.name == TOKEN_BIAS:  # decoder_step_search's rules: none banned, nothing forced
             out[tensor.name] = np.zeros(shape, types[tensor.name])
         elif tensor.name == FORCED_TOKEN:
             out[tensor.name] = np.array(-1, dtype=np.int64)
-        elif tensor.name.endswith("attention_mask"):
+        elif tensor.name in (ATTENTION_MASK, ENCODER_ATTENTION_MASK):
             mask = np.ones(shape, dtype=np.int64)
             if shape[0] > 1:
                 mask[-1, max(1, shape[1] // 2):] = 0

@@ -18,7 +18,7 @@ import sacrebleu
 from ..artifacts.model_dir import ModelDir
 from ..core.errors import TfmExportError
 from ..core.files import write_atomically, write_text_atomically
-from ..core.graph_spec import Graph
+from ..core.graph_spec import LOGITS, Graph
 from ..core.sources import encode_lines
 from ..graphs.parity import AGREEMENT_BEAM, MIN_AGREEMENT, Agreement, token_agreement
 from ..precision.calibration import record_traces
@@ -103,7 +103,7 @@ def graph_errors(directory: Path, parent: Path, texts: Sequence[str], tokenizer)
     concat = replace(DEFAULT_OPTIONS, cache="concat")
     model, fp32 = (open_backend(d, "onnxruntime", options=concat).backend for d in (directory, parent))
     stats = []
-    for graph, compared in ((Graph.ENCODER, None), (Graph.DECODER_STEP, ("logits",))):
+    for graph, compared in ((Graph.ENCODER, None), (Graph.DECODER_STEP, (LOGITS,))):
         ours, theirs = _session(model, graph), _session(fp32, graph)
         dtypes = {i.name: i.type for i in ours.get_inputs()}
         got, want = [], []

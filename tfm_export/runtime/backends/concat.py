@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from ...core.config import ModelConfig
-from ...core.graph_spec import cache_head_sizes, cache_names
+from ...core.graph_spec import ENCODER_ATTENTION_MASK, INPUT_IDS, LOGITS, cache_head_sizes, cache_names
 from ...core.sources import check_source_length, check_target_length
 from ..session import run
 from ..step import Candidates, Reorders, StepRule
@@ -66,12 +66,12 @@ class ConcatBackend(Reorders):
     def run_step(self, state: CacheState, input_ids: np.ndarray) -> tuple[CacheState, np.ndarray]:
         """Raw decoder_step: (N, T) new tokens -> new state and (N, T, V) logits."""
         check_target_length(state.past_length + input_ids.shape[1], self.config.n_position)
-        feeds = {"input_ids": input_ids.astype(np.int64), "encoder_attention_mask": state.mask,
+        feeds = {INPUT_IDS: input_ids.astype(np.int64), ENCODER_ATTENTION_MASK: state.mask,
                  **dict(zip(self.names.self_inputs, state.past, strict=True)),
                  **dict(zip(self.names.cross_inputs, state.cross, strict=True))}
         out = run(self.decoder, feeds)
         self.step_calls += 1
-        return CacheState(state.mask, state.cross, tuple(out[n] for n in self.names.self_outputs)), out["logits"]
+        return CacheState(state.mask, state.cross, tuple(out[n] for n in self.names.self_outputs)), out[LOGITS]
 
     def step(self, state: CacheState, tokens: np.ndarray, rule: StepRule) -> tuple[CacheState, Candidates]:
         new_state, logits = self.run_step(state, tokens[:, None])

@@ -20,7 +20,18 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnxruntime as ort
 
-from ...core.graph_spec import FORCED_TOKEN, TOKEN_BIAS, TOP_IDS, TOP_LOGPROBS, TOTAL_LENGTH
+from ...core.graph_spec import (
+    ATTENTION_MASK,
+    CACHE_LENGTH,
+    ENCODER_ATTENTION_MASK,
+    FORCED_TOKEN,
+    INPUT_IDS,
+    LOGITS,
+    TOKEN_BIAS,
+    TOP_IDS,
+    TOP_LOGPROBS,
+    TOTAL_LENGTH,
+)
 from ...core.sources import check_source_length, check_target_length
 from ..session import CAPACITY_STEP, CUDA_PROVIDER
 from ..step import LOGITS_ONLY, Candidates, Reorders, StepRule
@@ -30,8 +41,8 @@ from .search_step import Rules, SearchSessions, source_groups
 SOURCE_BUCKET = 16  # source lengths are padded up to a multiple of this, so batches of similar lengths share a shape
 MAX_POOLED = 8  # workspaces (and source buffers) kept for reuse; beyond, the least recently used is let go
 MAX_CAPTURED = 32  # workspaces whose steps are captured as CUDA graphs (ONNX Runtime keeps each); later ones run plain
-SMALL_INPUTS = ("input_ids", "cache_length", TOKEN_BIAS, FORCED_TOKEN)
-OUTPUTS = ("logits", TOP_LOGPROBS, TOP_IDS)
+SMALL_INPUTS = (INPUT_IDS, CACHE_LENGTH, TOKEN_BIAS, FORCED_TOKEN)
+OUTPUTS = (LOGITS, TOP_LOGPROBS, TOP_IDS)
 
 
 @dataclass(frozen=True)
@@ -152,8 +163,8 @@ class DeviceBackend(Reorders):
         mask = (padded != cfg.src_pad_idx).astype(np.int64)
         sources.mask.update_inplace(mask)
         binding = self.sessions.encoder.io_binding()
-        binding.bind_cpu_input("input_ids", padded)
-        binding.bind_cpu_input("attention_mask", mask)
+        binding.bind_cpu_input(INPUT_IDS, padded)
+        binding.bind_cpu_input(ATTENTION_MASK, mask)
         for name, value in zip(self.names.cross_outputs, sources.cross, strict=True):
             binding.bind_output(name, self.device, 0, self.memory.element, value.shape(), value.data_ptr())
         self.sessions.encoder.run_with_iobinding(binding)
@@ -177,8 +188,8 @@ class DeviceBackend(Reorders):
             self._grow(state)
         work = state.work
         work.ids[state.live, 0] = tokens
-        work.io["input_ids"].update_inplace(work.ids)
-        work.io["cache_length"].update_inplace(np.array(state.length, np.int64))
+        work.io[INPUT_IDS].update_inplace(work.ids)
+        work.io[CACHE_LENGTH].update_inplace(np.array(state.length, np.int64))
         if self.sessions.host_length:
             work.io[TOTAL_LENGTH].update_inplace(np.array(state.length + 1, np.int32))
         state.rules.apply(rule)
@@ -194,7 +205,7 @@ class DeviceBackend(Reorders):
         self.wasted_rows += work.shape.rows - state.rows
         state.length += 1
         if rule.count > self.top_k:
-            return state, rule.candidates(work.io["logits"].numpy()[state.live, 0])
+            return state, rule.candidates(work.io[LOGITS].numpy()[state.live, 0])
         return state, Candidates(work.io[TOP_LOGPROBS].numpy()[state.live], work.io[TOP_IDS].numpy()[state.live])
 
     def run_step(self, state: GraphState, input_ids: np.ndarray) -> tuple[GraphState, np.ndarray]:
@@ -202,7 +213,7 @@ class DeviceBackend(Reorders):
         logits = []
         for t in range(input_ids.shape[1]):
             state, _ = self.step(state, input_ids[:, t], LOGITS_ONLY)
-            logits.append(state.work.io["logits"].numpy()[state.live, 0])
+            logits.append(state.work.io[LOGITS].numpy()[state.live, 0])
         return state, np.stack(logits, axis=1)
 
     # --- reorders ------------------------------------------------------------------------------------------------
@@ -266,11 +277,11 @@ class DeviceBackend(Reorders):
     def _made(self, shape: Shape, sources: Sources) -> Workspace:
         cfg, rows = self.config, shape.rows
         cache = PingPong.allocate(self.memory, rows, cfg.n_layers, cfg.n_head, (cfg.d_k, cfg.d_v), shape.capacity)
-        io = {"input_ids": self.memory.upload(np.zeros((rows, 1), np.int64)),
-              "cache_length": self.memory.upload(np.zeros((), np.int64)),
+        io = {INPUT_IDS: self.memory.upload(np.zeros((rows, 1), np.int64)),
+              CACHE_LENGTH: self.memory.upload(np.zeros((), np.int64)),
               TOKEN_BIAS: self.memory.upload(np.zeros(cfg.trg_vocab_size, np.float32)),
               FORCED_TOKEN: self.memory.upload(np.full((), -1, np.int64)),
-              "logits": self.memory.upload(np.zeros((rows, 1, cfg.trg_vocab_size), np.float32)),
+              LOGITS: self.memory.upload(np.zeros((rows, 1, cfg.trg_vocab_size), np.float32)),
               TOP_LOGPROBS: self.memory.upload(np.zeros((rows, self.top_k), np.float32)),
               TOP_IDS: self.memory.upload(np.zeros((rows, self.top_k), np.int64))}
         if self.sessions.host_length:  # in host memory, where GroupQueryAttention's CUDA kernel reads it
@@ -296,7 +307,7 @@ class DeviceBackend(Reorders):
         binding = self.decoder.io_binding()
         for name in (*SMALL_INPUTS, *([TOTAL_LENGTH] if self.sessions.host_length else [])):
             binding.bind_ortvalue_input(name, work.io[name])
-        binding.bind_ortvalue_input("encoder_attention_mask", work.sources.mask)
+        binding.bind_ortvalue_input(ENCODER_ATTENTION_MASK, work.sources.mask)
         for name, value in zip(self.names.cross_inputs, work.sources.cross, strict=True):
             binding.bind_ortvalue_input(name, value)
         for name in OUTPUTS:

@@ -14,6 +14,7 @@ from ...artifacts.model_dir import ModelDir, verified_file
 from ...core.config import ModelConfig
 from ...core.errors import InputTextError, TfmExportError
 from ...core.generate_spec import GENERATE_FILE, MIN_ONNXRUNTIME, OP_MAX_LENGTH, op_lengths
+from ...core.graph_spec import INPUT_IDS
 from ...core.hypothesis import Hypothesis
 from ...core.sources import check_source_length
 from ...core.token_rules import TokenRules
@@ -53,7 +54,7 @@ class GenerateSearcher:
                  "length_penalty": np.array([penalty], np.float32)}
         out = []
         for rows in self._calls(src):
-            result = run(self.session, {"input_ids": rows.astype(np.int32), **feeds})
+            result = run(self.session, {INPUT_IDS: rows.astype(np.int32), **feeds})
             self.calls += 1
             for seqs, scores in zip(result["sequences"], result["sequences_scores"], strict=True):
                 out.append([_hypothesis(seq, float(score), penalty, max_length, length_penalty)

@@ -19,7 +19,17 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import onnxruntime as ort
 
-from ...core.graph_spec import FORCED_TOKEN, TOKEN_BIAS, TOP_IDS, TOP_LOGPROBS, TOTAL_LENGTH
+from ...core.graph_spec import (
+    CACHE_LENGTH,
+    ENCODER_ATTENTION_MASK,
+    FORCED_TOKEN,
+    INPUT_IDS,
+    LOGITS,
+    TOKEN_BIAS,
+    TOP_IDS,
+    TOP_LOGPROBS,
+    TOTAL_LENGTH,
+)
 from ...core.machine import LARGE_BLOCK_BYTES
 from ...core.sources import check_source_length, check_target_length
 from ..session import CAPACITY_STEP
@@ -218,12 +228,12 @@ class InPlaceBackend(Reorders):
                               (np.zeros((rows, self.top_k), np.float32), np.zeros((rows, self.top_k), np.int64)), [])
         else:
             buffers = replace(same_rows, binding=binding, blocks=blocks, cache=layer_views(blocks, rows), values=[])
-        inputs = {"input_ids": buffers.ids, "encoder_attention_mask": state.mask, "cache_length": buffers.length,
+        inputs = {INPUT_IDS: buffers.ids, ENCODER_ATTENTION_MASK: state.mask, CACHE_LENGTH: buffers.length,
                   TOKEN_BIAS: state.rules.bias, FORCED_TOKEN: state.rules.forced,
                   **({TOTAL_LENGTH: buffers.total} if self.sessions.host_length else {}),
                   **dict(zip(self.names.self_inputs, buffers.cache, strict=True)),
                   **dict(zip(self.names.cross_inputs, state.cross, strict=True))}
-        outputs = {"logits": buffers.logits, TOP_LOGPROBS: buffers.top[0], TOP_IDS: buffers.top[1]}
+        outputs = {LOGITS: buffers.logits, TOP_LOGPROBS: buffers.top[0], TOP_IDS: buffers.top[1]}
         bound = {}
         for names, bind in ((inputs, binding.bind_ortvalue_input), (outputs, binding.bind_ortvalue_output)):
             for name, array in names.items():

@@ -16,7 +16,7 @@ import onnxruntime as ort
 
 from ...artifacts.manifest import ModelDirError
 from ...artifacts.model_dir import ModelDir
-from ...core.graph_spec import GraphSpec, GraphVariant
+from ...core.graph_spec import ATTENTION_MASK, INPUT_IDS, GraphSpec, GraphVariant
 from ..session import SessionOptions, open_session, run
 
 # (graph file, its contract, options, ONNX Runtime options to start from) -> something with a session's
@@ -74,7 +74,7 @@ def directory_options(model_dir: ModelDir, options: SessionOptions) -> SessionOp
 
 def run_encoder(encoder: Any, src: np.ndarray, pad: int) -> dict[str, np.ndarray]:
     """The encoder graph's outputs for (B, S) right-padded source ids."""
-    return run(encoder, {"input_ids": src.astype(np.int64), "attention_mask": (src != pad).astype(np.int64)})
+    return run(encoder, {INPUT_IDS: src.astype(np.int64), ATTENTION_MASK: (src != pad).astype(np.int64)})
 
 
 def shared_values(model_dir: ModelDir, graph: str, check: bool = True) -> dict[str, ort.OrtValue]:

@@ -19,7 +19,16 @@ import onnxruntime as ort
 
 from ...artifacts.engine_dir import RTX, EngineDir
 from ...core.errors import InputTextError, TfmExportError
-from ...core.graph_spec import Graph, cache_head_sizes, cache_names
+from ...core.graph_spec import (
+    ATTENTION_MASK,
+    ENCODER_ATTENTION_MASK,
+    INPUT_IDS,
+    LAST_HIDDEN_STATE,
+    LOGITS,
+    Graph,
+    cache_head_sizes,
+    cache_names,
+)
 from ...core.sources import check_source_length, check_target_length
 from ..session import CUDA_PROVIDER
 from ..step import Candidates, Reorders, StepRule
@@ -138,13 +147,13 @@ class TrtBackend(Reorders):
                             "shorten it, or rebuild the engines with a larger --max-source-length")
         self._check_rows(n)
         mask = (src != cfg.src_pad_idx).astype(np.int64)
-        feeds = {"input_ids": self._array(Graph.ENCODER, "input_ids", src),
-                 "attention_mask": self._array(Graph.ENCODER, "attention_mask", mask)}
-        out = {"last_hidden_state": self._empty(Graph.ENCODER, "last_hidden_state", n, s, cfg.d_model)}
+        feeds = {INPUT_IDS: self._array(Graph.ENCODER, INPUT_IDS, src),
+                 ATTENTION_MASK: self._array(Graph.ENCODER, ATTENTION_MASK, mask)}
+        out = {LAST_HIDDEN_STATE: self._empty(Graph.ENCODER, LAST_HIDDEN_STATE, n, s, cfg.d_model)}
         for name, d in zip(self.names.cross_outputs, cache_head_sizes(cfg), strict=True):
             out[name] = self._empty(Graph.ENCODER, name, n, cfg.n_head, s, d)
         self.engines.execute(Graph.ENCODER, _bound(feeds), _bound(out))
-        step_mask = self._array(Graph.DECODER_STEP, "encoder_attention_mask", mask)
+        step_mask = self._array(Graph.DECODER_STEP, ENCODER_ATTENTION_MASK, mask)
         return TrtState(step_mask, tuple(out[name] for name in self.names.cross_outputs), self._cache(n))
 
     def _check_rows(self, rows: int) -> None:
@@ -156,21 +165,21 @@ class TrtBackend(Reorders):
     def step(self, state: TrtState, tokens: np.ndarray, rule: StepRule) -> tuple[TrtState, Candidates]:
         n, past, graph = len(tokens), state.length, Graph.DECODER_STEP
         check_target_length(past + 1, self.limits["max_target_length"], ENGINE_TARGET_LIMIT)
-        if state.io.get("logits") is None or state.io["logits"].shape()[0] != n:
-            state.io = {"input_ids": self._empty(graph, "input_ids", n, 1),
-                        "logits": self._empty(graph, "logits", n, 1, self.config.trg_vocab_size)}
-        state.io["input_ids"].update_inplace(np.ascontiguousarray(tokens[:, None], self.dtypes[graph]["input_ids"]))
+        if state.io.get(LOGITS) is None or state.io[LOGITS].shape()[0] != n:
+            state.io = {INPUT_IDS: self._empty(graph, INPUT_IDS, n, 1),
+                        LOGITS: self._empty(graph, LOGITS, n, 1, self.config.trg_vocab_size)}
+        state.io[INPUT_IDS].update_inplace(np.ascontiguousarray(tokens[:, None], self.dtypes[graph][INPUT_IDS]))
         cache = state.cache
-        inputs = {**_bound({"input_ids": state.io["input_ids"], "encoder_attention_mask": state.mask}),
+        inputs = {**_bound({INPUT_IDS: state.io[INPUT_IDS], ENCODER_ATTENTION_MASK: state.mask}),
                   **dict(zip(self.names.self_inputs, cache.tensors(cache.current, past), strict=True)),
                   **_bound(dict(zip(self.names.cross_inputs, state.cross, strict=True)))}
-        outputs = {**_bound({"logits": state.io["logits"]}),
+        outputs = {**_bound({LOGITS: state.io[LOGITS]}),
                    **dict(zip(self.names.self_outputs, cache.tensors(1 - cache.current, past + 1), strict=True))}
         self.engines.execute(graph, inputs, outputs)
         cache.flip()
         state.length = past + 1
         self.step_calls += 1
-        return state, rule.candidates(state.io["logits"].numpy()[:, -1].astype(np.float32))
+        return state, rule.candidates(state.io[LOGITS].numpy()[:, -1].astype(np.float32))
 
     def select(self, state: TrtState, rows: np.ndarray) -> TrtState:
         """The kept rows' mask, cross keys/values and cache (into the other set, or a wider PingPong)."""
