@@ -1,8 +1,8 @@
 """Hugging Face model directories from text to text: tokenizers, `tfm-export onnx`, `tfm-run translate`.
 
 Oracles: the Hugging Face tokenizers themselves (MarianTokenizer on two SentencePiece models and vocab.json;
-T5's fast tokenizer) and transformers' generate(). Tokenizers are trained here on the repository's own text, the
-models are random (tiny configs), nothing is downloaded.
+T5's fast tokenizer) and transformers' generate(). The models are support.hf_text_models' (shared with serving's
+tests): tokenizers trained on the repository's own text, random weights (tiny configs), nothing downloaded.
 """
 
 from __future__ import annotations
@@ -15,16 +15,8 @@ import pytest
 import torch
 from click.testing import CliRunner
 from support.hf_judge import Reference, assert_agrees, text_inputs
-from support.hf_oracle import (
-    HOSTILE,
-    generate,
-    made_and_exported,
-    randomize,
-    repository_lines,
-    retarget_stop,
-    sample_texts,
-    translate,
-)
+from support.hf_oracle import HOSTILE, generate, repository_lines, sample_texts, translate
+from support.hf_text_models import made, marian_tokenizer, random_model
 
 from tfm_export.bench.artifacts import build_fp32, open_model
 from tfm_export.bench.runners import open_decoder, unavailable
@@ -36,93 +28,14 @@ from tfm_export.verify.fp32 import graph_backends
 transformers = pytest.importorskip("transformers", reason="the oracle needs the hf extra: pip install '.[hf]'")
 spm = pytest.importorskip("sentencepiece", reason="the oracle needs the hf extra: pip install '.[hf]'")
 
-SIZES = dict(d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4, decoder_attention_heads=4,
-             encoder_ffn_dim=48, decoder_ffn_dim=48, max_position_embeddings=64)
-T5_SIZES = dict(d_model=32, d_kv=16, d_ff=48, num_layers=2, num_heads=4, relative_attention_num_buckets=8,
-                relative_attention_max_distance=20, decoder_start_token_id=0)
 LINES = repository_lines() + HOSTILE
-
-
-def _train_spm(text: list[str], prefix: Path, size: int, **ids: int) -> Path:
-    spm.SentencePieceTrainer.train(sentence_iterator=iter(text), model_prefix=str(prefix), vocab_size=size,
-                                   model_type="unigram", character_coverage=0.995, minloglevel=2, **ids)
-    return prefix.with_suffix(".model")
-
-
-def _marian_tokenizer(directory: Path) -> int:
-    """source.spm (on the prose) and target.spm (on the code, upper-cased: characters the source lacks), joined in
-    one vocab.json as opus-mt has it; returns the vocabulary size."""
-    lines = [t for t in repository_lines() if t.strip()]
-    ids = dict(unk_id=1, eos_id=0, bos_id=-1, pad_id=-1)
-    source = _train_spm(lines[: len(lines) // 2], directory / "src", 300, **ids)
-    target = _train_spm([t.upper() for t in lines[len(lines) // 2:]], directory / "tgt", 250, **ids)
-    source.rename(directory / "source.spm")
-    target.rename(directory / "target.spm")
-    vocab: dict[str, int] = {}
-    for name in ("source.spm", "target.spm"):
-        sp = spm.SentencePieceProcessor(model_file=str(directory / name))
-        for piece in ["</s>", "<unk>", ">>fra<<"] + [sp.id_to_piece(i) for i in range(sp.get_piece_size())]:
-            vocab.setdefault(piece, len(vocab))
-    vocab["<pad>"] = len(vocab)
-    (directory / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False), encoding="utf-8")
-    for leftover in directory.glob("*.vocab"):
-        leftover.unlink()
-    (directory / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "MarianTokenizer"}))
-    return len(vocab)
-
-
-def _t5_tokenizer(directory: Path) -> int:
-    """T5's fast tokenizer over a SentencePiece model (pad 0, </s> 1, <unk> 2), saved as tokenizer.json."""
-    model = _train_spm([t for t in repository_lines() if t.strip()], directory / "t5", 300,
-                       pad_id=0, eos_id=1, unk_id=2, bos_id=-1)
-    sp = spm.SentencePieceProcessor(model_file=str(model))
-    tok = transformers.T5Tokenizer(vocab=[(sp.id_to_piece(i), sp.get_score(i)) for i in range(sp.get_piece_size())],
-                                   extra_ids=0)
-    tok.save_pretrained(directory)
-    for leftover in directory.glob("t5.*"):
-        leftover.unlink()
-    return len(tok)
 
 
 def _hf_tokenizer(directory: Path):
     return transformers.AutoTokenizer.from_pretrained(str(directory))
 
 
-# weights whose greedy and beam outputs end at many lengths (seed 3 gave the gated T5 only two at beam 4)
-SEEDS = {"marian": 3, "t5": 3, "t5-v1.1": 5}
-
-
-def _random_model(kind: str, vocab_size: int):
-    torch.manual_seed(SEEDS[kind])
-    if kind == "marian":
-        config = transformers.MarianConfig(**SIZES, vocab_size=vocab_size, pad_token_id=vocab_size - 1,
-                                           decoder_start_token_id=vocab_size - 1, eos_token_id=0,
-                                           activation_function="swish", scale_embedding=True)
-        return randomize(transformers.MarianMTModel(config), 2.0)
-    gated = dict(feed_forward_proj="gated-gelu", tie_word_embeddings=False) if kind == "t5-v1.1" else {}
-    config = transformers.T5Config(**T5_SIZES, **gated, vocab_size=vocab_size)
-    return randomize(transformers.T5ForConditionalGeneration(config), 1.0)
-
-
-def _save_model(kind: str, directory: Path) -> Path:
-    """A random model with its tokenizer, stopping and banning where they change outputs (retarget_stop)."""
-    size = _marian_tokenizer(directory) if kind == "marian" else _t5_tokenizer(directory)
-    model = _random_model(kind, size)
-    model.save_pretrained(directory)
-    outputs = generate(transformers, directory, sample_texts(), num_beams=1, do_sample=False, eos_token_id=None,
-                       max_length=21)
-    retarget_stop(model, outputs, force_eos=False)
-    model.generation_config.max_length = 24
-    model.save_pretrained(directory)
-    return directory
-
-
 ONE_TOKENIZER_EACH = pytest.mark.parametrize("hf_dir", ["marian", "t5"], indirect=True)  # t5-v1.1 shares T5's
-
-
-def made(tmp_path_factory, kind: str) -> tuple[Path, Path]:
-    """The kind's model and its export, made once per run (serving's tests take the same two)."""
-    return made_and_exported(tmp_path_factory, f"text-{kind}", lambda directory: _save_model(kind, directory))
 
 
 @pytest.fixture(scope="module", params=["marian", "t5", pytest.param("t5-v1.1", marks=pytest.mark.slow)])
@@ -292,7 +205,7 @@ def opus_like_marian(tmp_path_factory) -> Path:
     """A random Marian as trained opus-mt models are: the pad row of the embedding (the decoder start) zero,
     pad banned, no retargeted ids."""
     directory = tmp_path_factory.mktemp("opus-like")
-    model = _random_model("marian", _marian_tokenizer(directory))
+    model = random_model("marian", marian_tokenizer(directory))
     with torch.no_grad():
         model.get_input_embeddings().weight[model.config.pad_token_id] = 0
     model.generation_config.bad_words_ids = [[model.config.pad_token_id]]

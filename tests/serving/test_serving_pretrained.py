@@ -1,5 +1,6 @@
 """Pretrained-model exports on a real tritonserver: a Marian, an NLLB (M2M100 with its language codes) and a T5,
-random and tiny (built offline as the Hugging Face tests build them), each served in both layouts by one server.
+random and tiny (built offline by support.hf_text_models and support.hf_language_models, which skip this file
+without the hf extra; the Hugging Face tests build the same), each served in both layouts by one server.
 
 The oracle is `tfm-run translate` on the same export, which the Hugging Face tests hold to transformers'
 generate(): every answer (text and score) must equal it, greedy, beam 4 and with the model's own generation
@@ -17,6 +18,7 @@ import pytest
 import tritonclient.grpc as grpc
 import tritonclient.http as http
 from click.testing import CliRunner
+from support import hf_language_models, hf_text_models
 from support.hf_oracle import sample_texts
 from support.triton_server import serving_environment, stand_in_native_models, text_input
 
@@ -25,11 +27,6 @@ from tfm_export.serving.contract import LAYOUTS
 from tfm_export.serving.load import model_counts
 from tfm_export.serving.local_server import LocalTritonServer
 from tfm_export.serving.repository import RepositoryRequest, write_repository
-
-transformers = pytest.importorskip("transformers", reason="the models are built with the hf extra: pip install "
-                                   "'.[hf]'")
-import test_huggingface_languages as multilingual  # noqa: E402  (their model builders; both need transformers)
-import test_huggingface_text as monolingual  # noqa: E402
 
 TEXTS = sample_texts()[:20]
 # the languages every request to a model names (NLLB's generation config names no target language)
@@ -46,7 +43,7 @@ def environment():
 @pytest.fixture(scope="module")
 def exports(environment, tmp_path_factory) -> dict[str, object]:
     """The same models and exports as the Hugging Face tests', made once per run."""
-    return {kind: (multilingual if kind == "nllb" else monolingual).made(tmp_path_factory, kind)[1]
+    return {kind: (hf_language_models if kind == "nllb" else hf_text_models).made(tmp_path_factory, kind)[1]
             for kind in LANGUAGES}
 
 
