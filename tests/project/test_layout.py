@@ -13,7 +13,7 @@ import venv
 from pathlib import Path
 
 import pytest
-from support.common import HEAVY, REPO, modules_after
+from support.common import HEAVY, REPO, modules_after, tiny_config
 
 PACKAGE = REPO / "tfm_export"
 # Dependency order; packages in one tuple are siblings and may not import each other.
@@ -153,11 +153,13 @@ def test_the_cycle_check_sees_a_lazy_circle(tmp_path):
 
 
 def literal_names(root: Path = PACKAGE) -> list[str]:
-    """Where a module spells one of the graph contract's tensor names as a string instead of importing it."""
-    from tfm_export.core import graph_spec
-    names = {graph_spec.INPUT_IDS, graph_spec.ATTENTION_MASK, graph_spec.LAST_HIDDEN_STATE, graph_spec.LOGITS,
-             graph_spec.ENCODER_ATTENTION_MASK, graph_spec.CACHE_LENGTH, graph_spec.TOKEN_BIAS, graph_spec.FORCED_TOKEN,
-             graph_spec.TOTAL_LENGTH, graph_spec.TOP_LOGPROBS, graph_spec.TOP_IDS}
+    """Where a module spells one of the graph contract's tensor names as a string instead of importing it. The
+    names are read from the contract itself: every input and output of the graphs (the fused search step holds the
+    search step's and one more)."""
+    from tfm_export.core.graph_spec import GraphVariant, decoder_step_spec, encoder_spec, search_step_spec
+    cfg = tiny_config()
+    specs = (encoder_spec(cfg), decoder_step_spec(cfg), search_step_spec(cfg, GraphVariant.DECODER_STEP_SEARCH_FUSED))
+    names = {t.name for spec in specs for t in (*spec.inputs, *spec.outputs)}
     found = []
     for path in sorted(root.rglob("*.py")):
         if path.name == "graph_spec.py" and path.parent.name == "core":
