@@ -81,3 +81,38 @@ def test_bad_vocabularies_are_explained(tmp_path, content, message):
 def test_missing_vocab_file(tmp_path):
     with pytest.raises(VocabularyError, match="nope.txt: vocabulary file not found; pass --vocab"):
         load_tokenizer(tmp_path / "nope.txt")
+
+
+def test_a_signal_during_encoding_leaves_stderr_where_it_was(demo_tok):
+    """Encoding holds file descriptor 2 for a moment (to catch a Rust panic's message); a Ctrl-C or SIGTERM that
+    unwinds at any point of that must leave it pointing at the terminal, or the "interrupted" line is lost. A
+    signal at a random moment of a loop of encodes, many times over, lands in every part of it."""
+    import os
+    import random
+    import signal
+    import threading
+
+    def unwind(signum, frame):
+        raise KeyboardInterrupt  # as the command line's handler does (on SIGUSR1, to leave pytest's SIGINT alone)
+
+    terminal, kept = os.fstat(2), os.dup(2)
+    previous = signal.signal(signal.SIGUSR1, unwind)
+    moved = 0
+    try:
+        for _ in range(400):
+            timer = threading.Timer(random.uniform(0, 0.002), os.kill, (os.getpid(), signal.SIGUSR1))
+            try:
+                timer.start()
+                while True:
+                    demo_tok.encode(english(random.randrange(1000)), framed=True)
+            except KeyboardInterrupt:
+                pass
+            timer.join()
+            after = os.fstat(2)
+            if (after.st_dev, after.st_ino) != (terminal.st_dev, terminal.st_ino):
+                moved += 1
+                os.dup2(kept, 2)
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+        os.close(kept)
+    assert moved == 0, f"{moved} of 400 interrupted encodes left stderr redirected"

@@ -46,24 +46,24 @@ _SINK: list = []  # one temporary file per process, reused
 def _native_stderr_held() -> Iterator[None]:
     """Hold what native code writes to file descriptor 2 while it runs: a Rust panic prints its message (and,
     with RUST_BACKTRACE set, a backtrace) there before Python sees the exception. Without an exception the held
-    bytes are passed on to stderr; with one they are dropped, the exception says what happened."""
+    bytes are passed on to stderr; with one they are dropped, the exception says what happened. The swap is
+    inside the try that undoes it: a Ctrl-C or SIGTERM unwinding from any line here still leaves stderr where it
+    was, so the "interrupted" line that follows reaches the user."""
     if not _SINK:
         _SINK.append(tempfile.TemporaryFile())
     sink = _SINK[0]
     sink.seek(0)
     sink.truncate()
     saved = os.dup(2)
-    os.dup2(sink.fileno(), 2)
-    failed = True
     try:
+        os.dup2(sink.fileno(), 2)
         yield
-        failed = False
     finally:
         os.dup2(saved, 2)
         os.close(saved)
-        if not failed and sink.tell():
-            sink.seek(0)
-            os.write(2, sink.read())
+    if sink.tell():
+        sink.seek(0)
+        os.write(2, sink.read())
 
 
 SEED_FRAMING = processors.TemplateProcessing(single=f"{BOS} $A {EOS}", special_tokens=[(BOS, BOS_ID), (EOS, EOS_ID)])
