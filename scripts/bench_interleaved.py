@@ -12,9 +12,13 @@ Backends besides `tfm-run bench`'s names:
                       (tfm-run's defaults: no arena for decoder_step_search, threads spinning within a run)
   ort-fp32-contract   the contract's decoder_step (whole-cache Concat, arrays in and out, logits reduced in
                       NumPy) instead of decoder_step_search, which tfm-run translate uses when the directory has it
-  ct2-<compute_type>[+packed][+mkl][+isa=NAME]
+  ct2-<compute_type>[+packed][+mkl][+isa=NAME][+threads=N]
                       CTranslate2 with that compute type and CT2_USE_EXPERIMENTAL_PACKED_GEMM=1,
-                      CT2_USE_MKL=1, CT2_FORCE_CPU_ISA=NAME set before it is imported
+                      CT2_USE_MKL=1, CT2_FORCE_CPU_ISA=NAME set before it is imported, or N threads instead
+                      of --threads. Every setting of an anchor named in one run is measured in every round, and
+                      the targets take the anchor at its fastest setting in each cell and round (its smallest
+                      peak memory): `make bench` gives CTranslate2 one thread beside --threads, since on some
+                      machines it is faster with fewer
 
     python scripts/bench_interleaved.py --model build/bench/base-model/ckpt.pt --work-dir build/bench/il \
         --rounds 3 --backends ort-fp32,ct2-float32,ort-int8-dynamic,ct2-int8 --json build/bench/il.json
@@ -35,15 +39,16 @@ import numpy as np
 
 from tfm_export.bench import protocol
 from tfm_export.bench.runners import unavailable
-from tfm_export.bench.targets import cell_name, cell_sizes, floor_ms, ms_per_token, round_ratios, targets
+from tfm_export.bench.targets import (cell_name, cell_sizes, floor_ms, ms_per_token, round_ratios, settings_of,
+                                     targets)
 from tfm_export.core.machine import return_large_blocks
 
 # Every backend runs in a spawned process, which imports this script again: the export side (torch, onnx:
 # ~230 MB) is imported inside main() and finish() only, so that it is in no backend's peak memory.
 
 
-def _ct2_setting(name: str) -> tuple[str, dict[str, str]]:
-    """'ct2-int8+packed+isa=AVX2' -> ('int8', {...}); 'ct2-fp32' is float32, as in tfm-run bench."""
+def _ct2_setting(name: str, threads: int) -> tuple[str, dict[str, str], int]:
+    """'ct2-int8+packed+isa=AVX2+threads=1' -> ('int8', {...}, 1); 'ct2-fp32' is float32, as in tfm-run bench."""
     parts = name[len("ct2-"):].split("+")
     compute = {"fp32": "float32"}.get(parts[0], parts[0])
     env = {}
@@ -56,15 +61,18 @@ def _ct2_setting(name: str) -> tuple[str, dict[str, str]]:
             env["CT2_USE_MKL"] = "0"
         elif part.startswith("isa="):
             env["CT2_FORCE_CPU_ISA"] = part[4:]
+        elif part.startswith("threads=") and part[8:].isdigit() and int(part[8:]) > 0:
+            threads = int(part[8:])
         else:
-            raise SystemExit(f"unknown CTranslate2 setting {part!r} in {name}")
-    return compute, env
+            raise SystemExit(f"unknown CTranslate2 setting {part!r} in {name}: use +packed, +mkl, +nomkl, "
+                             "+isa=NAME, +threads=N")
+    return compute, env, threads
 
 
 def _decoder(name: str, artifacts, threads: int):
     from tfm_export.bench import runners
     if name.startswith("ct2-"):
-        compute, env = _ct2_setting(name)
+        compute, env, threads = _ct2_setting(name, threads)
         os.environ.update(env)  # before ctranslate2 is imported in this fresh process
         return runners._ctranslate2(artifacts, compute, threads)
     if name.startswith("ort-fp32+"):  # settings levers: +arena, +nospin
@@ -184,6 +192,9 @@ def main() -> None:
     from tfm_export.bench.artifacts import build_fp32, build_variants, calibration_for, open_model
     from tfm_export.bench.run import _sources, _texts
     backends = args.backends.split(",")
+    for name in backends:  # a misspelt setting fails now, not after the exports
+        if name.startswith("ct2-"):
+            _ct2_setting(name, 1)
     lengths = [int(v) for v in args.lengths.split(",")]
     settings = protocol.BenchSettings(batch_sizes=tuple(int(v) for v in args.batch_sizes.split(",")),
                                       beam_sizes=tuple(int(v) for v in args.beam_sizes.split(",")),
@@ -281,8 +292,9 @@ def summarise(report: dict) -> None:
                                  ("ort-fp32", "ort-fp32-contract"), ("ort-int8-dynamic", "ct2-int8"),
                                  ("cpp", "ort-fp32"), ("cpp", "ct2-fp32"))
              if a in names and b in names]
+    best = {b: " (its best setting)" if len(settings_of(report, b)) > 1 else "" for _, b in pairs}
     print("| cell | " + " | ".join(f"{n} tok/s" for n in names) + " | "
-          + " | ".join(f"{a} / {b} (median; min-max)" for a, b in pairs) + " |")
+          + " | ".join(f"{a} / {b}{best[b]} (median; min-max)" for a, b in pairs) + " |")
     print("|---|" + "---:|" * (len(names) + len(pairs)))
     per_round = {pair: round_ratios(report, *pair) for pair in pairs}
     for cell in cells:

@@ -45,7 +45,7 @@ def plot(reports: dict[str, dict], output: Path) -> None:
         width = 0.8 / len(rates)
         for i, (backend, values) in enumerate(rates.items()):
             ax.bar([c + (i - (len(rates) - 1) / 2) * width for c in range(len(cells))], values, width, label=backend,
-                   color=COLORS.get(backend))
+                   color=COLORS.get(backend.split("+")[0]), hatch="//" if "+" in backend else None)  # a setting
         ax.set_xticks(range(len(cells)), [label(c) for c in cells], fontsize=8)
         ax.set_yscale("log")
         ax.set_ylim(top=max(max(v) for v in rates.values()) * 4)  # room for the legend above the bars

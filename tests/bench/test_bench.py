@@ -220,6 +220,29 @@ def test_bench_targets_are_met_only_where_every_cell_and_round_median_is():
     assert demo["peak RSS ort-int8-dynamic <= ct2-int8 (demo)"].endswith("reported |")
 
 
+def test_an_anchor_measured_at_two_settings_is_judged_at_its_best_in_each_round():
+    """`make bench` runs CTranslate2 at --threads and at one thread: each round's ratio takes the faster of the two
+    (here one setting in rounds 1 and 3, the other in round 2, so neither alone gives the verdict), the peak the
+    smaller; our own settings are never mixed in."""
+    from tfm_export.bench.targets import round_ratios, targets
+    rss = {"ort-fp32": 800, "ct2-fp32": 900, "ct2-fp32+threads=1": 790, "ort-fp32+arena": 700,
+           "ort-int8-dynamic": 500, "ct2-int8": 600}
+    report = _report({"ort-fp32": [200.0] * 3, "ort-fp32+arena": [400.0] * 3,
+                      "ct2-fp32": [150.0, 100.0, 150.0], "ct2-fp32+threads=1": [100.0, 150.0, 100.0],
+                      "ort-int8-dynamic": [300.0] * 3, "ct2-int8": [100.0] * 3}, rss)
+    cell = "len 64, beam 1, batch 1"
+    assert round_ratios(report, "ort-fp32", "ct2-fp32")[cell] == pytest.approx([200 / 150] * 3)
+    assert round_ratios(report, "ct2-fp32", "ort-fp32")[cell] == pytest.approx([0.75, 0.5, 0.75])  # no +arena
+    rows = {line.split(" | ")[0].lstrip("| "): line for line in targets({"base": report}).splitlines()[2:]}
+    fp32 = rows["ort-fp32 >= 1.25x ct2-fp32 in every cell"]
+    assert "lowest 1.333x" in fp32 and fp32.endswith("yes |")
+    assert "base: ct2-fp32 at its best of ct2-fp32 (fastest in 2 cell-rounds), ct2-fp32+threads=1 (fastest in 1 " \
+        "cell-rounds)" in fp32
+    assert "at its best" not in rows["ort-int8-dynamic >= 1.25x ct2-int8 in every cell"]
+    peak = rows["peak RSS ort-fp32 <= ct2-fp32 (base)"]
+    assert "800 vs 790 MB" in peak and peak.endswith("**no** |")
+
+
 def test_the_step_floor_puts_a_short_cell_out_of_reach_only_when_its_fastest_step_exceeds_the_allowance():
     """A step of a batch-1 cell may take the anchor's median time per token / 1.25 (here 6.2485 ms / 1.25,
     as above); only cells short of the target are judged, each against its best setting."""
@@ -283,6 +306,19 @@ def test_the_kernel_floor_multiplies_by_every_weight_a_step_reads(config):
     assert set(floor) == {"spinning", "sleeping"} and all(0 < v < 1000 for v in floor.values())
 
 
+def test_make_bench_script_refuses_a_misspelt_setting_before_any_export(tmp_path):
+    import subprocess
+    import sys
+
+    from support.common import REPO
+    result = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "bench_interleaved.py"), "--model", str(DEMO_CKPT),
+         "--work-dir", str(tmp_path / "work"), "--backends", "ort-fp32,ct2-fp32+thread=1", "--json",
+         str(tmp_path / "r.json")], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1 and "unknown CTranslate2 setting 'thread=1' in ct2-fp32+thread=1" in result.stderr
+    assert not (tmp_path / "work").exists()
+
+
 @pytest.mark.slow
 def test_make_bench_script_runs_every_kind_of_backend_it_names(tmp_path):
     """scripts/bench_interleaved.py (what `make bench` and `make bench-anchor` run), one small round: each backend
@@ -296,13 +332,13 @@ def test_make_bench_script_runs_every_kind_of_backend_it_names(tmp_path):
         [sys.executable, str(REPO / "scripts" / "bench_interleaved.py"), "--model", str(DEMO_CKPT),
          "--work-dir", str(tmp_path / "work"), "--lengths", "16", "--batch-sizes", "2", "--beam-sizes", "2",
          "--threads", "1", "--rounds", "1", "--repeats", "1", "--min-time", "0",
-         "--backends", "ort-fp32,ct2-fp32,ort-fp32-contract", "--json", str(report)],
+         "--backends", "ort-fp32,ct2-fp32,ort-fp32-contract,ct2-fp32+threads=2", "--json", str(report)],
         capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
     results = json.loads(report.read_text())["rounds"][0]["results"]
     assert {name: results[name]["cells"]["len 16, beam 2, batch 2"]["tokens_per_s"] > 0 for name in results} == \
-        dict.fromkeys(("ort-fp32", "ct2-fp32", "ort-fp32-contract"), True)
-    assert results["ct2-fp32"]["agreement"] == 1.0 and results["ort-fp32-contract"]["agreement"] == 1.0
+        dict.fromkeys(("ort-fp32", "ct2-fp32", "ort-fp32-contract", "ct2-fp32+threads=2"), True)
+    assert all(results[name]["agreement"] == 1.0 for name in ("ct2-fp32", "ort-fp32-contract", "ct2-fp32+threads=2"))
 
 
 def test_fixed_shapes_script_reports_the_device_backends_wasted_rows(demo_onnx):
