@@ -122,7 +122,8 @@ bench: setup
 	rm -f $(BENCH)/startup.md
 	for m in base demo; do for p in fp32:float32 int8-dynamic:int8; do \
 		$(PY) scripts/startup_phases.py --ort $(BENCH)/$$m/onnx-$${p%%:*} --ct2 $(BENCH)/$$m/ctranslate2 \
-			--ct2-compute-type $${p##*:} --variant off:TFM_GRAPH_CACHE=off --rounds 5 >> $(BENCH)/startup.md || exit 1; \
+			--ct2-compute-type $${p##*:} --ct2-threads 2,1 --variant off:TFM_GRAPH_CACHE=off --rounds 5 \
+			>> $(BENCH)/startup.md || exit 1; \
 	done; done
 	for p in fp32 int8-dynamic; do \
 		$(PY) scripts/cache_steps.py --model $(BENCH)/base/onnx-$$p --rounds 9 >> $(BENCH)/startup.md || exit 1; done

@@ -161,16 +161,20 @@ def first_output_s(command: list[str]) -> float:
 
 
 def first_latencies(fp32: Path, ct2: Path, sentence: str, ct2_tokens: str, rounds: int, threads: int,
-                    length: int = 64) -> dict[str, list[float]]:
+                    ct2_threads: list[int], length: int = 64) -> dict[str, list[float]]:
     """`tfm-run translate` on the fp32 directory (the sentence) and CTranslate2's Python API in a fresh
-    interpreter (its tokens), alternating; both at most `length` tokens (random weights rarely stop earlier)."""
+    interpreter (its tokens) at each of its thread counts, alternating; all at most `length` tokens (random
+    weights rarely stop earlier)."""
     ours = [str(Path(sys.executable).with_name("tfm-run")), "translate", "--model", str(fp32),
             "--max-length", str(length), "--threads", str(threads), "--beam-size", "1", sentence]
-    theirs = [sys.executable, "-c", FIRST_CT2, str(ct2), ct2_tokens, str(length), str(threads)]
-    out: dict[str, list[float]] = {"tfm-run translate (fp32)": [], "ctranslate2 (float32, Python API)": []}
+    commands = {"tfm-run translate (fp32)": ours}
+    for n in ct2_threads:
+        commands[f"ctranslate2 (float32, Python API, {n} thread{'s' * (n > 1)})"] = [
+            sys.executable, "-c", FIRST_CT2, str(ct2), ct2_tokens, str(length), str(n)]
+    out: dict[str, list[float]] = {name: [] for name in commands}
     for _ in range(rounds):
-        for values, command in zip(out.values(), (ours, theirs), strict=True):
-            values.append(first_output_s(command))
+        for name, command in commands.items():
+            out[name].append(first_output_s(command))
     return out
 
 
@@ -244,6 +248,12 @@ def main() -> None:
                          "sizes_mb": built.size_mb})
 
 
+def anchor_threads(partial: dict, threads: int) -> list[int]:
+    """The thread counts the run gave ct2-fp32 (its first line is timed at each)."""
+    return sorted({_ct2_setting(name, threads)[2] for name in settings_of(partial, "ct2-fp32")}, reverse=True) \
+        or [threads]
+
+
 def finish(args, model, partial: dict) -> None:
     """First-translation latency, the weights a token reads, the report."""
     from tfm_export.bench.run import _sources, _texts
@@ -256,7 +266,7 @@ def finish(args, model, partial: dict) -> None:
     ct2_ids = first_source[1:-1] if model.rules == SEED_RULES else first_source  # CT2 frames only the seed's
     first = first_latencies(args.work_dir / "onnx-fp32", args.work_dir / "ctranslate2",
                             _texts(model, len(vocab), 1)[0], " ".join(vocab[i] for i in ct2_ids),
-                            args.rounds, args.threads)
+                            args.rounds, args.threads, anchor_threads(partial, args.threads))
     if model.checkpoint is not None:  # the MatMuls by its weights: the fastest any ONNX Runtime step could be
         from tfm_export.bench.kernel_floor import matmul_floor_ms
         say("ONNX Runtime's weight MatMuls alone")

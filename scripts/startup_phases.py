@@ -2,7 +2,8 @@
 for CTranslate2's Python API on its converted model, each in fresh processes, alternating round by round:
 
     python scripts/startup_phases.py --ort build/bench/base/onnx-fp32 --ct2 build/bench/base/ctranslate2 \
-        --rounds 5 --threads 2 --variant off:TFM_GRAPH_CACHE=off [--variant before:PYTHONPATH=OTHER_CHECKOUT]
+        --rounds 5 --threads 2 --ct2-threads 2,1 --variant off:TFM_GRAPH_CACHE=off \
+        [--variant before:PYTHONPATH=OTHER_CHECKOUT]
 
 Phases (wall-clock seconds from just before the process is spawned; medians over the rounds, with min-max):
   imports      to the moment the model starts to load (the interpreter, tfm-run's or ctranslate2's imports)
@@ -152,6 +153,8 @@ def main() -> None:
     parser.add_argument("--ct2-compute-type", default="float32")
     parser.add_argument("--max-length", type=int, default=64)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--ct2-threads", default=None, metavar="N[,N]",
+                        help="CTranslate2's thread counts, each run as its own process (default: --threads)")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--tfm-run-args", default="", help="extra tfm-run translate options, space-separated")
     parser.add_argument("--variant", action="append", default=[], metavar="LABEL:NAME=VALUE[,NAME=VALUE]",
@@ -174,10 +177,12 @@ def main() -> None:
                 sys.executable, "-c", CHILD_ORT, "translate", "--model", str(model), "--max-length",
                 str(args.max_length), "--threads", str(args.threads), "--beam-size", "1", *args.tfm_run_args.split(),
                 sentence], env)
+    ct2_threads = [int(n) for n in (args.ct2_threads or str(args.threads)).split(",")]
     for model in args.ct2:
-        commands[f"ctranslate2 {model.parent.name}/{model.name} ({args.ct2_compute_type})"] = ([
-            sys.executable, "-c", CHILD_CT2, str(model), tokens, str(args.max_length), str(args.threads),
-            args.ct2_compute_type], {})
+        for n in ct2_threads:
+            commands[f"ctranslate2 {model.parent.name}/{model.name} ({args.ct2_compute_type}, {n} "
+                     f"thread{'s' * (n > 1)})"] = ([sys.executable, "-c", CHILD_CT2, str(model), tokens,
+                                                    str(args.max_length), str(n), args.ct2_compute_type], {})
     results: dict[str, list[dict[str, float]]] = {name: [] for name in commands}
     for r in range(args.rounds):
         order = list(commands) if r % 2 == 0 else list(commands)[::-1]
