@@ -337,8 +337,9 @@ def test_make_bench_script_runs_every_kind_of_backend_it_names(tmp_path):
     assert result.returncode == 0, result.stderr[-2000:]
     written = json.loads(report.read_text())
     results = written["rounds"][0]["results"]
-    assert set(written["first_output_s"]) == {"tfm-run translate (fp32)", "ctranslate2 (float32, Python API, 2 threads)",
-                                              "ctranslate2 (float32, Python API, 1 thread)"}  # each anchor setting
+    assert set(written["first_output_s"]) == {  # CTranslate2's first line at each of its settings' thread counts
+        "tfm-run translate (fp32)", "ctranslate2 (float32, Python API, 2 threads)",
+        "ctranslate2 (float32, Python API, 1 thread)"}
     assert {name: results[name]["cells"]["len 16, beam 2, batch 2"]["tokens_per_s"] > 0 for name in results} == \
         dict.fromkeys(("ort-fp32", "ct2-fp32", "ort-fp32-contract", "ct2-fp32+threads=2"), True)
     assert all(results[name]["agreement"] == 1.0 for name in ("ct2-fp32", "ort-fp32-contract", "ct2-fp32+threads=2"))
