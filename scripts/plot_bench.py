@@ -19,8 +19,9 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 TITLES = {"demo": "demo model (d_model 128, 3+3 layers, vocab 88)",
           "base": "base config (d_model 512, 6+6 layers, vocab 32,000)"}
-# ours dark, CTranslate2's light, one hue per precision
-COLORS = {"ort-fp32": "#1f77b4", "ct2-fp32": "#aec7e8", "ort-int8-dynamic": "#2ca02c", "ct2-int8": "#98df8a"}
+# ours dark, CTranslate2's light, one hue per precision (the C++ example its own); a setting of one hatched
+COLORS = {"ort-fp32": "#1f77b4", "ct2-fp32": "#aec7e8", "ort-int8-dynamic": "#2ca02c", "ct2-int8": "#98df8a",
+          "cpp": "#9467bd"}
 
 
 def medians(report: dict) -> tuple[list[str], dict[str, list[float]]]:
