@@ -102,7 +102,8 @@ BENCH := build/bench
 # base-config model (d_model 512, 6+6 layers, vocab 32,000), each backend in a fresh process with both cores, and
 # CTranslate2 with one as well (on some machines, or under other jobs' load, it is faster so: the targets take it at
 # its faster setting in each cell and round), rounds interleaved; ends with the targets table and a plot
-# (scripts/plot_bench.py). 15-35 minutes on 2 cores. The demo model's steps are tiny, so its cells repeat for at least a second each.
+# (scripts/plot_bench.py). 20-45 minutes on 2 cores. The demo model's steps are tiny, so its cells repeat for at
+# least a second each.
 # `tfm-run bench` is the same measurement for one model in one pass, with plots. On the demo model the C++
 # example's loop (`make cpp`; left out, saying why, where it cannot be built) is timed too: its steps are where
 # Python's per-step cost shows.
