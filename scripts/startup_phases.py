@@ -146,6 +146,14 @@ def run_child(command: list[str], extra_env: dict[str, str]) -> dict[str, float]
     return {**phases, **memory}
 
 
+def thread_counts(text: str) -> list[int]:
+    """'2,1' -> [2, 1]: whole numbers above zero, or argparse's one-line usage error."""
+    counts = [int(n) for n in text.split(",") if n.strip().isdigit()]
+    if len(counts) != len(text.split(",")) or 0 in counts:
+        raise argparse.ArgumentTypeError(f"{text!r}: give thread counts above 0, comma-separated, e.g. 2,1")
+    return counts
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ort", type=Path, action="append", default=[], help="a model directory (repeatable)")
@@ -153,7 +161,7 @@ def main() -> None:
     parser.add_argument("--ct2-compute-type", default="float32")
     parser.add_argument("--max-length", type=int, default=64)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--ct2-threads", default=None, metavar="N[,N]",
+    parser.add_argument("--ct2-threads", type=thread_counts, default=None, metavar="N[,N]",
                         help="CTranslate2's thread counts, each run as its own process (default: --threads)")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--tfm-run-args", default="", help="extra tfm-run translate options, space-separated")
@@ -165,7 +173,11 @@ def main() -> None:
     args.ort, args.ct2 = [p.resolve() for p in args.ort], [p.resolve() for p in args.ct2]
     if not args.ort:
         parser.error("give at least one --ort model directory: its vocabulary makes the sentence")
-    sentence, tokens = first_sentence(args.ort[0])
+    from tfm_export.core.errors import TfmExportError
+    try:
+        sentence, tokens = first_sentence(args.ort[0])
+    except TfmExportError as exc:  # not a model directory, or a damaged one: one line
+        parser.error(str(exc))
     variants = {"": {}}
     for variant in args.variant:
         label, _, assignments = variant.partition(":")
@@ -177,7 +189,7 @@ def main() -> None:
                 sys.executable, "-c", CHILD_ORT, "translate", "--model", str(model), "--max-length",
                 str(args.max_length), "--threads", str(args.threads), "--beam-size", "1", *args.tfm_run_args.split(),
                 sentence], env)
-    ct2_threads = [int(n) for n in (args.ct2_threads or str(args.threads)).split(",")]
+    ct2_threads = args.ct2_threads or [args.threads]
     for model in args.ct2:
         for n in ct2_threads:
             commands[f"ctranslate2 {model.parent.name}/{model.name} ({args.ct2_compute_type}, {n} "
