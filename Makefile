@@ -72,7 +72,7 @@ test: setup browser
 test-slow: setup
 	$(PY) -m pytest -q -n 2 --dist loadfile -m "slow and not hostile"
 
-# The adversarial battery (docs/security.md, "How this was tried"): 872 cases that use the installed tfm-export and
+# The adversarial battery (docs/security.md, "How this was tried"): 879 cases that use the installed tfm-export and
 # tfm-run the way a hostile or unlucky user would, each in a scratch tree watched for writes outside its outputs.
 # Two workers, each building its own fixtures: 55 minutes on this 2-core machine beside other jobs (load 7-11).
 # `pytest tests/hostile -k NAME` runs a part, `--collect-only -q` lists the cases; HOSTILE_TIMEOUT (seconds,

@@ -162,8 +162,12 @@ int main(int argc, char** argv) {
       ++count;
       std::vector<tfm::Hypothesis> found;
       if (!blank(line)) {
-        const std::vector<int64_t> source = io.source(line);
-        found = generate ? generate->search(source, options) : loop->search(source, options);
+        try {
+          const std::vector<int64_t> source = io.source(line);
+          found = generate ? generate->search(source, options) : loop->search(source, options);
+        } catch (const tfm::Error& e) {  // named as tfm-run names it: the input's line, counted from 1
+          throw tfm::Error("line " + std::to_string(count) + ": " + e.what());
+        }
       } else {
         found.push_back({});  // a blank line: an empty output, the model untouched
       }

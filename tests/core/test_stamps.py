@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+from support.common import within
 
 from tfm_export.core import stamps as stamps_module
 from tfm_export.core.stamps import SETTLE_NS, Stamps, identity
@@ -67,15 +68,24 @@ def test_a_copy_or_a_replaced_file_is_hashed(stamped, how):
     assert stamps.sha256(file) == sha(file) and stamps.hashed == 1
 
 
-def test_stamps_wait_until_their_files_settled(tmp_path):
-    """A write within the file system's clock tick of the hashing would leave the identity as stamped: the stamps
-    are saved only once every stamped file's last change is SETTLE_NS old."""
-    file = tmp_path / "new.bin"
-    file.write_bytes(b"x" * 100)
+# The test's own floor, not the module's constant: the coarsest file time stamps the stamps must outlast (ext3 and
+# HFS+ keep whole seconds), so a write in the same tick as the hashing can never leave the stamped identity unchanged
+COARSEST_TICK_NS = 1_000_000_000
+
+
+def test_stamps_wait_until_the_newest_file_settled(tmp_path):
+    """Two files, the first long settled and the second just written: the stamps are saved only once the newest
+    change is a whole coarse tick old."""
+    old, new = tmp_path / "old.bin", tmp_path / "new.bin"
+    old.write_bytes(b"x" * 100)
+    time.sleep(COARSEST_TICK_NS / 1e9)
+    new.write_bytes(b"y" * 100)
     recording = Stamps(recording=True)
-    recording.sha256(file)
+    for file in (new, old):
+        recording.sha256(file)
     recording.write(tmp_path / "stamps.json")
-    assert time.time_ns() >= file.stat().st_ctime_ns + SETTLE_NS
+    assert time.time_ns() >= new.stat().st_ctime_ns + COARSEST_TICK_NS
+    assert SETTLE_NS >= COARSEST_TICK_NS
 
 
 def test_a_file_that_changes_while_it_is_hashed_is_not_stamped(tmp_path, monkeypatch):
@@ -101,6 +111,19 @@ def test_unreadable_stamps_mean_everything_is_hashed(tmp_path, text):
     file.write_bytes(b"f")
     stamps = Stamps.read(tmp_path / "stamps.json")
     assert stamps.known == {} and stamps.sha256(file) == sha(file)
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dev-zero", "too-large"])
+def test_stamps_that_are_no_regular_file_or_too_large_are_not_read(tmp_path, kind):
+    """A FIFO would block the read, /dev/zero would never end it: neither is read, nor a file past the limit."""
+    path = tmp_path / "stamps.json"
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "dev-zero":
+        os.symlink("/dev/zero", path)
+    else:
+        path.write_text(json.dumps({"format": 1, "files": []}) + " " * stamps_module.STAMPS_MAX_BYTES)
+    assert within(30, lambda: Stamps.read(path)).known == {}
 
 
 def test_missing_stamps_mean_everything_is_hashed(tmp_path):

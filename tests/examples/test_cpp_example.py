@@ -168,6 +168,14 @@ def test_bad_input_is_one_line_and_exit_1(tfm_translate, demo_onnx, tmp_path, ca
     assert done.stderr.count("\n") == 1 and done.stderr.startswith("error: ") and words in done.stderr, done.stderr
 
 
+def test_a_source_too_long_is_named_by_its_line(tfm_translate, demo_onnx):
+    """As tfm-run names it: the lines before it are answered, then one line says which input was too long."""
+    done = subprocess.run([str(tfm_translate), str(demo_onnx)], input="forty-two\n" + "one " * 300 + "\n",
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1 and len(done.stdout.splitlines()) == 1, done
+    assert done.stderr.count("\n") == 1 and done.stderr.startswith("error: line 2: source of 302 tokens"), done.stderr
+
+
 def _build_script():
     """scripts/build_cpp.py as a module (scripts/ is not a package)."""
     import importlib.util

@@ -15,7 +15,7 @@ from pathlib import Path
 import onnxruntime as ort
 import pytest
 from click.testing import CliRunner
-from support.common import listing, unwritable_dir
+from support.common import listing, unwritable_dir, within
 
 from tfm_export import DecodeOptions, Translator
 from tfm_export.artifacts.manifest import ModelDirError
@@ -362,3 +362,99 @@ def test_a_damaged_directory_is_its_own_error_alone(model, monkeypatch, caplog):
     with caplog.at_level(logging.WARNING), pytest.raises(ModelDirError, match="encoder.onnx: sha256 differs"):
         Translator.load(model)
     assert not caplog.records
+
+
+def rehash_manifest(model: Path, name: str) -> None:
+    manifest = json.loads((model / "manifest.json").read_text())
+    manifest["files"][name] = file_sha256(model / name)
+    (model / "manifest.json").write_text(json.dumps(manifest))
+
+
+def test_an_entry_made_from_other_weights_is_not_used(model, opened, caplog):
+    """The graphs as they were, their weights file and the manifest another model's (`cp B/* A/`): the entry's key
+    names the weights it was made from, so it is stale, and the directory's own graph opens."""
+    data = "decoder_step_search_fused.onnx.data"
+    flip_a_byte(model / data, 0)
+    rehash_manifest(model, data)
+    with caplog.at_level(logging.WARNING):
+        translate(model)
+    assert f"{CACHE_DIR}/decoder_step_search_fused: made for another graph;" in caplog.text
+    assert model / "decoder_step_search_fused.onnx" in opened
+    assert from_cache([p for p in opened if p.parent != model], model) == ["encoder"]
+
+
+@pytest.mark.parametrize("how", ["record dropped", "stray folder"])
+def test_an_entry_whose_graph_could_load_an_unlisted_file_is_not_used(model, expected, opened, caplog, how):
+    """Every file below the entry's folder but entry.json must be one it lists with its sha256: ONNX Runtime resolves
+    external data anywhere below the graph's folder, and would load an unlisted file unchecked. Here the listed data
+    is zeroed with its record dropped, or a stray copy waits in a folder the entry does not list."""
+    slot = model / CACHE_DIR / "decoder_step_search_fused"
+    if how == "record dropped":
+        entry = json.loads((slot / ENTRY).read_text())
+        del entry["files"][DATA]
+        (slot / ENTRY).write_text(json.dumps(entry))
+        (slot / DATA).write_bytes(bytes((slot / DATA).stat().st_size))
+    else:
+        (slot / "sub").mkdir()
+        shutil.copyfile(slot / DATA, slot / "sub" / DATA)
+    with caplog.at_level(logging.WARNING):
+        assert translate(model) == expected
+    assert f"{slot}: its files are not the ones its entry lists" in caplog.text
+    assert model / "decoder_step_search_fused.onnx" in opened
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dev-zero"])
+def test_stamps_that_are_a_pipe_or_a_device_are_not_read(model, expected, caplog, kind):
+    """A FIFO's read waits for a writer forever; /dev/zero never ends. Neither is read: every file is hashed."""
+    stamps = model / CACHE_DIR / STAMPS
+    stamps.unlink()
+    os.mkfifo(stamps) if kind == "fifo" else os.symlink("/dev/zero", stamps)
+    with caplog.at_level(logging.INFO):
+        assert within(120, lambda: translate(model)) == expected
+    assert "0 file(s) known by their stamps" in caplog.text
+
+
+@pytest.mark.parametrize("kind", ["symlink", "file"])
+def test_prepack_refuses_a_cache_that_is_a_link_or_a_file_and_leaves_nothing(model, tmp_path, kind):
+    cache = model / CACHE_DIR
+    if kind == "symlink":
+        shutil.move(cache, tmp_path / "elsewhere")
+        os.symlink(tmp_path / "elsewhere", cache)
+    else:
+        shutil.rmtree(cache)
+        cache.write_text("x")
+    before, outside = listing(model), listing(tmp_path)
+    result = CliRunner().invoke(export_main, ["prepack", "--model", str(model)])
+    assert result.exit_code == 1 and result.output.count("\n") == 1, result.output
+    assert {"symlink": "is a symbolic link", "file": "is a file"}[kind] in result.output
+    assert "nothing was changed" in result.output
+    assert listing(model) == before and listing(tmp_path) == outside
+
+
+def test_a_translation_does_not_follow_a_linked_cache(model, expected, opened, tmp_path, caplog):
+    """Its files would lie outside the model directory: the load says so and opens the directory's own graphs."""
+    shutil.move(model / CACHE_DIR, tmp_path / "elsewhere")
+    os.symlink(tmp_path / "elsewhere", model / CACHE_DIR)
+    with caplog.at_level(logging.WARNING):
+        assert translate(model) == expected
+    assert [r.getMessage().count("is a symbolic link") for r in caplog.records] == [1]
+    not_from_cache(opened, model)
+
+
+def test_a_cache_that_cannot_be_moved_aside_is_left_as_it_was(model, monkeypatch):
+    """An immutable .tfm-cache refuses its rename (EPERM): the old one stays, and no empty .tfm-cache.old.* is left
+    beside it. The file system's refusal is injected for the one rename it stands for."""
+    real = os.replace
+
+    def refusing(src, dst):
+        if Path(src) == model / CACHE_DIR:
+            raise PermissionError(1, "Operation not permitted")
+        return real(src, dst)
+    before = {p: p.read_bytes() for p in (model / CACHE_DIR).rglob("*") if p.is_file()}
+    names = listing(model)
+    monkeypatch.setattr(graph_cache.os, "replace", refusing)
+    result = CliRunner().invoke(export_main, ["prepack", "--model", str(model)])
+    assert result.exit_code == 1 and "Operation not permitted" in result.output, result.output
+    assert "nothing was changed" in result.output
+    assert listing(model) == names
+    assert {p: p.read_bytes() for p in (model / CACHE_DIR).rglob("*") if p.is_file()} == before

@@ -39,3 +39,10 @@ def test_the_cuda_provider_gets_fp32_and_graphs_only_as_asked(tf32, graphs, capt
     chosen = providers(SessionOptions(device="cuda", tf32=tf32, cuda_graphs=graphs), capture)
     assert chosen == [(CUDA_PROVIDER, expected), "CPUExecutionProvider"] and loaded == [1]
     assert providers(SessionOptions(), capture) == ["CPUExecutionProvider"]
+
+
+def test_fp32_on_cuda_is_fp32_by_default(monkeypatch):
+    """What every library user of SessionOptions() gets, without the CLI's explicit flag: TF32 off."""
+    monkeypatch.setattr(ort, "preload_dlls", lambda *a, **k: None, raising=False)
+    preload_cuda_libraries.cache_clear()
+    assert providers(SessionOptions(device="cuda")) == [(CUDA_PROVIDER, {"use_tf32": "0"}), "CPUExecutionProvider"]

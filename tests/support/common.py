@@ -8,8 +8,10 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any, TypeVar
 
 import numpy as np
 import pytest
@@ -21,6 +23,7 @@ from tfm_export.core.tokenizer import BOS_ID, EOS_ID, FIRST_TOKEN_ID
 REPO = Path(__file__).resolve().parents[2]
 DEMO_CKPT = REPO / "models" / "demo" / "ckpt.pt"
 CALIBRATION = REPO / "calibration" / "demo.en.txt"
+T = TypeVar("T")
 
 
 def tiny_config(**overrides) -> ModelConfig:
@@ -57,6 +60,25 @@ def unwritable_dir(path: Path):
             subprocess.run(["chattr", "-i", str(path)], check=True)
         else:
             path.chmod(0o700)
+
+
+def within(seconds: float, work: Callable[[], T]) -> T:
+    """work() in a daemon thread, failing the test if it has not returned in time: a read that blocks for ever (a
+    FIFO with no writer) fails one test instead of hanging the suite."""
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["value"] = work()
+        except BaseException as exc:  # re-raised in the test's thread
+            box["error"] = exc
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    assert not thread.is_alive(), f"still running after {seconds} s (blocked?)"
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
 
 
 def made_once(tmp_path_factory, name: str, make: Callable[[Path], None]) -> Path:

@@ -76,10 +76,7 @@ def regular_file_size(path: Path, error: type[TfmExportError], remedy: str) -> i
 def read_json(path: Path, error: type[TfmExportError], remedy: str, max_bytes: int = MAX_JSON_BYTES) -> Any:
     """A JSON file's value; too large, not UTF-8, malformed or absurdly nested is one line, not a traceback."""
     try:
-        size = regular_file_size(path, error, remedy)
-        if size > max_bytes:
-            raise error(f"{path}: {size:,} bytes, more than the {max_bytes:,} a JSON file here may have; {remedy}")
-        return json.loads(path.read_bytes().decode("utf-8"))
+        return json.loads(read_regular_file(path, error, remedy, max_bytes).decode("utf-8"))
     except FileNotFoundError:
         raise
     except UnicodeDecodeError:
@@ -88,6 +85,22 @@ def read_json(path: Path, error: type[TfmExportError], remedy: str, max_bytes: i
         raise error(f"{path}: JSON nested too deeply to read; {remedy}") from None
     except (OSError, ValueError) as exc:
         raise error(f"{path}: unreadable JSON ({first_line(exc, 120)}); {remedy}") from None
+
+
+def read_regular_file(path: Path, error: type[TfmExportError], remedy: str, max_bytes: int) -> bytes:
+    """A regular file's bytes, at most `max_bytes`. Opened without blocking (a FIFO's open would wait for a writer)
+    and judged on the open descriptor, so a name swapped for a pipe or a link to /dev/zero after any earlier check
+    is still refused, and a file that grows while it is read stops at the limit. FileNotFoundError passes through."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    with os.fdopen(fd, "rb") as f:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise error(f"{path}: is a pipe, device or socket, not a regular file; {remedy}")
+        data = f.read(max_bytes + 1)
+    if len(data) > max_bytes:
+        raise error(f"{path}: {max(info.st_size, len(data)):,} bytes or more, more than the {max_bytes:,} a file of "
+                    f"its kind may have here; {remedy}")
+    return data
 
 
 def _is_special(path: Path) -> bool:

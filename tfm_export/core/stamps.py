@@ -20,7 +20,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .files import file_sha256, is_sha256
+from .errors import TfmExportError
+from .files import file_sha256, is_sha256, read_json
 
 log = logging.getLogger(__name__)
 
@@ -52,15 +53,13 @@ class Stamps:
     def read(cls, path: Path) -> Stamps:
         """The stamps in `path`; none (everything hashed) where it is missing or not a stamps file of ours."""
         try:
-            if path.stat().st_size > STAMPS_MAX_BYTES:
-                raise ValueError("too large")
-            data = json.loads(path.read_text(encoding="utf-8"))
+            data = read_json(path, TfmExportError, "it is ignored", max_bytes=STAMPS_MAX_BYTES)
             if data["format"] != STAMPS_FORMAT:
                 raise ValueError(f"format {data['format']!r}")
             known = {tuple(int(v) for v in row[:5]): row[5] for row in data["files"] if is_sha256(row[5])}
         except FileNotFoundError:
             return cls()
-        except (OSError, ValueError, TypeError, KeyError, IndexError, AttributeError) as exc:
+        except (TfmExportError, OSError, ValueError, TypeError, KeyError, IndexError, AttributeError) as exc:
             log.info("%s: not used (%s); every file is hashed", path, exc)
             return cls()
         return cls(known=known)  # type: ignore[arg-type]

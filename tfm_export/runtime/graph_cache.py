@@ -82,8 +82,20 @@ def uses_cache(options: SessionOptions) -> bool:
 
 
 def directory_stamps(model_dir: ModelDir, options: SessionOptions) -> Stamps:
-    """The stamps a load of the directory trusts (on any device): none with the graph cache turned off."""
-    return Stamps.read(model_dir.path / CACHE_DIR / STAMPS) if options.graph_cache else Stamps()
+    """The stamps a load of the directory trusts (on any device): none with the graph cache turned off, or where
+    .tfm-cache is not the directory's own folder."""
+    root = model_dir.path / CACHE_DIR
+    return Stamps.read(root / STAMPS) if options.graph_cache and not misplaced(root) else Stamps()
+
+
+def misplaced(root: Path) -> str | None:
+    """Why a .tfm-cache is not one the tool reads or replaces, or None: a link (its files would lie outside the
+    model directory, where no command of ours reads or writes), or a file where the folder belongs."""
+    if root.is_symlink():
+        return f"{root}: is a symbolic link; the pre-packed graphs live only inside the model directory"
+    if root.exists() and not root.is_dir():
+        return f"{root}: is a file, not the folder of pre-packed graphs"
+    return None
 
 
 @dataclass
@@ -156,9 +168,15 @@ class GraphCache:
     def _matching(self, slot: Path, key: dict[str, Any]) -> dict[str, Any] | None:
         """The slot's entry when it has exactly this key and lists its files well-formed; None otherwise, with a
         warning where it is stale or broken (not where there is none, or it was made for other session options)."""
+        remake = REBUILD.format(self.model_dir.path)
+        problem = misplaced(self.root)
+        if problem:
+            note = f"{problem}; loading without them; remove it and {remake}"
+            if note not in self.notes:
+                self.notes.append(note)
+            return None
         if not (slot / ENTRY).is_file():
             return None
-        remake = REBUILD.format(self.model_dir.path)
         try:
             entry = read_json(slot / ENTRY, TfmExportError, remake, max_bytes=1 << 20)
         except TfmExportError as exc:
@@ -176,7 +194,7 @@ class GraphCache:
         files = entry.get("files")
         if not isinstance(files, dict) or GRAPH not in files or set(files) - {GRAPH, DATA} \
                 or not all(isinstance(r, dict) and isinstance(r.get("sha256"), str) for r in files.values()) \
-                or not all((slot / name).is_file() for name in files):
+                or not all((slot / name).is_file() for name in files) or unlisted(slot, files):
             self.notes.append(f"{slot}: its files are not the ones its entry lists; loading without it; {remake}")
             return None
         return entry
@@ -201,6 +219,14 @@ class GraphCache:
         return session
 
 
+def unlisted(slot: Path, files: Mapping[str, Any]) -> list[str]:
+    """What the slot holds besides its entry and the files the entry lists. ONNX Runtime loads a graph's external
+    data only from within the graph's folder (it refuses absolute paths and paths that leave it), so these are the
+    only files the entry's graph could load besides those listed; any one of them (a data file whose record was
+    dropped from the entry, say) would be loaded without its sha256 checked, so the entry is not used at all."""
+    return sorted(p.name for p in slot.iterdir() if p.name != ENTRY and p.name not in files)
+
+
 def entry_key(model_dir: ModelDir, graph: str, options: SessionOptions, shared: Mapping[str, ort.OrtValue],
               prepacked: bool) -> dict[str, Any]:
     """Everything an entry depends on. The source's sha256 are the manifest's (the directory checks its files
@@ -217,7 +243,11 @@ def entry_key(model_dir: ModelDir, graph: str, options: SessionOptions, shared: 
 def staged_cache(directory: Path) -> Iterator[Path]:
     """A staging directory for `directory`'s new .tfm-cache, beside it; on success it replaces the old one at once
     (a load sees the old entries or the new, never a mix), on any failure it is removed. Staging left by a process
-    that died is removed first."""
+    that died is removed first. A .tfm-cache that is a link or a file is refused before any work."""
+    problem = misplaced(directory / CACHE_DIR)
+    if problem:
+        raise ModelDirError(f"{problem}; remove it, then run `tfm-export prepack --model {directory}` again "
+                            "(nothing was changed)")
     for left in directory.glob(f"{glob.escape(CACHE_DIR)}.*{STAGING_SUFFIX}"):
         pid = left.name[len(CACHE_DIR) + 1:].split(".")[0]
         if pid.isdigit() and not process_alive(int(pid)):
@@ -240,15 +270,18 @@ def staged_cache(directory: Path) -> Iterator[Path]:
 
 def _swap_into_place(staging: Path, target: Path) -> None:
     """Rename the staging directory onto `target`; an old one is moved aside first and removed after (a process
-    that mapped its files keeps them: unlinked files stay readable while mapped)."""
-    old = None
+    that mapped its files keeps them: unlinked files stay readable while mapped). On a failure the old one is put
+    back and nothing is left beside it."""
+    old, moved = None, False
     if target.exists():
         old = Path(tempfile.mkdtemp(prefix=f"{CACHE_DIR}.old.", dir=target.parent))
-        os.replace(target, old)
     try:
+        if old is not None:
+            os.replace(target, old)
+            moved = True
         os.replace(staging, target)
     except OSError:
-        if old is not None and not target.exists():
+        if moved and not target.exists():
             os.replace(old, target)
             old = None
         raise
