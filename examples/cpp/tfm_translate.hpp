@@ -20,6 +20,7 @@
 #include <fstream>
 #include <limits>
 #include <memory>
+#include <set>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -253,15 +254,17 @@ class ModelDir {
   // A graph's file, and its external weights where it has them, checked.
   std::string graph(const std::string& name) const {
     if (!has_graph(name)) throw Error(dir_ + ": has no " + name + ".onnx; export the model again");
-    const auto& entry = manifest_["graphs"][name];
-    return graph_file(entry["file"].string, entry["sha256"].string);
+    return graph_file(manifest_["graphs"][name]);
   }
 
-  std::string graph_file(const std::string& file, const std::string& sha256) const {
-    const std::string path = verified(file, sha256);
-    const std::string data = file + ".data";
+  // A manifest entry's graph file and its external weights: the file the entry names (every graph of a large model
+  // shares one, hashed once here), else <file>.data where there is one.
+  std::string graph_file(const mini_json::Value& entry) const {
+    const std::string path = verified(entry["file"].string, entry["sha256"].string);
+    const std::string data = entry.has("data") ? entry["data"].string : entry["file"].string + ".data";
     const auto& files = manifest_["files"];
-    if (files.has(data) || std::filesystem::exists(std::filesystem::path(dir_) / data))
+    if ((entry.has("data") || files.has(data) || std::filesystem::exists(std::filesystem::path(dir_) / data)) &&
+        checked_.insert(data).second)
       verified(data, files.has(data) ? files[data].string : "");
     return path;
   }
@@ -276,6 +279,7 @@ class ModelDir {
  private:
   std::string dir_;
   mini_json::Value manifest_;
+  mutable std::set<std::string> checked_;  // external weight files already verified
   TokenRules rules_;
   int layers_ = 0, heads_ = 0, d_k_ = 0, d_v_ = 0, positions_ = 0, max_source_ = 0, max_target_ = 0;
   int source_vocab_ = 0, target_vocab_ = 0;
@@ -710,7 +714,7 @@ class GenerateSearch {
     if (detail::runtime_version() < 1022)
       throw Error("generate.onnx needs ONNX Runtime 1.22 or later (this is " + Ort::GetVersionString() + ")");
     const auto& entry = m[contract::kGenerate];
-    const std::string path = model.graph_file(entry["file"].string, entry["sha256"].string);
+    const std::string path = model.graph_file(entry);
     session_ = detail::open(env, path, detail::session_options(settings, true, model.int8_static()));
     detail::check_names(session_, path, true, contract::kGenerateInputs);
     detail::check_names(session_, path, false, contract::kGenerateOutputs);

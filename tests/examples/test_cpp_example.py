@@ -88,6 +88,15 @@ def test_demo_heldout_numbers_translate_as_tfm_run_does(tfm_translate, demo_gene
                            f"{got[differ[0]]!r} against {want[differ[0]]!r}"
 
 
+def test_the_external_layout_translates_as_tfm_run_does(tfm_translate, demo_external):
+    """Every graph's weights in one shared file (the layout of models past 2 GB), checked once and found by ONNX
+    Runtime beside the graphs: 300 held-out numbers, greedy and beam 4, as tfm-run gives them."""
+    lines = [en for en, _ in demo_numbers.held_out_pairs()[:300]]
+    for flags, options in DEMO_MODES.values():
+        want = [r.text for r in Translator.load(demo_external).translate(lines, options)]
+        assert run_cpp(tfm_translate, demo_external, lines, *flags) == want
+
+
 def test_demo_nbest_ranks_and_scores_as_tfm_run_does(tfm_translate, demo_onnx):
     """Beam 4's 4 best of 100 held-out numbers, which end at different lengths, so the length penalty decides
     their order: the same texts in the same order, and the same scores."""

@@ -43,6 +43,12 @@ def test_node_translations_equal_tfm_run(node_example, demo_onnx):
     assert run_node(node_example, demo_onnx, lines) == result.output.split("\n")[:-1]
 
 
+def test_node_translates_the_external_layout_as_tfm_run(node_example, demo_external):
+    """Every graph's weights in one shared file (the layout of models past 2 GB): onnxruntime-node finds them."""
+    lines = [en for en, _ in demo_numbers.held_out_pairs()[:60]]
+    assert run_node(node_example, demo_external, lines) == tfm_run(demo_external, lines, "--backend", "onnxruntime")
+
+
 def tfm_run(model: Path, lines: list[str], *args: str) -> list[str]:
     result = CliRunner().invoke(run_main, ["translate", "--model", str(model), *args], input="\n".join(lines) + "\n")
     assert result.exit_code == 0, result.output

@@ -127,10 +127,14 @@ def test_simplify_keeps_every_output_and_takes_nodes_out(models):
     from tfm_export.core.graph_spec import search_step_spec
     from tfm_export.graphs.export import export_graph
     from tfm_export.graphs.simplify import simplify
+    from tfm_export.graphs.weights import bind
     from tfm_export.runtime.session import run
     ckpt, _ = models["random"]
-    raw = export_graph(ckpt.model.eval(), search_step_spec(ckpt.config), 17)
-    simple = simplify(copy.deepcopy(raw))
+    exported = export_graph(ckpt.model.eval(), search_step_spec(ckpt.config), 17, simplified=False)
+    raw, weights = copy.deepcopy(exported.proto), dict(exported.weights)
+    simple = simplify(exported.proto, exported.weights)
+    bind(raw, weights)
+    bind(simple, exported.weights)
     count = lambda proto, op: sum(n.op_type == op for n in proto.graph.node)  # noqa: E731
     assert count(simple, "MatMul") == count(raw, "MatMul") - 2 * ckpt.config.n_layers
     assert count(simple, "Reshape") < count(raw, "Reshape") and len(simple.graph.node) < len(raw.graph.node)

@@ -82,6 +82,23 @@ def test_heldout_beam4_over_grpc_equals_tfm_run(translator_server, oracle):
     assert answers == oracle[4]
 
 
+def test_a_repository_of_the_external_layout_serves_as_tfm_run(environment, demo_external, tmp_path):
+    """Every graph's weights in one shared file (the layout of models past 2 GB): the repository copies it once and
+    the server translates 200 held-out numbers, greedy and beam 4, as tfm-run does on the same directory."""
+    repository = write_repository(RepositoryRequest(demo_external, tmp_path / "repo", max_batch=32))
+    copied = sorted(p.name for p in (tmp_path / "repo").rglob("*.data"))
+    assert copied == ["weights.onnx.data"], copied
+    lines = LINES[:200]
+    with LocalTritonServer(environment, tmp_path / "repo", tmp_path / "work") as server:
+        client = http.InferenceServerClient(server.http_url)
+        for beam in (1, 4):
+            want = CliRunner().invoke(run_main, ["translate", "--model", str(demo_external), "--beam-size", str(beam),
+                                                 *lines])
+            got = [t for start in range(0, len(lines), 25) for t in
+                   translate(http, client, repository.models[0], lines[start:start + 25], {"beam_size": beam})]
+            assert want.exit_code == 0 and got == want.output.splitlines()
+
+
 def test_n_best_and_scores(translator_server, demo_onnx):
     """N_BEST lists beam hypotheses best first with the scores that rank them, as `tfm-run translate --n-best`
     does, exactly n_best per sentence: where the beams finished fewer (the held-out numbers have such inputs),

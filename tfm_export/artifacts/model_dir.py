@@ -44,6 +44,10 @@ TOKEN_RULES = "token_rules"  # a pretrained model's ids and generation defaults;
 # A graph entry's list of initializers it shares with the encoder (same name and bytes), kept in its external
 # weights file so that a runtime reads them once and gives both sessions the same memory: the tied embedding table.
 SHARED = "shared_initializers"
+# A graph entry's external weights file when it is not `<file>.data`: the one file every graph of a large model
+# reads its weights from, each tensor stored once (graphs.saving)
+DATA_KEY = "data"
+WEIGHTS_FILE = "weights.onnx.data"
 SHARED_MIN_BYTES = 256  # smaller ones (folded scalars, shapes) stay inline
 SHARED_DTYPES = {"fp32": "float32", "fp16": "float16", "int8": "int8"}  # the shared table's type, by precision
 EMBEDDING_MIN_ELEMENTS = 4096  # int8 stores Gather tables this large int8; smaller ones (positions, shapes) stay float
@@ -88,7 +92,7 @@ def _checked(directory: Path) -> tuple[dict[str, Any], ModelConfig, TokenRules]:
     known = {g.value for g in (*Graph, *variant_specs(config))} | set(RETIRED_GRAPHS)  # the optional graphs too
     for name, entry in graphs.items():  # the optional graphs (decoder_step_search) are held to the same form
         if name not in known or not isinstance(entry, dict) or not is_text(entry.get("file")) \
-                or not is_sha256(entry.get("sha256")):
+                or not is_sha256(entry.get("sha256")) or (DATA_KEY in entry and not is_text(entry[DATA_KEY])):
             raise ModelDirError(f"{directory / MANIFEST}: has an invalid graphs.{name}; {REMAKE}")
     files = [entry["file"] for entry in graphs.values()]
     twice = next((f for f in files if files.count(f) > 1), None)
@@ -151,25 +155,49 @@ def verified_file(directory: Path, name: object, expected: object, what: str, re
     return path
 
 
+def data_file(manifest: dict[str, Any], graph: str) -> str:
+    """The name of the external weights file a graph reads, where it has one: its entry's DATA_KEY, or the
+    `<file>.data` beside it."""
+    entry = manifest["graphs"][graph]
+    return entry[DATA_KEY] if DATA_KEY in entry else f"{entry['file']}.data"
+
+
+def graph_files(directory: Path, manifest: dict[str, Any], graph: str) -> list[tuple[str, object, str]]:
+    """(name, the manifest's sha256, what it is) of the graph's file and of its external weights, if it has any."""
+    entry = manifest["graphs"][graph]
+    files = [(entry["file"], entry["sha256"], f"graph file of {graph}")]
+    data = data_file(manifest, graph)
+    if data in manifest["files"] or DATA_KEY in entry or (directory / data).exists():
+        files.append((data, manifest["files"].get(data), f"external weights of {graph}"))
+    return files
+
+
 def graph_path(directory: Path, manifest: dict[str, Any], graph: str, sha256: Hasher = file_sha256) -> Path:
     """The graph's file (and its external weights, if it has them), checked against the manifest's sha256."""
-    entry = manifest["graphs"][graph]
-    path = verified_file(directory, entry["file"], entry["sha256"], f"graph file of {graph}", sha256=sha256)
-    data = f"{entry['file']}.data"
-    if data in manifest["files"] or (directory / data).exists():
-        verified_file(directory, data, manifest["files"].get(data), f"external weights of {graph}", sha256=sha256)
-    return path
+    paths = [verified_file(directory, name, expected, what, sha256=sha256)
+             for name, expected, what in graph_files(directory, manifest, graph)]
+    return paths[0]
+
+
+def _distinct_files(directory: Path, manifest: dict[str, Any]) -> list[tuple[str, object, str]]:
+    """Every graph's files, each once in manifest order: a weights file the graphs share is hashed once."""
+    found: dict[str, tuple[str, object, str]] = {}
+    for graph in manifest["graphs"]:
+        for file in graph_files(directory, manifest, graph):
+            found.setdefault(file[0], file)
+    return list(found.values())
 
 
 def verified_graphs(directory: Path, manifest: dict[str, Any]) -> dict[str, Path]:
-    """Every graph of the directory by name, each checked as graph_path checks it, several at a time (sha256
-    releases the GIL: on two cores half the hashing of a base-config translate's start-up); the first damaged
-    one in manifest order is the error. Runtimes check the graphs they do not run too: a damaged directory is
-    refused whole."""
-    graphs = list(manifest["graphs"])
+    """Every graph of the directory by name, its files checked as graph_path checks them, several at a time (sha256
+    releases the GIL: on two cores half the hashing of a base-config translate's start-up) and each once; the first
+    damaged one in manifest order is the error. Runtimes check the graphs they do not run too: a damaged directory
+    is refused whole."""
     with ThreadPoolExecutor(HASH_THREADS) as pool:
-        futures = [pool.submit(graph_path, directory, manifest, graph) for graph in graphs]
-    return {graph: future.result() for graph, future in zip(graphs, futures, strict=True)}
+        futures = [pool.submit(verified_file, directory, *file) for file in _distinct_files(directory, manifest)]
+    for future in futures:
+        future.result()
+    return {graph: directory / manifest["graphs"][graph]["file"] for graph in manifest["graphs"]}
 
 
 def shared_initializers(directory: Path, manifest: dict[str, Any], graph: str,
@@ -188,7 +216,7 @@ def shared_initializers(directory: Path, manifest: dict[str, Any], graph: str,
     if not isinstance(entries, list) or not all(_shared_entry(e, table) for e in entries):
         raise ModelDirError(f"{directory / MANIFEST}: has an invalid graphs.{graph}.{SHARED} (each entry: name, "
                             f"dtype {table['dtype']}, shape {table['shape']}, offset); {REMAKE}")
-    data, what = f"{manifest['graphs'][graph]['file']}.data", f"external weights of {graph}"
+    data, what = data_file(manifest, graph), f"external weights of {graph}"
     path = verified_file(directory, data, manifest["files"].get(data), what) if check else \
         contained_file(directory, data, ModelDirError, what, REMAKE)
     arrays, size = {}, path.stat().st_size
@@ -322,7 +350,8 @@ class ModelDir(ReadDirectory):
         refused, with its own error, before anything opened from the directory is used. sha256: how a file is
         hashed (core.stamps: not again, where a writer stamped it)."""
         pool = ThreadPoolExecutor(HASH_THREADS)
-        pending = [pool.submit(graph_path, self.path, self.manifest, graph, sha256) for graph in self.graphs]
+        pending = [pool.submit(verified_file, self.path, name, expected, what, sha256=sha256)
+                   for name, expected, what in _distinct_files(self.path, self.manifest)]
         pool.shutdown(wait=False)
         try:
             yield {graph: contained_file(self.path, self.manifest["graphs"][graph]["file"], ModelDirError,

@@ -26,7 +26,7 @@ from ..core.graph_spec import (
     cache_names,
 )
 from ..core.graph_spec import search_step_spec as spec_of
-from ..graphs.export import export_graph
+from ..graphs.export import export_bound
 from ..graphs.onnx_io import save_graph
 from ..runtime.session import SessionOptions, has_cuda_provider
 from .kernel_floor import best_run_ms
@@ -57,7 +57,7 @@ def exported_step(model: nn.Module) -> Iterator[Path]:
     """The model's decoder_step_search in a temporary file: exported once, for every cell timed on it."""
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / GRAPH.filename
-        save_graph(export_graph(model.eval(), spec_of(model.config), DEFAULT_OPSET), path)
+        save_graph(export_bound(model.eval(), spec_of(model.config), DEFAULT_OPSET), path)
         yield path
 
 

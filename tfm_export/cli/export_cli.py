@@ -9,7 +9,7 @@ import click
 
 from .. import __version__
 from ..artifacts.engine_dir import TARGET_NAMES, TENSORRT
-from ..artifacts.model_dir import INT8_MODES, PRECISIONS
+from ..artifacts.model_dir import INT8_MODES, PRECISIONS, WEIGHTS_FILE
 from ..core.config import TrainSettings
 from ..core.errors import TfmExportError
 from ..core.extras import require_extra
@@ -41,6 +41,7 @@ from .generate_cli import generate
 from .variant_options import variant_from_flags, variant_options
 
 QUANTIZED = [p for p in PRECISIONS if p != "fp32"]
+WEIGHT_LAYOUTS = {"auto": None, "inline": False, "external": True}  # --weights -> export_model_dir's external_data
 
 
 @click.group(cls=ErrorReportingGroup, epilog="Typical use: tfm-export onnx --checkpoint ckpt.pt --output model/ "
@@ -142,16 +143,21 @@ def random_checkpoint_cmd(output: Path, d_model: int, heads: int, layers: int, f
 @click.option("--no-prepack", is_flag=True,
               help="Leave out the pre-packed graphs (.tfm-cache/, made for this machine's CPU and ONNX Runtime; "
                    "see `tfm-export prepack`).")
+@click.option("--weights", type=click.Choice(WEIGHT_LAYOUTS), default="auto", show_default=True,
+              help="Where the graphs keep their weights. inline: inside each graph file (below protobuf's 2 GB). "
+                   f"external: every graph's in one {WEIGHTS_FILE}, each tensor once (any size; a directory the "
+                   "size of the weights). auto: external from 2 GB of weights.")
 @click.option("--force", is_flag=True, help="Replace a non-empty output directory.")
 def onnx_cmd(checkpoint: Path, vocab: tuple[Path, ...], output: Path, opset: str, no_optimize: bool,
-             no_prepack: bool, force: bool) -> None:
+             no_prepack: bool, weights: str, force: bool) -> None:
     """Export encoder and decoder-step ONNX graphs with an explicit KV cache, checked against PyTorch."""
     require_extra("export", "tfm-export onnx")
     from ..graphs.pipeline import export_model_dir
     from ..model.loading import load_checkpoint
     ckpt = load_checkpoint(checkpoint, list(vocab))
     manifest = export_model_dir(ckpt, output, int(opset), optimize=not no_optimize, force=force,
-                                progress=sys.stderr.isatty(), prepacked=not no_prepack)
+                                progress=sys.stderr.isatty(), prepacked=not no_prepack,
+                                external_data=WEIGHT_LAYOUTS[weights])
     click.echo(f"wrote {output}: {', '.join(g['file'] for g in manifest['graphs'].values())}, manifest.json "
                f"(opset {manifest['opset']}, {manifest['precision']}, max {manifest['limits']['max_source_length']} "
                "positions)")

@@ -26,7 +26,7 @@ MASKED = -1e9  # the reference's masked_fill value, which ONNX Runtime's kernels
 @torch.library.custom_op("tfm::write_at", mutates_args=())
 def write_at(buffer: Tensor, index: Tensor, update: Tensor) -> Tensor:
     """ONNX ScatterND: `buffer` with update[i, j, 0] written at buffer[index[i, j, 0]]; index (N, nh, 1, 3) holds
-    (row, head, position) triples. One op of its own so that it exports as that single node (graphs.export)."""
+    (row, head, position) triples. One op of its own so that it exports as that single node (graphs.symbolics)."""
     out = buffer.clone()
     out[tuple(index.unbind(-1))] = update
     return out
@@ -35,6 +35,24 @@ def write_at(buffer: Tensor, index: Tensor, update: Tensor) -> Tensor:
 @write_at.register_fake
 def _(buffer: Tensor, index: Tensor, update: Tensor) -> Tensor:
     return torch.empty_like(buffer)
+
+
+# ONNX Runtime's attention kernels as ops of their own, each exported as that one com.microsoft node
+# (graphs.symbolics). Their PyTorch bodies run only while the export traces the graph, where nothing reads their
+# values: they give outputs of the kernel's shapes. FusedBufferCache computes the reference maths otherwise.
+@torch.library.custom_op("tfm::group_query_attention", mutates_args=())
+def group_query_attention(query: Tensor, key: Tensor, value: Tensor, past_key: Tensor, past_value: Tensor,
+                          seqlens_k: Tensor, total_sequence_length: Tensor, num_heads: int
+                          ) -> tuple[Tensor, Tensor, Tensor]:
+    """query/key/value (N, 1, nh * d), past (N, nh, capacity, d) -> output (N, 1, nh * d), present buffers."""
+    return torch.zeros_like(query), past_key.clone(), past_value.clone()
+
+
+@torch.library.custom_op("tfm::multi_head_attention", mutates_args=())
+def multi_head_attention(query: Tensor, key: Tensor, value: Tensor, key_padding_mask: Tensor, num_heads: int,
+                         mask_filter_value: float) -> Tensor:
+    """query (B, G, nh * d), key/value (B, nh, S, d), key_padding_mask (B, S) int32 -> (B, G, nh * d)."""
+    return torch.zeros_like(query)
 
 
 class BufferCache(StepCache):
@@ -68,11 +86,12 @@ class FusedBufferCache(BufferCache):
     the source's keys. In PyTorch, the reference the export is held to, it computes exactly what BufferCache
     does; only the exported graph differs. For equal key and value head sizes, without a relative position bias."""
 
-    def __init__(self, buffers: list[KV], length: Tensor, total: Tensor) -> None:
+    def __init__(self, buffers: list[KV], length: Tensor, total: Tensor, heads: int) -> None:
         """total: length + 1 as an int32 scalar the caller feeds from the host (GroupQueryAttention's
-        total_sequence_length, which its CUDA kernel reads in host memory)."""
+        total_sequence_length, which its CUDA kernel reads in host memory); heads: the model's, a constant of the
+        kernels (a traced shape would be a tensor)."""
         super().__init__(buffers, length)
-        self.total = total
+        self.total, self.heads = total, heads
 
     def extend(self, layer: int, keys: Tensor, values: Tensor) -> KV:
         if torch.onnx.is_in_onnx_export():
@@ -83,33 +102,27 @@ class FusedBufferCache(BufferCache):
         return partial(self._group_query_attention, layer) if torch.onnx.is_in_onnx_export() else None
 
     def cross_core(self, layer: int) -> Core | None:
-        return _multi_head_attention if torch.onnx.is_in_onnx_export() else None
+        return self._multi_head_attention if torch.onnx.is_in_onnx_export() else None
 
     def _group_query_attention(self, layer: int, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None,
                                bias: Tensor | None) -> tuple[Tensor, None]:
         """q, k, v: (N, nh, 1, d) -> (N, nh, 1, d); the present buffers recorded as the layer's cache."""
-        (keys, values), (rows, heads, _, size) = self.buffers[layer], q.shape
-        counts = self.start.to(torch.int32)
-        out, present_keys, present_values = torch.onnx.ops.symbolic_multi_out(
-            f"{MS}::GroupQueryAttention",
-            [_merged(q), _merged(k), _merged(v), keys, values, counts.expand(rows), self.total],
-            {"num_heads": heads, "kv_num_heads": heads}, dtypes=[q.dtype] * 3,
-            shapes=[(rows, 1, heads * size), keys.shape, values.shape], version=1)
+        (keys, values), (rows, _, _, size) = self.buffers[layer], q.shape
+        out, present_keys, present_values = group_query_attention(
+            _merged(q), _merged(k), _merged(v), keys, values, self.start.to(torch.int32).expand(rows), self.total,
+            self.heads)
         self.present.append((present_keys, present_values))
-        return out.view(rows, heads, 1, size), None
+        return out.view(rows, self.heads, 1, size), None
+
+    def _multi_head_attention(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor, bias: Tensor | None
+                              ) -> tuple[Tensor, None]:
+        """q (B, nh, G, d) of a source's G rows, k/v (B, nh, S, d), mask (B, 1, 1, S) bool -> (B, nh, G, d)."""
+        sources, _, group, size = q.shape
+        out = multi_head_attention(q.transpose(1, 2).reshape(sources, group, -1), k, v,
+                                   mask.reshape(sources, -1).to(torch.int32), self.heads, MASKED)
+        return out.view(sources, group, self.heads, size).transpose(1, 2), None
 
 
 def _merged(heads: Tensor) -> Tensor:
     """(N, nh, 1, d) -> (N, 1, nh * d): one token's heads as the kernels take them."""
     return heads.reshape(heads.size(0), 1, -1)
-
-
-def _multi_head_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, bias: Tensor | None) -> tuple[Tensor, None]:
-    """q (B, nh, G, d) of a source's G rows, k/v (B, nh, S, d), mask (B, 1, 1, S) bool -> (B, nh, G, d)."""
-    sources, heads, group, size = q.shape
-    out = torch.onnx.ops.symbolic(
-        f"{MS}::MultiHeadAttention", [q.transpose(1, 2).reshape(sources, group, -1), k, v, None,
-                                      mask.reshape(sources, -1).to(torch.int32)],
-        {"num_heads": heads, "mask_filter_value": MASKED}, dtype=q.dtype, shape=(sources, group, heads * size),
-        version=1)
-    return out.view(sources, group, heads, size).transpose(1, 2), None

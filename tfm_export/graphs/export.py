@@ -1,9 +1,11 @@
 """PyTorch model -> encoder and decoder-step ONNX graphs, driven by the graph specs.
 
-A fixed pipeline per graph: torch.onnx (dynamo) export with the spec's names and dynamic axes
--> exporter debug metadata dropped -> one copy of every weight -> checker with full shape
-inference -> contract checks (no If/Loop, names, axis symbols). The steps after the export are
-PyTorch-free (onnx_io), so later stages reuse them without loading torch.
+A fixed pipeline per graph: torch.onnx's TorchScript exporter traces the spec's module with the spec's names and
+dynamic axes, its weights left out (graph inputs named by the model's parameters: graphs.weights) -> exporter debug
+records dropped -> each Linear layer's transpose folded into its weight and the tied table stored once -> the
+onnxscript optimizer over the structure -> the step variants simplified. The weights join the graph only when it
+is saved (`bind`), inline or in an external file; the checks run on the saved file (onnx_io.check_contract), so a
+graph of any size is checked without its weights ever being held in a protobuf.
 """
 
 from __future__ import annotations
@@ -12,42 +14,41 @@ import contextlib
 import io
 import logging
 import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass
 
 import onnx
-import onnxruntime
+import onnx_ir as ir
+import onnxscript.optimizer
 import torch
-from torch.export import Dim
 
-from ..core.graph_spec import (
-    SUPPORTED_OPSETS,
-    TOTAL_LENGTH,
-    Graph,
-    GraphSpec,
-    GraphVariant,
-    graph_specs,
-    variant_specs,
-)
+from ..core.graph_spec import SUPPORTED_OPSETS, Graph, GraphSpec, GraphVariant, graph_specs, variant_specs
 from ..model.transformer import Transformer
 from ..runtime.session import runs_fused_graphs
-from .buffer_cache import write_at
+from . import symbolics
 from .modules import DecoderStepGraph, EncoderGraph, example_inputs
-from .onnx_io import ExportError, check_contract, share_tied_weights, strip_exporter_metadata
+from .onnx_io import ExportError, strip_exporter_metadata
 from .search import SearchStepGraph, search_example_inputs
-from .simplify import simplify
+from .simplify import simplify, static_reshapes
+from .weights import Key, Weight, bind, fold_transposes, weight_inputs
 
 FUSED = GraphVariant.DECODER_STEP_SEARCH_FUSED
 log = logging.getLogger(__name__)
 
 
-def _dynamic_shapes(spec: GraphSpec) -> tuple:
-    """The spec's symbolic axes as torch.export Dims; trailing inputs (the cache, after the fused step's total
-    length) as one nested tuple (*past)."""
-    dims: dict[str, Dim] = {}
-    shapes = [{axis: dims.setdefault(sym, Dim(sym.replace(" ", ""))) for axis, sym in enumerate(t.shape)
-               if isinstance(sym, str)} for t in spec.inputs]
-    past = next((i for i, t in enumerate(spec.inputs) if t.name.startswith("past_key_values") or
-                 t.name == TOTAL_LENGTH), None)  # SearchStepGraph takes the fused step's total length in *past
-    return tuple(shapes) if past is None else (*shapes[:past], tuple(shapes[past:]))
+@dataclass
+class ExportedGraph:
+    """A graph's structure, its weights still recipes over the model's tensors (graphs.weights) until `bind`."""
+
+    graph: Graph | GraphVariant
+    proto: onnx.ModelProto  # every weight a graph input named as in `weights`
+    weights: dict[str, Weight]
+
+
+def _dynamic_axes(spec: GraphSpec) -> dict[str, dict[int, str]]:
+    """The spec's symbolic axes, inputs and outputs, as the TorchScript exporter takes them."""
+    return {t.name: {axis: sym for axis, sym in enumerate(t.shape) if isinstance(sym, str)}
+            for t in (*spec.inputs, *spec.outputs)}
 
 
 def _module(model: Transformer, spec: GraphSpec) -> tuple[torch.nn.Module, tuple]:
@@ -59,80 +60,112 @@ def _module(model: Transformer, spec: GraphSpec) -> tuple[torch.nn.Module, tuple
     return module, example_inputs(model)[spec.graph.value]
 
 
-def export_graph(model: Transformer, spec: GraphSpec, opset: int, optimize: bool = True) -> onnx.ModelProto:
-    """torch.onnx export of one graph, with the contract's input/output names and axes."""
-    module, args = _module(model, spec)
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """The exporter's tracer warnings (a shape read as a Python number is a constant of the graph: the parity
+    checks, at other shapes than the trace's, are what tells whether that is right) and its printed notes."""
     with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), torch.no_grad():
         warnings.simplefilter("ignore")
-        # the exporter's progress notes and opset-conversion notices; its failed down-conversion (RMSNorm's
-        # ReduceMean) logs a traceback, and _at_opset converts after it
-        for name in ("torch", "onnxscript"):
-            logging.getLogger(name).setLevel(logging.ERROR)
-        program = torch.onnx.export(
-            module.eval(), args, dynamo=True, opset_version=opset, optimize=optimize, verbose=False,
-            input_names=[t.name for t in spec.inputs], output_names=[t.name for t in spec.outputs],
-            dynamic_shapes=_dynamic_shapes(spec), custom_translation_table=_translations())
-    return _at_opset(program.model_proto, opset)
+        yield
 
 
-def _translations() -> dict:
-    """buffer_cache.write_at as the one ONNX node it stands for."""
-    from onnxscript import opset18 as op
-
-    def scatter_nd(buffer, index, update):
-        return op.ScatterND(buffer, index, update)
-    return {torch.ops.tfm.write_at.default: scatter_nd, write_at: scatter_nd}
-
-
-def _at_opset(proto: onnx.ModelProto, opset: int) -> onnx.ModelProto:
-    """torch.onnx exports at 18 and converts down before optimising; a ReduceMean (RMSNorm) then still reads
-    its axes through a Reshape the converter cannot see through, and the graph silently stays at 18. After
-    the optimizer has folded the axes into an initializer, ONNX's own converter succeeds."""
-    if _opset_of(proto) == opset:
-        return proto
+@contextlib.contextmanager
+def _buffers_as_inputs(module: torch.nn.Module) -> Iterator[None]:
+    """Every buffer a weight input while tracing: the exporter inlines the non-persistent ones (RoPE's cos and sin
+    tables, T5's bucket table) as anonymous constants otherwise, and they are the model's tables, found by their
+    names (graphs.roles) and stored as any weight is."""
+    hidden = [(m, set(m._non_persistent_buffers_set)) for m in module.modules() if m._non_persistent_buffers_set]
+    for m, _ in hidden:
+        m._non_persistent_buffers_set.clear()
     try:
-        proto = onnx.version_converter.convert_version(proto, opset)
-    except (RuntimeError, onnx.checker.ValidationError) as exc:
-        raise ExportError(f"cannot express this model at opset {opset} ({str(exc).splitlines()[0][:200]}); "
-                          f"export with --opset {_opset_of(proto)}") from None
-    if _opset_of(proto) != opset:
-        raise ExportError(f"the exporter produced opset {_opset_of(proto)}, not {opset}; export with --opset "
-                          f"{_opset_of(proto)}")
-    _drop_newer_attributes(proto, opset)
-    return proto
+        yield
+    finally:
+        for m, names in hidden:
+            m._non_persistent_buffers_set.update(names)
 
 
-def _drop_newer_attributes(proto: onnx.ModelProto, opset: int) -> None:
-    """The converter carries attributes the target opset does not define (ReduceMean's opset-18
-    noop_with_empty_axes) into the converted nodes; at their default 0 they change nothing and are dropped."""
-    for node in [n for n in proto.graph.node if n.domain in ("", "ai.onnx")]:  # not ONNX Runtime's own ops
-        known = onnx.defs.get_schema(node.op_type, opset, node.domain).attributes
-        for attr in [a for a in node.attribute if a.name not in known]:
-            if onnx.helper.get_attribute_value(attr) != 0:
-                raise ExportError(f"{node.op_type} uses {attr.name}, which opset {opset} lacks; export with "
-                                  "--opset 18")
-            node.attribute.remove(attr)
+def trace(model: Transformer, spec: GraphSpec, opset: int) -> ExportedGraph:
+    """torch.onnx export of one graph's structure, with the contract's input/output names and axes."""
+    symbolics.register()
+    module, args = _module(model, spec)
+    buffer = io.BytesIO()
+    with _quiet(), _buffers_as_inputs(module):
+        torch.onnx.export(module.eval(), args, buffer, dynamo=False, opset_version=opset, export_params=False,
+                          do_constant_folding=False, input_names=[t.name for t in spec.inputs],
+                          output_names=[t.name for t in spec.outputs], dynamic_axes=_dynamic_axes(spec))
+    proto = onnx.load_from_string(buffer.getvalue())
+    _declare_shapes(proto, spec)
+    tensors = {**dict(module.named_buffers()), **dict(module.named_parameters())}
+    return ExportedGraph(spec.graph, proto, weight_inputs(proto, tensors))
 
 
-def _opset_of(proto: onnx.ModelProto) -> int:
-    return next(o.version for o in proto.opset_import if o.domain in ("", "ai.onnx"))
+def _declare_shapes(proto: onnx.ModelProto, spec: GraphSpec) -> None:
+    """The outputs' shapes as the contract declares them: the tracer names a size it cannot follow (the step's one
+    new token) with a symbol of its own. Shape inference holds the graph to what is declared (check_saved)."""
+    declared = {t.name: t.shape for t in spec.outputs}
+    for value in proto.graph.output:
+        dims = value.type.tensor_type.shape.dim
+        for dim, size in zip(dims, declared[value.name], strict=True):
+            dim.Clear()
+            if isinstance(size, str):
+                dim.dim_param = size
+            else:
+                dim.dim_value = size
+
+
+def projection_key(model: Transformer) -> frozenset[Key]:
+    """The output projection's weight as graphs.weights keys it: every graph's MatMul reads it transposed, and where it
+    is tied to an embedding table (a parameter under its first name in the model), the Gathers can read that too."""
+    first = {id(p): name for name, p in model.named_parameters()}
+    return frozenset({("tensor", f"model.{first[id(model.trg_word_prj.weight)]}")})
+
+
+def _optimized(proto: onnx.ModelProto) -> onnx.ModelProto:
+    """onnxscript's optimizer over the structure: the tracer's shape arithmetic folded, duplicates merged. The
+    weights are inputs here, so nothing of theirs is computed."""
+    model = onnxscript.optimizer.optimize(ir.serde.deserialize_model(proto))
+    return ir.serde.serialize_model(model)
+
+
+def export_graph(model: Transformer, spec: GraphSpec, opset: int, optimize: bool = True, one_file: bool = False,
+                 simplified: bool = True) -> ExportedGraph:
+    """One graph, traced and rewritten, its weights unbound. one_file: its weights will share one file with the
+    other graphs' (graphs.saving's external layout), so no rewrite may give it a copy of its own: the tied table is
+    read as W^T by every graph (in one file, the inline layout's contract graphs do so too; its variants keep W, the
+    encoder's very table, for the runtime to share), and Q, K and V stay apart (merged, they would be a second copy
+    of the decoder's attention weights). simplified: the variants' rewrites applied (graphs.simplify)."""
+    exported = trace(model.eval(), spec, opset)
+    strip_exporter_metadata(exported.proto)
+    variant = isinstance(spec.graph, GraphVariant)
+    fold_transposes(exported.proto, exported.weights, keep_gathered=variant and not one_file,
+                    transposed=projection_key(model) if one_file else frozenset())
+    if optimize:
+        exported.proto = _optimized(static_reshapes(_optimized(exported.proto)))
+    if simplified and variant:
+        exported.proto = simplify(exported.proto, exported.weights, merge=not one_file)
+    return exported
+
+
+def export_specs(model: Transformer, opset: int, variants: bool = True) -> dict[Graph | GraphVariant, GraphSpec]:
+    """The specs of the graphs an export writes: the contract's two, and the variants this ONNX Runtime runs."""
+    if opset not in SUPPORTED_OPSETS:
+        raise ExportError(f"opset {opset} is not supported; use one of {SUPPORTED_OPSETS}")
+    specs = {**graph_specs(model.config), **(variant_specs(model.config) if variants else {})}
+    if not runs_fused_graphs() and FUSED in specs:  # its parity could not be checked here, nor would it run here
+        log.warning("onnxruntime is older than %s needs; exporting without it", FUSED.filename)
+        specs.pop(FUSED)
+    return specs
+
+
+def export_bound(model: Transformer, spec: GraphSpec, opset: int, optimize: bool = True) -> onnx.ModelProto:
+    """One graph with its weights inline, in memory: for models well below protobuf's 2 GB (tests, tools)."""
+    exported = export_graph(model, spec, opset, optimize)
+    bind(exported.proto, exported.weights)
+    return exported.proto
 
 
 def export_all(model: Transformer, opset: int, optimize: bool = True,
                variants: bool = True) -> dict[Graph | GraphVariant, onnx.ModelProto]:
-    """Both graphs (and the variants, GraphVariant), exported, de-duplicated and checked."""
-    if opset not in SUPPORTED_OPSETS:
-        raise ExportError(f"opset {opset} is not supported; use one of {SUPPORTED_OPSETS}")
-    graphs = {}
-    specs = {**graph_specs(model.config), **(variant_specs(model.config) if variants else {})}
-    if not runs_fused_graphs():  # its parity could not be checked here, nor would this runtime run it
-        log.warning("onnxruntime %s is older than %s needs; exporting without it", onnxruntime.__version__,
-                    FUSED.filename)
-        specs.pop(FUSED, None)
-    for graph, spec in specs.items():
-        proto = export_graph(model.eval(), spec, opset, optimize)
-        strip_exporter_metadata(proto)
-        removed = share_tied_weights(proto, keep_embedding=isinstance(graph, GraphVariant))
-        log.info("%s: exported, %d duplicate weight copies removed", graph.filename, removed)
-        graphs[graph] = check_contract(simplify(proto) if isinstance(graph, GraphVariant) else proto, spec)
-    return graphs
+    """Every graph, export_bound's way."""
+    return {graph: export_bound(model, spec, opset, optimize)
+            for graph, spec in export_specs(model, opset, variants).items()}

@@ -121,8 +121,10 @@ def decoder_subgraph(proto: onnx.ModelProto, cfg: ModelConfig) -> onnx.GraphProt
 def share_initializers(encoder: onnx.GraphProto, decoder: onnx.GraphProto) -> list[TensorProto]:
     """Weights both subgraphs hold (a shared source/target embedding) moved to the main graph, stored once;
     each subgraph reads it from the outer scope, with its type declared as ONNX Runtime requires."""
-    def key(init: TensorProto) -> tuple:
-        return init.data_type, tuple(init.dims), numpy_helper.to_array(init).tobytes()
+    def key(init: TensorProto) -> tuple:  # an external tensor by where it lies (one file: one place, one tensor)
+        where = tuple((e.key, e.value) for e in init.external_data) if init.data_location == TensorProto.EXTERNAL \
+            else numpy_helper.to_array(init).tobytes()
+        return init.data_type, tuple(init.dims), where
     big = lambda init: int(np.prod(init.dims)) >= SHARED_MIN_ELEMENTS  # noqa: E731
     in_encoder = {key(init): init for init in encoder.initializer if big(init)}
     shared = []

@@ -13,10 +13,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import onnx
 from tqdm import tqdm
 
 from ..artifacts.manifest import write_manifest
-from ..artifacts.model_dir import TOKEN_RULES, ModelDir, file_hashes
+from ..artifacts.model_dir import DATA_KEY, TOKEN_RULES, ModelDir, data_file, file_hashes
 from ..artifacts.staging import staged_directory
 from ..core.config import ModelConfig
 from ..core.errors import TfmExportError
@@ -50,21 +51,27 @@ def write_generate_dir(model_dir: Path, output: Path, early_stopping: bool = Fal
     if refusal:
         raise TfmExportError(refusal)
     vocab = source.vocabulary()
-    graphs = {g: load_graph(model_dir, manifest, g.value) for g in Graph}
+    shared = {entry.get(DATA_KEY) for entry in manifest["graphs"].values()} - {None}  # the external layout's file
+    # in the external layout the subgraphs keep their references into the shared file, which is copied beside
+    graphs = {g: load_graph(model_dir, manifest, g.value, external_data=not shared) for g in Graph}
     with staged_directory(output, force, keep=(model_dir,)) as staging, \
             tqdm(total=3, desc="generate", disable=not progress) as bar:
         proto = generate_graph(graphs[Graph.ENCODER], graphs[Graph.DECODER_STEP], cfg, early_stopping)
-        save_graph(proto, staging / GENERATE_FILE)
+        if shared:
+            onnx.save_model(proto, staging / GENERATE_FILE)
+        else:
+            save_graph(proto, staging / GENERATE_FILE)
         bar.update()
-        for name in source.graphs:  # the contract's graphs and any other the directory lists
-            graph = source.graph_path(name)
-            for path in (graph, graph.with_name(graph.name + ".data")):
-                if path.is_file():
+        source.verified_graphs()
+        for name in source.graphs:  # the contract's graphs and any other the directory lists, each file once
+            for path in (source.path / source.entry(name)["file"], source.path / data_file(manifest, name)):
+                if path.is_file() and not (staging / path.name).exists():
                     shutil.copyfile(path, staging / path.name)
         for side, name in manifest["tokenizer"].items():
             getattr(vocab, side).save(staging / name)
         files = {**manifest["files"], **file_hashes(staging, source.tokenizer_files)}
-        entry = {"file": GENERATE_FILE, "sha256": file_sha256(staging / GENERATE_FILE), "op": OP, "model_type": 1,
+        entry = {"file": GENERATE_FILE, "sha256": file_sha256(staging / GENERATE_FILE),
+                 **({DATA_KEY: shared.pop()} if shared else {}), "op": OP, "model_type": 1,
                  "early_stopping": early_stopping, "inputs": tensors_of(proto.graph.input),
                  "outputs": tensors_of(proto.graph.output),
                  "special_tokens": {"decoder_start": BOS_ID, "eos": EOS_ID, "pad": PAD_ID, "never_generated": PAD_ID},

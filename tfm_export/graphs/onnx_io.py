@@ -18,6 +18,7 @@ from onnx import external_data_helper, helper, numpy_helper
 from ..artifacts.model_dir import SHARED, SHARED_DTYPES, SHARED_MIN_BYTES, ModelDirError, graph_path
 from ..core.errors import TfmExportError, first_line
 from ..core.graph_spec import Graph, GraphSpec, GraphVariant
+from .weights import gather_from_transposed
 
 FORBIDDEN_OPS = {"If", "Loop", "Scan"}  # TensorRT rejects control flow in these graphs
 EXTERNAL_DATA_BYTES = 2 * 1024 ** 3 - 64 * 1024 ** 2  # protobuf's 2 GB limit, with headroom
@@ -66,7 +67,7 @@ def share_tied_weights(proto: onnx.ModelProto, keep_embedding: bool = False) -> 
             if name != other and arr.shape == other_arr.shape[::-1] and arr.shape[0] != arr.shape[1] \
                     and np.array_equal(arr, other_arr.T) and _only_gathers(graph, name):
                 removed += _transpose_of(graph, name, other) if keep_embedding else \
-                    _gather_from_transposed(graph, name, other)
+                    gather_from_transposed(graph, name, other)
                 break
     return removed
 
@@ -85,30 +86,6 @@ def _transpose_of(graph: onnx.GraphProto, weight: str, transposed: str) -> int:
     return _drop_initializer(graph, transposed)
 
 
-def _gather_from_transposed(graph: onnx.GraphProto, weight: str, transposed: str) -> int:
-    """Gather(W, ids) (..., C) == Transpose(Gather(W^T, ids, axis=1)) with the C axis moved last."""
-    for node in [n for n in graph.node if n.op_type == "Gather" and n.input[0] == weight]:
-        gathered = f"{node.output[0]}__from_{transposed}"
-        new_gather = helper.make_node("Gather", [transposed, node.input[1]], [gathered], axis=1,
-                                      name=f"{node.name}_transposed")
-        # Gather(W^T, ids of rank r, axis=1) -> (C, *ids.shape); move C last.
-        rank = _rank_of(graph, node.input[1])
-        move = helper.make_node("Transpose", [gathered], [node.output[0]], perm=[*range(1, rank + 1), 0],
-                                name=f"{node.name}_channels_last")
-        index = list(graph.node).index(node)
-        graph.node.remove(node)
-        graph.node.insert(index, move)
-        graph.node.insert(index, new_gather)
-    return _drop_initializer(graph, weight)
-
-
-def _rank_of(graph: onnx.GraphProto, name: str) -> int:
-    for value in [*graph.input, *graph.value_info]:
-        if value.name == name:
-            return len(value.type.tensor_type.shape.dim)
-    raise ExportError(f"cannot tell the rank of {name} to rewrite its Gather")
-
-
 def _rename_input(graph: onnx.GraphProto, old: str, new: str) -> None:
     for node in graph.node:
         for j, name in enumerate(node.input):
@@ -125,12 +102,29 @@ def _drop_initializer(graph: onnx.GraphProto, name: str) -> int:
 
 
 def check_contract(proto: onnx.ModelProto, spec: GraphSpec) -> onnx.ModelProto:
-    """ONNX checker + strict shape inference, then the contract: names, axes, no control flow."""
+    """ONNX checker + strict shape inference, then the contract: names, axes, no control flow. `proto` holds its
+    weights (below protobuf's 2 GB); a saved graph of any size: check_saved."""
     try:
         inferred = onnx.shape_inference.infer_shapes(proto, check_type=True, strict_mode=True, data_prop=True)
         onnx.checker.check_model(inferred, full_check=True)
     except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as exc:
         raise ExportError(f"{spec.graph.filename}: ONNX checker failed: {first_line(exc)}") from None
+    return _contract(inferred, spec)
+
+
+def check_saved(path: Path, spec: GraphSpec) -> onnx.ModelProto:
+    """check_contract on a saved graph file, its external weights found beside it but never read: the checker and
+    shape inference by path; returns the inferred structure, without the external weights."""
+    try:
+        onnx.checker.check_model(str(path), full_check=True)
+        structure = onnx.load_model(str(path), load_external_data=False)
+        inferred = onnx.shape_inference.infer_shapes(structure, check_type=True, strict_mode=True, data_prop=True)
+    except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as exc:
+        raise ExportError(f"{spec.graph.filename}: ONNX checker failed: {first_line(exc)}") from None
+    return _contract(inferred, spec)
+
+
+def _contract(inferred: onnx.ModelProto, spec: GraphSpec) -> onnx.ModelProto:
     bad_ops = sorted({n.op_type for n in inferred.graph.node} & FORBIDDEN_OPS)
     if bad_ops:
         raise ExportError(f"{spec.graph.filename}: contains {', '.join(bad_ops)} nodes, which TensorRT rejects")
@@ -208,9 +202,11 @@ def _same_tensor(a: onnx.TensorProto, b: onnx.TensorProto) -> bool:
     return a.data_type == b.data_type and list(a.dims) == list(b.dims) and a.raw_data == b.raw_data
 
 
-def load_graph(directory: Path, manifest: dict[str, Any], graph: str, external_data: bool = True) -> onnx.ModelProto:
-    """The graph's ModelProto (sha256 checked); a file that does not parse is one line, not a protobuf trace."""
-    path = graph_path(directory, manifest, graph)
+def load_graph(directory: Path, manifest: dict[str, Any], graph: str, external_data: bool = True,
+               check: bool = True) -> onnx.ModelProto:
+    """The graph's ModelProto (sha256 checked, unless the caller checked the directory); a file that does not parse
+    is one line, not a protobuf trace."""
+    path = graph_path(directory, manifest, graph) if check else directory / manifest["graphs"][graph]["file"]
     try:
         proto = onnx.load_model(str(path), load_external_data=external_data)
     except Exception as exc:  # protobuf DecodeError, onnx's own errors, OSError for external data

@@ -15,17 +15,16 @@ from ..artifacts.manifest import MODEL_FORMAT, MODEL_FORMAT_VERSION, write_manif
 from ..artifacts.model_dir import TOKEN_RULES, file_hashes
 from ..artifacts.staging import staged_directory
 from ..core.errors import TfmExportError
-from ..core.files import file_sha256
 from ..core.graph_spec import DEFAULT_OPSET, LOGITS, Graph, GraphVariant, graph_specs, variant_specs
 from ..core.token_rules import SEED_RULES
 from ..core.tokenizer import SPECIAL_IDS, tokenizer_files
 from ..model.checkpoint import Checkpoint
 from ..runtime.backends import graph_decoders
 from ..runtime.backends.search_step import prepack_new
-from .export import export_all
+from .export import export_graph, export_specs
 from .inputs import random_sources, random_targets
-from .onnx_io import add_shared, save_graph_of
 from .parity import DEFAULT_TOLERANCE, FLOAT32_NOISE_FACTOR, compare_stepwise, float32_noise
+from .saving import EXTERNAL_DATA_BYTES, GraphSaver, weight_bytes
 
 NOT_SAVED_REASON = (
     "its only fusion for this architecture is SkipLayerNormalization, a com.microsoft contrib op that TensorRT "
@@ -93,36 +92,41 @@ def check_parity(ckpt: Checkpoint, directory: Path, steps: int = 3, seed: int = 
 
 
 def export_model_dir(ckpt: Checkpoint, output: Path, opset: int = DEFAULT_OPSET, optimize: bool = True,
-                     force: bool = False, progress: bool = True, prepacked: bool = True) -> dict[str, Any]:
-    """Write the model directory (docs/graph-contract.md); returns its manifest. prepacked: with the graphs ONNX
-    Runtime opens on this machine's CPU pre-packed (runtime.graph_cache), made last, from the checked directory."""
+                     force: bool = False, progress: bool = True, prepacked: bool = True,
+                     external_data: bool | None = None) -> dict[str, Any]:
+    """Write the model directory (docs/graph-contract.md); returns its manifest. One graph at a time: traced, its
+    weights written as it is saved, checked on disk, and let go before the next. external_data: every graph's
+    weights in one shared file (WEIGHTS_FILE), each tensor once (None: for a model of EXTERNAL_DATA_BYTES or
+    more). prepacked: with the graphs ONNX Runtime opens on this machine's CPU pre-packed (runtime.graph_cache),
+    made last, from the checked directory."""
     torch.manual_seed(0)
     inputs = (ckpt.path, *(Path(t.origin) for t in (ckpt.vocab.source, ckpt.vocab.target)))
+    specs = export_specs(ckpt.model, opset)
+    external = weight_bytes(ckpt.model) >= EXTERNAL_DATA_BYTES if external_data is None else external_data
     with (staged_directory(output, force, keep=inputs) as staging,
-          tqdm(total=4, desc="export", disable=not progress) as bar):
-        bar.set_postfix_str("torch.onnx")
-        graphs = export_all(ckpt.model, opset, optimize)
-        bar.update()
-        hashes, listed, shared = {}, [], {}
-        for graph, proto in graphs.items():
-            onnx.helper.set_model_props(proto, _metadata(ckpt, opset, graph))
-            files, shared[graph] = save_graph_of(graph, proto, staging, graphs[Graph.ENCODER], ckpt.config.tied_table)
-            listed += [p.name for p in files[1:]]  # external weights
-            hashes[graph] = file_sha256(staging / graph.filename)
-        bar.update()
+          tqdm(total=len(specs) + 2, desc="export", disable=not progress) as bar):
+        saver = GraphSaver(staging, ckpt.config.tied_table, external)
+        for graph, spec in specs.items():
+            bar.set_postfix_str(graph.value)
+            exported = export_graph(ckpt.model, spec, opset, optimize, one_file=external)
+            onnx.helper.set_model_props(exported.proto, _metadata(ckpt, opset, graph))
+            saver.save(exported, spec)
+            del exported
+            bar.update()
+        listed = saver.close()
         for side, name in tokenizer_files(ckpt.vocab.shared).items():
             getattr(ckpt.vocab, side).save(staging / name)
             listed.append(name)
         applied = ["tied weights stored once"]
         if optimize:
-            applied.insert(0, "torch.onnx/onnxscript optimizer: constant folding, dead code elimination")
-        manifest = build_manifest(ckpt, opset, hashes, file_hashes(staging, listed), applied)
-        add_shared(manifest, shared)
+            applied.insert(0, "onnxscript optimizer: constant folding, dead code elimination")
+        manifest = build_manifest(ckpt, opset, saver.hashes, file_hashes(staging, listed), applied)
+        saver.describe(manifest)
         write_manifest(staging, manifest)
-        bar.update()
         bar.set_postfix_str("parity")
         worst = check_parity(ckpt, staging)
         log.info("parity with PyTorch: max abs difference %.2e", worst)
+        bar.update()
         if prepacked:
             bar.set_postfix_str("prepack")
             prepack_new(staging, output)

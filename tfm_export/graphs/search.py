@@ -56,7 +56,8 @@ class SearchStepGraph(nn.Module):
         layers = [past[4 * i:4 * i + 4] for i in range(len(past) // 4)]
         src_mask = (encoder_attention_mask != 0).unsqueeze(1)  # (B, 1, S)
         buffers = [(k, v) for k, v, _, _ in layers]
-        cache = self.cache(buffers, cache_length) if total is None else self.cache(buffers, cache_length, total)
+        cache = self.cache(buffers, cache_length) if total is None else \
+            self.cache(buffers, cache_length, total, self.model.config.n_head)
         x, present = self.model.decoder.step(input_ids, cache, [(k, v) for _, _, k, v in layers], src_mask)
         logits = self.model.project(x)  # (N, 1, V)
         values, ids = select(logits, token_bias, forced_token, self.k)

@@ -114,7 +114,9 @@ def read_checkpoint_file(path: Path) -> dict[str, Any]:
     try:
         with torch.serialization.safe_globals(list(ALLOWED_GLOBALS)), warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            data = torch.load(path, map_location="cpu", weights_only=True)
+            # mapped, not read: the weights stay the file's pages (a model of any size is held once, by the page
+            # cache), which a legacy (pre-zip) checkpoint cannot be
+            data = torch.load(path, map_location="cpu", weights_only=True, mmap=zipfile.is_zipfile(path))
     except RuntimeError as exc:
         if "zip archive" in str(exc) or "central directory" in str(exc):
             raise CheckpointError(f"{path}: truncated or corrupt checkpoint (its zip archive is incomplete); "
@@ -201,11 +203,9 @@ def _value_problems(state: dict[str, torch.Tensor], config: ModelConfig,
 
 
 def build_model(config: ModelConfig, state: dict[str, torch.Tensor], path: Path) -> Transformer:
+    """The model over the checkpoint's own tensors (mapped from the file where torch.load could map it)."""
     validate_state_dict(state, config, path)
-    torch.manual_seed(0)  # the init is overwritten; seeding keeps construction deterministic
-    model = Transformer(config)
-    model.load_state_dict(state)
-    return model.eval()
+    return Transformer.over(config, state)
 
 
 def _vocab_from_files(files: list[Path], config: ModelConfig) -> Vocabulary:

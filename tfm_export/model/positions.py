@@ -90,14 +90,18 @@ class RotaryEmbedding(nn.Module):
 
     def __init__(self, d_k: int, n_position: int, base: float) -> None:
         super().__init__()
-        if _on_meta():
-            self.register_buffer("cos", torch.empty(n_position, d_k), persistent=False)
-            self.register_buffer("sin", torch.empty(n_position, d_k), persistent=False)
-            return
-        inv_freq = base ** (-np.arange(0, d_k, 2, dtype=np.float64) / d_k)  # (d/2,)
-        angles = np.repeat(np.arange(n_position, dtype=np.float64)[:, None] * inv_freq[None, :], 2, axis=1)
-        self.register_buffer("cos", torch.tensor(np.cos(angles), dtype=torch.float32), persistent=False)
-        self.register_buffer("sin", torch.tensor(np.sin(angles), dtype=torch.float32), persistent=False)
+        self.d_k, self.n_position, self.base = d_k, n_position, base
+        self.register_buffer("cos", torch.empty(n_position, d_k), persistent=False)
+        self.register_buffer("sin", torch.empty(n_position, d_k), persistent=False)
+        if not _on_meta():
+            self.materialize()
+
+    def materialize(self) -> None:
+        """The tables computed on the CPU (a model built on the meta device has their shapes only)."""
+        inv_freq = self.base ** (-np.arange(0, self.d_k, 2, dtype=np.float64) / self.d_k)  # (d/2,)
+        angles = np.repeat(np.arange(self.n_position, dtype=np.float64)[:, None] * inv_freq[None, :], 2, axis=1)
+        self.cos = torch.tensor(np.cos(angles), dtype=torch.float32)
+        self.sin = torch.tensor(np.sin(angles), dtype=torch.float32)
 
     def forward(self, start: int | Tensor, length: int | Tensor) -> tuple[Tensor, Tensor]:
         """(T, d_k) cos and sin for positions start..start+T-1."""
@@ -131,14 +135,17 @@ class RelativePositionBias(nn.Module):
                  bidirectional: bool) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.zeros(num_buckets, n_head))  # Transformer's init overwrites it
-        self.max_distance = max_distance
+        self.max_distance, self.num_buckets, self.bidirectional = max_distance, num_buckets, bidirectional
         self.offset = n_position - 1  # table index of distance 0
-        if _on_meta():
-            self.register_buffer("buckets", torch.empty(2 * n_position - 1, dtype=torch.int64), persistent=False)
-            return
-        relative = np.arange(-self.offset, n_position, dtype=np.int64)
-        table = relative_buckets(relative, bidirectional, num_buckets, max_distance)
-        self.register_buffer("buckets", torch.from_numpy(table), persistent=False)
+        self.register_buffer("buckets", torch.empty(2 * n_position - 1, dtype=torch.int64), persistent=False)
+        if not _on_meta():
+            self.materialize()
+
+    def materialize(self) -> None:
+        """The bucket table computed on the CPU (a model built on the meta device has its shape only)."""
+        relative = np.arange(-self.offset, self.offset + 1, dtype=np.int64)
+        table = relative_buckets(relative, self.bidirectional, self.num_buckets, self.max_distance)
+        self.buckets = torch.from_numpy(table)
 
     def forward(self, start: int | Tensor, q_len: int | Tensor, k_len: int | Tensor) -> Tensor:
         """(1, nh, Tq, Tk) bias for queries at start..start+Tq-1 against keys at 0..Tk-1."""

@@ -10,6 +10,7 @@ parts live in norms, positions, attention, ffn and layers; classes are ordered b
 
 from __future__ import annotations
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -135,10 +136,30 @@ class Transformer(nn.Module):
                 nn.init.xavier_uniform_(p)
         if cfg.output_bias:
             nn.init.zeros_(self.trg_word_prj.bias)
-        if cfg.proj_share_weight:
+        self.tie_weights()
+
+    def tie_weights(self) -> None:
+        """The shared tables as one parameter: the projection the target embedding, and (shared vocabularies) the
+        source embedding too."""
+        if self.config.proj_share_weight:
             self.trg_word_prj.weight = self.decoder.trg_word_emb.weight
-        if cfg.embs_share_weight:
+        if self.config.embs_share_weight:
             self.encoder.src_word_emb.weight = self.decoder.trg_word_emb.weight
+
+    @classmethod
+    def over(cls, cfg: ModelConfig, state: dict[str, Tensor]) -> Transformer:
+        """The model whose weights are the given tensors themselves (a mapped checkpoint's pages: nothing copied,
+        nothing initialised first), float32 where they are not; built on the meta device, its computed tables (RoPE,
+        T5's buckets) then made on the CPU. The state must fit the config (checkpoint.validate_state_dict)."""
+        with torch.device("meta"):
+            model = cls(cfg)
+        model.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in state.items()},
+                              assign=True)
+        model.tie_weights()  # assigned one by one, the shared tables came apart
+        for module in model.modules():
+            if hasattr(module, "materialize"):
+                module.materialize()
+        return model.eval()
 
     def encode(self, src_seq: Tensor) -> tuple[Tensor, Tensor]:
         """(B, S) ids -> encoder output (B, S, C) and source mask (B, 1, S)."""

@@ -75,6 +75,8 @@ def _unshare_fp32_initializers(proto: onnx.ModelProto, fp32_names: set[str]) -> 
                 copy_ = onnx.TensorProto()
                 copy_.CopyFrom(inits[name])
                 copy_.name = f"{name}__{node.name}"
+                if copy_.name in node.input:  # read twice by this node (a Slice's equal starts and ends)
+                    copy_.name += f"__{j}"
                 graph.initializer.append(copy_)
                 node.input[j] = copy_.name
                 readers[name] -= 1

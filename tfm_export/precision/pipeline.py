@@ -21,9 +21,11 @@ from tqdm import tqdm
 
 from ..artifacts.manifest import write_manifest
 from ..artifacts.model_dir import (
+    DATA_KEY,
     FLOAT_EMBEDDINGS,
     INT8_MODES,
     SHARED,
+    WEIGHTS_FILE,
     ModelDir,
     copy_tokenizers,
     file_hashes,
@@ -36,7 +38,16 @@ from ..core.graph_spec import Graph, GraphVariant, graph_specs, variant_specs
 from ..core.sources import decode_text
 from ..core.tokenizer import Vocabulary
 from ..graphs.inputs import random_sources
-from ..graphs.onnx_io import add_shared, check_contract, load_graph, save_graph_of, sharing_note, tensors_of
+from ..graphs.onnx_io import (
+    add_shared,
+    check_contract,
+    check_saved,
+    load_graph,
+    save_graph_of,
+    sharing_note,
+    tensors_of,
+)
+from ..graphs.weights import WeightFile, externalize
 from ..runtime import decoding
 from ..runtime.backends import graph_decoders
 from ..runtime.backends.search_step import fused_usable, prepack_new
@@ -121,9 +132,9 @@ def quantize_model_dir(source: Path, output: Path, precision: str, mode: str | N
     mode = check_request(parent, precision, mode, calibration, keep_io_types, float_embeddings)
     vocab = parent.vocabulary()  # present and parseable, before any slow work
     variants = _variants(parent, precision, mode)
-    graphs = {g: load_graph(source, manifest, g.value) for g in (*Graph, *variants)}
-    for skipped in [g for g in parent.graphs if g not in {v.value for v in (*Graph, *variants)}]:
-        parent.graph_path(skipped)  # not converted, but a damaged directory is refused
+    graphs = [*Graph, *variants]
+    parent.verified_graphs()  # the converted ones and the others: a damaged directory is refused
+    external = any(DATA_KEY in entry for entry in manifest["graphs"].values())  # graphs.saving's external layout
     keep = (source, *([calibration.path] if calibration else []))
     with staged_directory(output, force, keep=keep) as staging, \
             tqdm(total=len(graphs) + 2, desc=f"{precision}", disable=not progress) as bar:
@@ -135,22 +146,32 @@ def quantize_model_dir(source: Path, output: Path, precision: str, mode: str | N
         config = parent.config
         specs = {**graph_specs(config), **variant_specs(config)}
         entries, kept, listed, shared = {}, {}, [], {}
-        encoder = None  # converted first; the graphs after it share its tied table
-        for graph, proto in graphs.items():
+        encoder = None  # converted first; the graphs after it share its tied table (inline layout)
+        weights = WeightFile(staging / WEIGHTS_FILE) if external else None
+        for graph in graphs:  # one at a time: loaded, converted, saved and let go
             bar.set_postfix_str(graph.value)
-            converted, kept[graph.value] = _convert(proto, precision, mode, keep_io_types, traces, graph,
+            converted, kept[graph.value] = _convert(load_graph(source, manifest, graph.value, check=False),
+                                                    precision, mode, keep_io_types, traces, graph,
                                                     not float_embeddings)
-            if graph is Graph.ENCODER:
-                encoder = converted
             _set_precision_metadata(converted, precision)
-            checked = check_contract(converted, specs[graph])
-            files, shared[graph] = save_graph_of(graph, converted, staging, encoder, config.tied_table)
-            listed += [p.name for p in files[1:]]
+            if weights is not None:
+                externalize(converted, weights)
+                onnx.save_model(converted, staging / graph.filename)
+                checked = check_saved(staging / graph.filename, specs[graph])
+            else:
+                encoder = converted if graph is Graph.ENCODER else encoder
+                checked = check_contract(converted, specs[graph])
+                files, shared[graph] = save_graph_of(graph, converted, staging, encoder, config.tied_table)
+                listed += [p.name for p in files[1:]]
             entry = {k: v for k, v in manifest["graphs"][graph.value].items() if k != SHARED}
             entries[graph.value] = {**entry, "sha256": file_sha256(staging / graph.filename),
                                     "inputs": tensors_of(checked.graph.input),
                                     "outputs": tensors_of(checked.graph.output)}
+            del converted, checked
             bar.update()
+        if weights is not None:
+            weights.close()
+            listed.append(WEIGHTS_FILE)
         listed += copy_tokenizers(source, manifest, staging)
         new = _manifest(manifest, source, precision, mode, keep_io_types, entries, kept, calibration, traces)
         new["files"] = file_hashes(staging, listed)

@@ -31,7 +31,7 @@ from ..artifacts.manifest import (
     manifest_format,
     write_manifest,
 )
-from ..artifacts.model_dir import ModelDir, tokenizer_file
+from ..artifacts.model_dir import ModelDir, data_file, tokenizer_file
 from ..artifacts.staging import staged_directory
 from ..core.graph_spec import Graph
 from .contract import DEFAULT_MAX_BATCH, DEFAULT_NAME, DEVICES, LAYOUTS, native_graphs
@@ -82,12 +82,17 @@ class _Source:
         return [g.value for g in Graph] if self.engines else list(self.view.graphs)
 
     def graph_files(self, graph: str) -> list[Path]:
-        """The graph (with its external weights) or plan, checked against the manifest's sha256."""
+        """The graph with its external weights (a large model's graphs share one file), or the plan; checked
+        against the manifest's sha256 (a model directory's every file at once, by checked_graphs)."""
         if self.engines:
             return [self.view.plan_path(Graph(graph))]
-        path = self.view.graph_path(graph)
-        data = path.with_name(path.name + ".data")
-        return [path, data] if data.is_file() else [path]
+        data = self.directory / data_file(self.view.manifest, graph)
+        return [self.directory / self.view.entry(graph)["file"], *([data] if data.is_file() else [])]
+
+    def check_graphs(self) -> None:
+        """Every graph file of a model directory, each once, against the manifest (plans: as they are listed)."""
+        if not self.engines:
+            self.view.verified_graphs()
 
     def tokenizer_files(self) -> list[Path]:
         """The tokenizer file(s), checked against the manifest's sha256."""
@@ -175,6 +180,7 @@ def _files(request: RepositoryRequest, source: _Source, deployment: Deployment) 
     copied = [source.directory / MANIFEST, *source.tokenizer_files()]
     # every graph is checked, the optional ones (decoder_step_search, older directories' retired ones) included,
     # whichever the layout copies: a damaged directory is refused whole, as the runtime refuses it
+    source.check_graphs()
     graph_files = {name: source.graph_files(name) for name in source.graph_names}
     if request.layout == "translator":  # the copied manifest lists them all, and the runtime uses them
         copied += [p for paths in graph_files.values() for p in paths]

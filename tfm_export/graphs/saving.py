@@ -1,0 +1,96 @@
+"""Where an exported graph's weights go when it is saved, one graph at a time: the two layouts of a model directory.
+
+- inline (models below EXTERNAL_DATA_BYTES): each graph file holds its own weights, except that the step variants
+  keep the tied embedding table, the very tensor the encoder holds, in `<graph>.onnx.data`, whence the runtime
+  reads it once for both sessions (artifacts.model_dir.SHARED).
+- external (larger models, or asked for): every graph's weights in one file, WEIGHTS_FILE, each tensor written
+  once however many graphs read it (the decoder's weights serve decoder_step and its variants alike), so the
+  directory is about the size of the model's weights. Each graph's manifest entry names the file (DATA_KEY).
+Either way a graph is checked on disk right after it is saved (onnx_io.check_saved) and its weights are never
+held in memory beyond the block being written.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import onnx
+import torch
+
+from ..artifacts.model_dir import DATA_KEY, SHARED, SHARED_DTYPES, SHARED_MIN_BYTES, WEIGHTS_FILE
+from ..core.files import file_sha256
+from ..core.graph_spec import Graph, GraphSpec, GraphVariant
+from .export import ExportedGraph
+from .onnx_io import check_saved, sharing_note
+from .weights import INLINE_MAX_BYTES, Key, Weight, WeightFile, bind
+
+EXTERNAL_DATA_BYTES = 2 * 1024 ** 3 - 64 * 1024 ** 2  # protobuf's 2 GB limit on a graph file, with headroom
+
+
+def weight_bytes(model: torch.nn.Module) -> int:
+    """The model's weights as stored: each tensor once (a tied table is one parameter)."""
+    tensors = {id(t): t for t in (*model.parameters(), *model.buffers())}
+    return sum(t.numel() * t.element_size() for t in tensors.values())
+
+
+class GraphSaver:
+    """Saves a directory's graphs as they are exported (the encoder first), and what the manifest says of them."""
+
+    def __init__(self, directory: Path, table: tuple[int, int], external: bool) -> None:
+        self.directory, self.table, self.external = directory, table, external
+        self.file = WeightFile(directory / WEIGHTS_FILE) if external else None
+        self.hashes: dict[Graph | GraphVariant, str] = {}
+        self.shared: dict[Graph | GraphVariant, list[dict[str, Any]]] = {}
+        self.data: list[str] = []  # external weight files, for the manifest's sha256
+        self.encoder_keys: set[Key] = set()
+
+    def save(self, exported: ExportedGraph, spec: GraphSpec) -> None:
+        path = self.directory / exported.graph.filename
+        if exported.graph is Graph.ENCODER:
+            self.encoder_keys = {w.key for w in exported.weights.values()}
+        if self.external:
+            bind(exported.proto, exported.weights, lambda name, weight: weight.nbytes > INLINE_MAX_BYTES, self.file)
+        elif isinstance(exported.graph, GraphVariant):
+            self._save_sharing(exported, path)
+        else:
+            bind(exported.proto, exported.weights)
+        onnx.save_model(exported.proto, path)
+        check_saved(path, spec)
+        self.hashes[exported.graph] = file_sha256(path)
+
+    def _save_sharing(self, exported: ExportedGraph, path: Path) -> None:
+        """The tied table the encoder holds too, in the variant's own data file; the rest inline."""
+        file = WeightFile(path.with_name(path.name + ".data"))
+        bind(exported.proto, exported.weights, self._shares, file)
+        file.close()
+        entries = [{"name": name, "dtype": weight.dtype.name, "shape": list(weight.shape),
+                    "offset": file.placed[weight.key][0]}
+                   for name, weight in exported.weights.items() if weight.key in file.placed]
+        if entries:
+            self.shared[exported.graph] = entries
+            self.data.append(file.path.name)
+        else:
+            file.path.unlink()
+
+    def _shares(self, name: str, weight: Weight) -> bool:
+        return (weight.key in self.encoder_keys and weight.shape == self.table and weight.nbytes >= SHARED_MIN_BYTES
+                and weight.dtype.name in SHARED_DTYPES.values())
+
+    def close(self) -> list[str]:
+        """The external weight files written, by name (the manifest hashes them)."""
+        if self.file is not None:
+            self.file.close()
+            self.data.append(self.file.path.name)
+        return list(self.data)
+
+    def describe(self, manifest: dict[str, Any]) -> None:
+        """The graphs' manifest entries: the shared file they read (external), or the tied table they share."""
+        for graph in self.hashes:
+            if self.external:
+                manifest["graphs"][graph.value][DATA_KEY] = WEIGHTS_FILE
+            if self.shared.get(graph):
+                manifest["graphs"][graph.value][SHARED] = self.shared[graph]
+                manifest["optimizations"].append(sharing_note(graph.value))
+        if self.external:
+            manifest["optimizations"].append(f"every graph's weights in {WEIGHTS_FILE}, each tensor once")
