@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 TORCH  := torch==2.13.0
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup demo test test-slow hostile lint cpp bench bench-anchor bench-hf demo-model demo-model-modern clean serving-env bench-serving browser
+.PHONY: setup demo test test-slow hostile lint cpp bench bench-anchor bench-hf bench-scale demo-model demo-model-modern clean serving-env bench-serving browser
 
 setup: $(STAMP)
 
@@ -138,6 +138,23 @@ bench-anchor: setup
 	$(PY) scripts/bench_interleaved.py --model $(BENCH)/base-model/ckpt.pt --work-dir $(BENCH)/il \
 		--rounds 3 --lengths 64 --batch-sizes 1,8,32 --beam-sizes 1,4 --repeats 2 --min-time 0 --threads 1 \
 		--backends ort-fp32,ct2-fp32,ort-int8-dynamic,ct2-int8,ort-fp32-contract --json $(BENCH)/il.json
+
+# Large models beside CTranslate2 (docs/benchmarks.md, "Large models"): NLLB-200 600M's and 1.3B's shapes in the seed
+# architecture and an M2M100 directory of 1.3B's shape in sharded safetensors (random weights, made once in
+# build/scale: 20 GB of disk with the outputs), each through export, verify, int8 and a first translation, and
+# CTranslate2's converter and translator on the same weights, interleaved, two rounds (the first on a cold page cache
+# where this machine lets us drop it); then the decoding speed grid at 1.3B. 1.5-2 hours on 2 cores.
+SCALE := build/scale
+SCALE_MODELS ?= nllb-600m,nllb-1.3b,m2m100-1.3b
+bench-scale: setup
+	mkdir -p $(SCALE)
+	$(PY) scripts/bench_scale.py --work-dir $(SCALE) --models $(SCALE_MODELS) --rounds 2 --json $(SCALE)/scale.json \
+		> $(SCALE)/scale.md
+	$(PY) scripts/bench_interleaved.py --model $(SCALE)/nllb-1.3b/ckpt.pt --work-dir $(SCALE)/il-1.3b \
+		--lengths 64 --batch-sizes 1,32 --beam-sizes 1,4 --threads 2 --rounds 1 --repeats 1 --min-time 0 \
+		--backends ort-fp32,ct2-fp32,ct2-fp32+threads=1,ort-int8-dynamic,ct2-int8,ct2-int8+threads=1 \
+		--json $(SCALE)/speed-1.3b.json > $(SCALE)/speed-1.3b.md
+	cat $(SCALE)/scale.md $(SCALE)/speed-1.3b.md
 
 # ONNX Runtime against CTranslate2 on the same Hugging Face weights: a random opus-mt-en-de-shaped Marian directory
 # (scripts/opus_like_marian.py), two interleaved rounds, one thread each (docs/benchmarks-history.md).

@@ -42,13 +42,15 @@ def demo_onnx(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def demo_external(tmp_path_factory) -> Path:
     """The demo checkpoint exported with every graph's weights in one external file (`--weights external`, the
-    layout of models past 2 GB), once per test run."""
+    layout of models past 2 GB), with its pre-packed graphs (which that layout makes only when asked), once per
+    test run."""
     from tfm_export.graphs.pipeline import export_model_dir
     from tfm_export.model.loading import load_checkpoint
 
     def make(root: Path) -> None:
         root.mkdir(parents=True)
-        export_model_dir(load_checkpoint(DEMO_CKPT), root / "model", progress=False, external_data=True)
+        export_model_dir(load_checkpoint(DEMO_CKPT), root / "model", progress=False, external_data=True,
+                         prepacked=True)
     return made_once(tmp_path_factory, "demo-external", make) / "model"
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import shutil
+import subprocess
 from pathlib import Path
 
 import onnx
@@ -134,3 +135,56 @@ def test_check_builds_it_in_tensorrt_rtx(demo_external):
     pytest.importorskip("tensorrt_rtx_bindings", reason="TensorRT-RTX (the rtx extra) is not installed")
     result = CliRunner().invoke(export_main, ["check", "--model", str(demo_external)])
     assert result.exit_code == 0, result.output
+
+
+@pytest.fixture
+def threshold_at(monkeypatch):
+    """The external layout's threshold lowered (protobuf's 2 GB are beyond a test's models): the tiny and demo
+    models count as large."""
+    from tfm_export.graphs import pipeline, saving
+
+    def lower(size: int) -> None:
+        for module in (pipeline, saving):
+            monkeypatch.setattr(module, "EXTERNAL_DATA_BYTES", size)
+    return lower
+
+
+def test_auto_takes_the_external_layout_past_the_threshold_and_inline_is_refused_there(threshold_at, tmp_path):
+    threshold_at(1 << 20)  # the demo's 5.8 MB of weights are past it
+    result = CliRunner().invoke(export_main, ["onnx", "--checkpoint", str(DEMO_CKPT), "--output",
+                                              str(tmp_path / "inline"), "--weights", "inline"])
+    assert result.exit_code == 1 and result.output.count("\n") == 1, result.output
+    assert "--weights inline" in result.output and "use --weights external" in result.output
+    assert not list(tmp_path.iterdir())  # refused before any work
+    result = CliRunner().invoke(export_main, ["onnx", "--checkpoint", str(DEMO_CKPT), "--output",
+                                              str(tmp_path / "auto")])
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "auto" / WEIGHTS_FILE).is_file()
+    assert sorted(p.name for p in (tmp_path / "auto" / CACHE_DIR).iterdir()) == ["stamps.json"]  # no pre-packing
+
+
+def test_a_model_this_machine_cannot_hold_is_refused_before_any_work(monkeypatch, tmp_path):
+    from tfm_export.graphs import saving
+    monkeypatch.setattr(saving, "total_memory_bytes", lambda: 1 << 30)  # a 1 GB machine: the extra alone is more
+    result = CliRunner().invoke(export_main, ["onnx", "--checkpoint", str(DEMO_CKPT), "--output", str(tmp_path / "m")])
+    assert result.exit_code == 1 and result.output.count("\n") == 1, result.output
+    assert "needs about 1.6 GB of memory" in result.output and "this machine has 1.1 GB" in result.output
+    assert not list(tmp_path.iterdir())
+
+
+def test_a_disk_that_fills_mid_export_leaves_nothing(tmp_path):
+    """A tmpfs holding the weights once (the check before any work passes) but not the whole directory."""
+    mount = tmp_path / "small"
+    mount.mkdir()
+    size = sum(_weight_sizes(DEMO_CKPT)) + 8192  # the weights, not their alignment, graphs and manifest too
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mount)],
+                      capture_output=True).returncode:
+        pytest.skip("cannot mount a tmpfs here (not root?)")
+    try:
+        result = CliRunner().invoke(export_main, ["onnx", "--checkpoint", str(DEMO_CKPT), "--output",
+                                                  str(mount / "m"), "--weights", "external"])
+        assert result.exit_code == 1 and result.output.count("\n") == 1, result.output
+        assert "No space left on device" in result.output and "nothing was written" in result.output
+        assert list(mount.iterdir()) == []
+    finally:
+        subprocess.run(["umount", str(mount)], capture_output=True)

@@ -142,7 +142,7 @@ def random_checkpoint_cmd(output: Path, d_model: int, heads: int, layers: int, f
 @click.option("--no-optimize", is_flag=True, help="Skip the exporter's graph optimizer (constant folding etc.).")
 @click.option("--no-prepack", is_flag=True,
               help="Leave out the pre-packed graphs (.tfm-cache/, made for this machine's CPU and ONNX Runtime; "
-                   "see `tfm-export prepack`).")
+                   "see `tfm-export prepack`). Models past 2 GB of weights leave them out unasked.")
 @click.option("--weights", type=click.Choice(WEIGHT_LAYOUTS), default="auto", show_default=True,
               help="Where the graphs keep their weights. inline: inside each graph file (below protobuf's 2 GB). "
                    f"external: every graph's in one {WEIGHTS_FILE}, each tensor once (any size; a directory the "
@@ -156,7 +156,7 @@ def onnx_cmd(checkpoint: Path, vocab: tuple[Path, ...], output: Path, opset: str
     from ..model.loading import load_checkpoint
     ckpt = load_checkpoint(checkpoint, list(vocab))
     manifest = export_model_dir(ckpt, output, int(opset), optimize=not no_optimize, force=force,
-                                progress=sys.stderr.isatty(), prepacked=not no_prepack,
+                                progress=sys.stderr.isatty(), prepacked=False if no_prepack else None,
                                 external_data=WEIGHT_LAYOUTS[weights])
     click.echo(f"wrote {output}: {', '.join(g['file'] for g in manifest['graphs'].values())}, manifest.json "
                f"(opset {manifest['opset']}, {manifest['precision']}, max {manifest['limits']['max_source_length']} "
@@ -197,7 +197,7 @@ def quantize_cmd(model_dir: Path, precision: str, mode: str | None, calibration:
     calib = Calibration.from_options(calibration, calibration_max_length)
     manifest = quantize_model_dir(model_dir, output, precision, mode, calib, keep_io_types, force,
                                   progress=sys.stderr.isatty(), float_embeddings=float_embeddings,
-                                  prepacked=not no_prepack)
+                                  prepacked=False if no_prepack else None)
     sizes = {g: (output / e["file"]).stat().st_size / 1e6 for g, e in manifest["graphs"].items()}
     kind = f"int8 {manifest['int8']['mode']}" if precision == "int8" else precision
     click.echo(f"wrote {output}: {kind}, " + ", ".join(f"{g} {mb:.1f} MB" for g, mb in sizes.items()))

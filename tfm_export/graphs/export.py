@@ -17,10 +17,13 @@ import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+import numpy as np
 import onnx
 import onnx_ir as ir
 import onnxscript.optimizer
 import torch
+from onnx import numpy_helper
+from onnx.reference import ReferenceEvaluator
 
 from ..core.graph_spec import SUPPORTED_OPSETS, Graph, GraphSpec, GraphVariant, graph_specs, variant_specs
 from ..model.transformer import Transformer
@@ -30,9 +33,13 @@ from .modules import DecoderStepGraph, EncoderGraph, example_inputs
 from .onnx_io import ExportError, strip_exporter_metadata
 from .search import SearchStepGraph, search_example_inputs
 from .simplify import simplify, static_reshapes
-from .weights import Key, Weight, bind, fold_transposes, weight_inputs
+from .weights import Weight, bind, fold_transposes, weight_inputs
 
 FUSED = GraphVariant.DECODER_STEP_SEARCH_FUSED
+# lift_constants folds these when every input is a constant of at most FOLD_MAX_ELEMENTS (shapes, scalars)
+FOLDABLE_OPS = frozenset({"Reshape", "Unsqueeze", "Squeeze", "Concat", "Cast", "Gather", "Slice", "Add", "Sub",
+                          "Mul", "Div", "Equal", "Where", "Range", "Expand", "ConstantOfShape", "Not", "Neg"})
+FOLD_MAX_ELEMENTS = 1024
 log = logging.getLogger(__name__)
 
 
@@ -84,12 +91,25 @@ def _buffers_as_inputs(module: torch.nn.Module) -> Iterator[None]:
             m._non_persistent_buffers_set.update(names)
 
 
+@contextlib.contextmanager
+def _shape_inference_without_weights() -> Iterator[None]:
+    """The TorchScript exporter's whole-graph shape inference given no weights: it would serialize every weight into
+    a protobuf to infer the shapes the weight inputs' types already give (for a 600M-parameter model, 11 s and a
+    copy of the encoder's weights for the encoder alone); it infers the very same graph without them (tests)."""
+    real = torch._C._jit_pass_onnx_graph_shape_type_inference
+    torch._C._jit_pass_onnx_graph_shape_type_inference = lambda graph, params, opset: real(graph, {}, opset)
+    try:
+        yield
+    finally:
+        torch._C._jit_pass_onnx_graph_shape_type_inference = real
+
+
 def trace(model: Transformer, spec: GraphSpec, opset: int) -> ExportedGraph:
     """torch.onnx export of one graph's structure, with the contract's input/output names and axes."""
     symbolics.register()
     module, args = _module(model, spec)
     buffer = io.BytesIO()
-    with _quiet(), _buffers_as_inputs(module):
+    with _quiet(), _buffers_as_inputs(module), _shape_inference_without_weights():
         torch.onnx.export(module.eval(), args, buffer, dynamo=False, opset_version=opset, export_params=False,
                           do_constant_folding=False, input_names=[t.name for t in spec.inputs],
                           output_names=[t.name for t in spec.outputs], dynamic_axes=_dynamic_axes(spec))
@@ -113,34 +133,76 @@ def _declare_shapes(proto: onnx.ModelProto, spec: GraphSpec) -> None:
                 dim.dim_value = size
 
 
-def projection_key(model: Transformer) -> frozenset[Key]:
-    """The output projection's weight as graphs.weights keys it: every graph's MatMul reads it transposed, and where it
-    is tied to an embedding table (a parameter under its first name in the model), the Gathers can read that too."""
-    first = {id(p): name for name, p in model.named_parameters()}
-    return frozenset({("tensor", f"model.{first[id(model.trg_word_prj.weight)]}")})
-
-
 def _optimized(proto: onnx.ModelProto) -> onnx.ModelProto:
-    """onnxscript's optimizer over the structure: the tracer's shape arithmetic folded, duplicates merged. The
-    weights are inputs here, so nothing of theirs is computed."""
-    model = onnxscript.optimizer.optimize(ir.serde.deserialize_model(proto))
-    return ir.serde.serialize_model(model)
+    """onnxscript's optimizer over the structure, twice around static_reshapes: the tracer's shape arithmetic
+    folded, duplicates merged, Reshapes given constant shapes. A small model's step runs nodes, not GEMMs, and every
+    node counts; the weights are inputs here, so nothing of theirs is computed."""
+    return _optimizer_pass(static_reshapes(_optimizer_pass(proto)))
+
+
+def lift_constants(proto: onnx.ModelProto) -> None:
+    """The tracer's Constant nodes as initializers, and the small sums of them (a Reshape of two constants) computed
+    by onnx's reference evaluator, in one pass over the nodes: what the optimizer would make of them, where
+    TensorRT and the checks read a constant (a TopK's K), at a fraction of its cost on a large graph."""
+    graph, kept = proto.graph, []
+    known = {i.name: i for i in graph.initializer if np.prod(i.dims, dtype=np.int64) <= FOLD_MAX_ELEMENTS}
+    opset = next(o.version for o in proto.opset_import if o.domain in ("", "ai.onnx"))
+    for node in graph.node:
+        values = _constant_outputs(node, known, opset)
+        if values is None:
+            kept.append(node)
+            continue
+        for name, value in zip(node.output, values, strict=True):
+            tensor = value if isinstance(value, onnx.TensorProto) else numpy_helper.from_array(np.asarray(value), name)
+            tensor.name = name
+            graph.initializer.append(tensor)
+            known[name] = tensor
+    del graph.node[:]
+    graph.node.extend(kept)
+
+
+def _constant_outputs(node: onnx.NodeProto, known: dict[str, onnx.TensorProto], opset: int) -> list | None:
+    """A node's outputs where it is a Constant, or a small standard op of constants; None otherwise."""
+    if node.domain not in ("", "ai.onnx"):
+        return None
+    if node.op_type == "Constant":
+        if len(node.attribute) != 1 or node.attribute[0].name != "value":
+            return None
+        tensor = onnx.TensorProto()
+        tensor.CopyFrom(node.attribute[0].t)
+        return [tensor]
+    if node.op_type not in FOLDABLE_OPS or not all(i in known for i in node.input if i):
+        return None
+    evaluator = ReferenceEvaluator(onnx.helper.make_graph([node], "fold", [], [
+        onnx.helper.make_tensor_value_info(o, onnx.TensorProto.UNDEFINED, None) for o in node.output],
+        [known[i] for i in node.input if i]), opsets={"": opset})
+    values = evaluator.run(None, {})
+    return values if all(np.asarray(v).size <= FOLD_MAX_ELEMENTS for v in values) else None
+
+
+def _optimizer_pass(proto: onnx.ModelProto) -> onnx.ModelProto:
+    return ir.serde.serialize_model(onnxscript.optimizer.optimize(ir.serde.deserialize_model(proto)))
 
 
 def export_graph(model: Transformer, spec: GraphSpec, opset: int, optimize: bool = True, one_file: bool = False,
                  simplified: bool = True) -> ExportedGraph:
     """One graph, traced and rewritten, its weights unbound. one_file: its weights will share one file with the
-    other graphs' (graphs.saving's external layout), so no rewrite may give it a copy of its own: the tied table is
-    read as W^T by every graph (in one file, the inline layout's contract graphs do so too; its variants keep W, the
-    encoder's very table, for the runtime to share), and Q, K and V stay apart (merged, they would be a second copy
-    of the decoder's attention weights). simplified: the variants' rewrites applied (graphs.simplify)."""
+    other graphs' (graphs.saving's external layout), so no rewrite may give it a copy of its own: every graph keeps
+    the tied table W itself, the encoder's very table, for the runtime to map once and give every session (the
+    projection's W^T is a Transpose ONNX Runtime folds, packs and frees when a session opens; the inline layout's
+    contract graphs store W^T instead, and their Gathers read it along axis 1: a gather that touches every page of
+    a large table), and Q, K and V stay apart (merged, they would be a second copy of the decoder's attention
+    weights); and the optimizer is left to ONNX Runtime, which folds the same shape arithmetic when a session
+    opens (on a 24-layer graph onnxscript's takes 6-14 s a pass, a minute of a 1.3B export, for node counts that
+    do not matter beside its GEMMs). simplified: the variants' rewrites applied (graphs.simplify)."""
     exported = trace(model.eval(), spec, opset)
     strip_exporter_metadata(exported.proto)
     variant = isinstance(spec.graph, GraphVariant)
-    fold_transposes(exported.proto, exported.weights, keep_gathered=variant and not one_file,
-                    transposed=projection_key(model) if one_file else frozenset())
-    if optimize:
-        exported.proto = _optimized(static_reshapes(_optimized(exported.proto)))
+    fold_transposes(exported.proto, exported.weights, keep_gathered=variant or one_file)
+    if optimize and not one_file:
+        exported.proto = _optimized(exported.proto)
+    elif optimize:
+        lift_constants(exported.proto)
     if simplified and variant:
         exported.proto = simplify(exported.proto, exported.weights, merge=not one_file)
     return exported

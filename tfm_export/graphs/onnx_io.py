@@ -66,8 +66,11 @@ def share_tied_weights(proto: onnx.ModelProto, keep_embedding: bool = False) -> 
         for other, other_arr in arrays.items():
             if name != other and arr.shape == other_arr.shape[::-1] and arr.shape[0] != arr.shape[1] \
                     and np.array_equal(arr, other_arr.T) and _only_gathers(graph, name):
-                removed += _transpose_of(graph, name, other) if keep_embedding else \
+                if keep_embedding:
+                    removed += _transpose_of(graph, name, other)
+                else:
                     gather_from_transposed(graph, name, other)
+                    removed += _drop_initializer(graph, name)
                 break
     return removed
 

@@ -54,41 +54,70 @@ class TensorDiff:
     def of(cls, name: str, got: np.ndarray, want: np.ndarray) -> TensorDiff:
         if got.shape != want.shape:
             raise ValueError(f"{name}: shape {got.shape} != {want.shape}")
-        err = float(np.abs(got.astype(np.float64) - want).max()) if got.size else 0.0
+        err = _max_abs_difference(got, want) if got.size else 0.0
         scale = float(np.abs(want).max()) if want.size else 0.0
         return cls(name, err, err / max(scale, 1e-12), scale)
 
 
-def compare_stepwise(model: Transformer, backend: GraphBackend, src: np.ndarray, trg: np.ndarray,
-                     steps: int | None = None) -> list[TensorDiff]:
+def _max_abs_difference(got: np.ndarray, want: np.ndarray, rows: int = 1 << 16) -> float:
+    """max |got - want| in float64, a block of rows at a time: a large vocabulary's logits over the longest target
+    are gigabytes in float64."""
+    got, want = got.reshape(-1, got.shape[-1]), want.reshape(-1, want.shape[-1])
+    step = max(1, rows * 64 // max(1, got.shape[-1]))
+    return max(float(np.abs(got[i:i + step].astype(np.float64) - want[i:i + step]).max())
+               for i in range(0, len(got), step))
+
+
+@dataclass(frozen=True)
+class Reference:
+    """PyTorch's outputs for one batch, computed once for every graph held to them: the full-sequence logits, the
+    encoder's output and its cross-attention keys/values (flat, in the graphs' output order)."""
+
+    src: np.ndarray
+    trg: np.ndarray
+    logits: np.ndarray  # (B, T, V)
+    encoder: np.ndarray  # (B, S, C)
+    cross: np.ndarray
+    cross_names: tuple[str, ...]  # the graphs' outputs that hold `cross`, in its order
+
+    @classmethod
+    def of(cls, model: Transformer, src: np.ndarray, trg: np.ndarray) -> Reference:
+        import torch  # the reference side only; the rest of parity serves PyTorch-free checks
+        with torch.no_grad():
+            logits = model(torch.from_numpy(src), torch.from_numpy(trg)).numpy()
+            enc_output, _ = model.encode(torch.from_numpy(src))
+            cross = np.concatenate([t.numpy().ravel() for kv in model.decoder.cross_keys_values(enc_output)
+                                    for t in kv])
+        return cls(src, trg, logits, enc_output.numpy(), cross, cache_names(model.config).cross_outputs)
+
+
+def compare_stepwise(model: Transformer | Reference, backend: GraphBackend, src: np.ndarray, trg: np.ndarray,
+                     steps: int | None = None, encoder: bool = True, whole: bool = True) -> list[TensorDiff]:
     """Encoder outputs, then decoder_step one token at a time (cache fed back) for `steps` tokens,
-    then one decoder_step call over the whole target; all against model(src, trg). Any backend that runs
-    the raw graphs (GraphBackend) can be held to the reference this way."""
-    import torch  # the reference side only; the rest of parity serves PyTorch-free checks
-    with torch.no_grad():
-        return _compare_stepwise(model, backend, src, trg, steps, torch)
-
-
-def _compare_stepwise(model: Transformer, backend: GraphBackend, src: np.ndarray, trg: np.ndarray,
-                      steps: int | None, torch) -> list[TensorDiff]:
-    full = model(torch.from_numpy(src), torch.from_numpy(trg)).numpy()  # (B, T, V)
-    enc_output, _ = model.encode(torch.from_numpy(src))
-    cross = model.decoder.cross_keys_values(enc_output)
-    got = backend.run_encoder(src)
-    diffs = [TensorDiff.of("encoder last_hidden_state", got[LAST_HIDDEN_STATE], enc_output.numpy())]
-    want_cross = np.concatenate([t.numpy().ravel() for kv in cross for t in kv])
-    got_cross = np.concatenate([got[n].ravel() for n in cache_names(model.config).cross_outputs])
-    diffs.append(TensorDiff.of("encoder present.*.encoder.*", got_cross, want_cross))
+    then one decoder_step call over the whole target; all against model(src, trg) (or its Reference, computed
+    once for several backends). Any backend that runs the raw graphs (GraphBackend) can be held to the reference
+    this way. encoder: its outputs compared (backends of one directory share it: once is enough); whole: the
+    call over the whole target made (a one-token step graph makes it one call per token)."""
+    want = model if isinstance(model, Reference) else Reference.of(model, src, trg)
+    diffs = []
+    if encoder:
+        got = backend.run_encoder(src)
+        diffs.append(TensorDiff.of("encoder last_hidden_state", got[LAST_HIDDEN_STATE], want.encoder))
+        got_cross = np.concatenate([got[n].ravel() for n in want.cross_names])
+        diffs.append(TensorDiff.of("encoder present.*.encoder.*", got_cross, want.cross))
+        del got, got_cross
     state = backend.encode(src)
     per_step = []
     for t in range(steps if steps is not None else trg.shape[1]):
         state, logits = backend.run_step(state, trg[:, t:t + 1])
-        per_step.append(TensorDiff.of(f"step {t + 1}", logits[:, 0], full[:, t]))
+        per_step.append(TensorDiff.of(f"step {t + 1}", logits[:, 0], want.logits[:, t]))
     worst = max(per_step, key=lambda d: d.max_abs)
     diffs.append(TensorDiff(f"decoder_step logits, {len(per_step)} steps, cache fed back (worst: {worst.name})",
                             worst.max_abs, worst.max_rel, worst.scale))
-    _, logits = backend.run_step(backend.encode(src), trg)
-    diffs.append(TensorDiff.of(f"decoder_step logits, {trg.shape[1]} tokens in one call", logits, full))
+    del state
+    if whole:
+        _, logits = backend.run_step(backend.encode(src), trg)
+        diffs.append(TensorDiff.of(f"decoder_step logits, {trg.shape[1]} tokens in one call", logits, want.logits))
     return diffs
 
 

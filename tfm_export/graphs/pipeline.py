@@ -16,20 +16,29 @@ from ..artifacts.model_dir import TOKEN_RULES, file_hashes
 from ..artifacts.staging import staged_directory
 from ..core.errors import TfmExportError
 from ..core.graph_spec import DEFAULT_OPSET, LOGITS, Graph, GraphVariant, graph_specs, variant_specs
+from ..core.memory import release_file_pages
 from ..core.token_rules import SEED_RULES
 from ..core.tokenizer import SPECIAL_IDS, tokenizer_files
-from ..model.checkpoint import Checkpoint
-from ..runtime.backends import graph_decoders
+from ..model.checkpoint import Checkpoint, checkpoint_files
+from ..runtime.backends import each_graph_decoder
 from ..runtime.backends.search_step import prepack_new
+from ..runtime.graph_cache import stamp_new
+from ..runtime.session import SessionOptions
 from .export import export_graph, export_specs
 from .inputs import random_sources, random_targets
-from .parity import DEFAULT_TOLERANCE, FLOAT32_NOISE_FACTOR, compare_stepwise, float32_noise
-from .saving import EXTERNAL_DATA_BYTES, GraphSaver, weight_bytes
+from .parity import DEFAULT_TOLERANCE, FLOAT32_NOISE_FACTOR, Reference, compare_stepwise, float32_noise
+from .saving import EXTERNAL_DATA_BYTES, GraphSaver, check_room, weight_bytes
 
 NOT_SAVED_REASON = (
     "its only fusion for this architecture is SkipLayerNormalization, a com.microsoft contrib op that TensorRT "
     "and other runtimes cannot load; ONNX Runtime applies the same fusion itself when a session opens the graph "
     "(measured: no speed difference), so the saved graphs keep standard ONNX ops")
+PARITY_OPTIONS = SessionOptions(prepacking=False, graph_cache=False)  # the graphs' maths, as lean as it loads
+PARITY_ROWS = 2  # sources of different lengths: the padding masks at work
+PARITY_LOGITS_BYTES = 256 << 20  # PyTorch's and ONNX Runtime's logits over the whole target, each
+UNOPTIMIZED_REASON = (
+    "left to ONNX Runtime in the external layout: it folds the same shape arithmetic when a session opens, and on a "
+    "large model's graphs the optimizer's passes take minutes for node counts that do not matter beside the GEMMs")
 log = logging.getLogger(__name__)
 
 
@@ -73,13 +82,25 @@ def build_manifest(ckpt: Checkpoint, opset: int, hashes: dict[Graph | GraphVaria
 
 def check_parity(ckpt: Checkpoint, directory: Path, steps: int = 3, seed: int = 0) -> float:
     """Export ends by comparing ONNX Runtime with PyTorch on a padded batch at the longest source and
-    target the model takes, a few steps with the cache fed back, every decoder graph of the directory opened as
-    the runtime opens it. Raises beyond the default Tolerance."""
+    target the model takes (the target shorter where its logits would pass PARITY_LOGITS_BYTES: a 256k vocabulary's
+    at its first 128 positions), a few steps with the cache fed back, every decoder graph of the directory opened
+    as the runtime opens it, one at a time (PyTorch's outputs computed once for all), without pre-packed weights
+    (the same maths, half the memory of a large model). Raises beyond the default Tolerance."""
     cfg = ckpt.config
-    backends = list(graph_decoders(directory).values())
-    src = random_sources(cfg.src_vocab_size, 3, cfg.n_position, seed, cfg.src_pad_idx)
-    trg = random_targets(cfg.trg_vocab_size, 3, cfg.n_position, seed, cfg.trg_pad_idx)
-    diffs = [d for backend in backends for d in compare_stepwise(ckpt.model, backend, src, trg, steps)]
+    rows = PARITY_ROWS
+    length = min(cfg.n_position, max(steps, PARITY_LOGITS_BYTES // (rows * cfg.trg_vocab_size * 4)))
+    src = random_sources(cfg.src_vocab_size, rows, cfg.n_position, seed, cfg.src_pad_idx)
+    trg = random_targets(cfg.trg_vocab_size, rows, length, seed, cfg.trg_pad_idx)
+    reference = Reference.of(ckpt.model, src, trg)
+    release_file_pages(checkpoint_files(ckpt))  # PyTorch's part is done: its mapped weights need not stay
+    small = weight_bytes(ckpt.model) < EXTERNAL_DATA_BYTES
+    diffs = []
+    for name, backend in each_graph_decoder(directory, PARITY_OPTIONS):
+        # the encoder is every backend's; the step variants take one token per call, so the whole target is as
+        # many calls: made where the model is small (a large one's graphs are the same code at every position)
+        contract = name == Graph.DECODER_STEP.value
+        diffs += compare_stepwise(reference, backend, src, trg, steps, encoder=contract, whole=contract or small)
+        del backend
     failed = [d for d in diffs if not d.within(DEFAULT_TOLERANCE)]
     noise = float32_noise(ckpt.model, src, trg) if failed and all(LOGITS in d.name for d in failed) else 0.0
     failed = [d for d in failed if d.max_abs > FLOAT32_NOISE_FACTOR * noise]
@@ -92,17 +113,18 @@ def check_parity(ckpt: Checkpoint, directory: Path, steps: int = 3, seed: int = 
 
 
 def export_model_dir(ckpt: Checkpoint, output: Path, opset: int = DEFAULT_OPSET, optimize: bool = True,
-                     force: bool = False, progress: bool = True, prepacked: bool = True,
+                     force: bool = False, progress: bool = True, prepacked: bool | None = None,
                      external_data: bool | None = None) -> dict[str, Any]:
     """Write the model directory (docs/graph-contract.md); returns its manifest. One graph at a time: traced, its
     weights written as it is saved, checked on disk, and let go before the next. external_data: every graph's
     weights in one shared file (WEIGHTS_FILE), each tensor once (None: for a model of EXTERNAL_DATA_BYTES or
     more). prepacked: with the graphs ONNX Runtime opens on this machine's CPU pre-packed (runtime.graph_cache),
-    made last, from the checked directory."""
+    made last, from the checked directory (None: for the inline layout's models only)."""
     torch.manual_seed(0)
     inputs = (ckpt.path, *(Path(t.origin) for t in (ckpt.vocab.source, ckpt.vocab.target)))
     specs = export_specs(ckpt.model, opset)
     external = weight_bytes(ckpt.model) >= EXTERNAL_DATA_BYTES if external_data is None else external_data
+    check_room(ckpt.model, output, external)
     with (staged_directory(output, force, keep=inputs) as staging,
           tqdm(total=len(specs) + 2, desc="export", disable=not progress) as bar):
         saver = GraphSaver(staging, ckpt.config.tied_table, external)
@@ -113,22 +135,31 @@ def export_model_dir(ckpt: Checkpoint, output: Path, opset: int = DEFAULT_OPSET,
             saver.save(exported, spec)
             del exported
             bar.update()
-        listed = saver.close()
-        for side, name in tokenizer_files(ckpt.vocab.shared).items():
+        weights = saver.close()
+        tokenizers = tokenizer_files(ckpt.vocab.shared)
+        for side, name in tokenizers.items():
             getattr(ckpt.vocab, side).save(staging / name)
-            listed.append(name)
         applied = ["tied weights stored once"]
-        if optimize:
+        if optimize and not external:
             applied.insert(0, "onnxscript optimizer: constant folding, dead code elimination")
-        manifest = build_manifest(ckpt, opset, saver.hashes, file_hashes(staging, listed), applied)
+        files = file_hashes(staging, tokenizers.values()) | weights
+        manifest = build_manifest(ckpt, opset, saver.hashes, dict(sorted(files.items())), applied)
         saver.describe(manifest)
+        if optimize and external:
+            manifest["optimizations_not_applied"]["onnxscript optimizer"] = UNOPTIMIZED_REASON
         write_manifest(staging, manifest)
+        if external:  # the parity check's loads, and later ones, need not read gigabytes to check the files
+            stamp_new(staging, {**files, **{g.filename: sha256 for g, sha256 in saver.hashes.items()}})
         bar.set_postfix_str("parity")
         worst = check_parity(ckpt, staging)
         log.info("parity with PyTorch: max abs difference %.2e", worst)
         bar.update()
-        if prepacked:
+        if prepacked or (prepacked is None and not external):
             bar.set_postfix_str("prepack")
             prepack_new(staging, output)
+        elif prepacked is None and external:  # the stamps alone (above)
+            log.warning("%s: pre-packed graphs left out (the external layout's default: for a large model they "
+                        "add about as much again on disk, and to this export's memory); `tfm-export prepack "
+                        "--model %s` makes them", output, output)
         bar.update()
     return manifest

@@ -12,6 +12,7 @@ held in memory beyond the block being written.
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -19,13 +20,42 @@ import onnx
 import torch
 
 from ..artifacts.model_dir import DATA_KEY, SHARED, SHARED_DTYPES, SHARED_MIN_BYTES, WEIGHTS_FILE
+from ..core.errors import TfmExportError
 from ..core.files import file_sha256
 from ..core.graph_spec import Graph, GraphSpec, GraphVariant
+from ..core.memory import total_memory_bytes
 from .export import ExportedGraph
 from .onnx_io import check_saved, sharing_note
 from .weights import INLINE_MAX_BYTES, Key, Weight, WeightFile, bind
 
 EXTERNAL_DATA_BYTES = 2 * 1024 ** 3 - 64 * 1024 ** 2  # protobuf's 2 GB limit on a graph file, with headroom
+
+
+# what an export holds besides its weights (measured at NLLB-200's shapes, docs/benchmarks.md): the tied table's
+# transpose, which ONNX Runtime folds for the parity check, the logits compared, and the libraries themselves
+EXPORT_EXTRA_BYTES = 3 << 29  # 1.5 GiB
+
+
+def check_room(model: torch.nn.Module, output: Path, external: bool) -> None:
+    """Before any work: the export fits this machine's memory and the output's disk, or one line says what it needs
+    against what there is. Memory: the weights (mapped), their largest table once more and EXPORT_EXTRA_BYTES,
+    against the machine's physical memory; disk: the weights once."""
+    weights = weight_bytes(model)
+    if not external and weights >= EXTERNAL_DATA_BYTES:
+        raise TfmExportError(f"--weights inline keeps each graph's weights in its file, which protobuf caps at 2 GB; "
+                             f"this model has {weights / 1e9:.1f} GB of weights: use --weights external (or auto)")
+    table = max((t.numel() * t.element_size() for t in model.parameters() if t.dim() == 2), default=0)
+    needed, total = weights + table + EXPORT_EXTRA_BYTES, total_memory_bytes()
+    if total is not None and needed > total:
+        raise TfmExportError(f"exporting this model needs about {needed / 1e9:.1f} GB of memory "
+                             f"({weights / 1e9:.1f} GB of weights, its largest table again and "
+                             f"{EXPORT_EXTRA_BYTES / 1e9:.1f} GB more), and this machine has {total / 1e9:.1f} GB; "
+                             "export it on a larger machine")
+    existing = next(p for p in (output.resolve(), *output.resolve().parents) if p.exists())
+    free = shutil.disk_usage(existing).free
+    if weights > free:
+        raise TfmExportError(f"{output}: its disk has {free / 1e9:.1f} GB free, and the export writes about "
+                             f"{weights / 1e9:.1f} GB; free some space or choose another --output")
 
 
 def weight_bytes(model: torch.nn.Module) -> int:
@@ -42,7 +72,7 @@ class GraphSaver:
         self.file = WeightFile(directory / WEIGHTS_FILE) if external else None
         self.hashes: dict[Graph | GraphVariant, str] = {}
         self.shared: dict[Graph | GraphVariant, list[dict[str, Any]]] = {}
-        self.data: list[str] = []  # external weight files, for the manifest's sha256
+        self.data: dict[str, str] = {}  # external weight files and their sha256, for the manifest
         self.encoder_keys: set[Key] = set()
 
     def save(self, exported: ExportedGraph, spec: GraphSpec) -> None:
@@ -51,6 +81,8 @@ class GraphSaver:
             self.encoder_keys = {w.key for w in exported.weights.values()}
         if self.external:
             bind(exported.proto, exported.weights, lambda name, weight: weight.nbytes > INLINE_MAX_BYTES, self.file)
+            if exported.graph is not Graph.ENCODER:
+                self._record_shared(exported, self.file)
         elif isinstance(exported.graph, GraphVariant):
             self._save_sharing(exported, path)
         else:
@@ -64,25 +96,32 @@ class GraphSaver:
         file = WeightFile(path.with_name(path.name + ".data"))
         bind(exported.proto, exported.weights, self._shares, file)
         file.close()
-        entries = [{"name": name, "dtype": weight.dtype.name, "shape": list(weight.shape),
-                    "offset": file.placed[weight.key][0]}
-                   for name, weight in exported.weights.items() if weight.key in file.placed]
-        if entries:
-            self.shared[exported.graph] = entries
-            self.data.append(file.path.name)
+        if self._record_shared(exported, file):
+            self.data[file.path.name] = file.sha256
         else:
             file.path.unlink()
+
+    def _record_shared(self, exported: ExportedGraph, file: WeightFile) -> bool:
+        """The manifest's SHARED entries of the graph: the tied table it holds as the encoder does, where `file`
+        holds it, for the runtime to map once for both sessions. Whether there is one."""
+        entries = [{"name": name, "dtype": weight.dtype.name, "shape": list(weight.shape),
+                    "offset": file.placed[weight.key][0]}
+                   for name, weight in exported.weights.items()
+                   if weight.key in file.placed and self._shares(name, weight)]
+        if entries:
+            self.shared[exported.graph] = entries
+        return bool(entries)
 
     def _shares(self, name: str, weight: Weight) -> bool:
         return (weight.key in self.encoder_keys and weight.shape == self.table and weight.nbytes >= SHARED_MIN_BYTES
                 and weight.dtype.name in SHARED_DTYPES.values())
 
-    def close(self) -> list[str]:
-        """The external weight files written, by name (the manifest hashes them)."""
+    def close(self) -> dict[str, str]:
+        """The external weight files written, by name, and their sha256 (hashed as they were written)."""
         if self.file is not None:
             self.file.close()
-            self.data.append(self.file.path.name)
-        return list(self.data)
+            self.data[self.file.path.name] = self.file.sha256
+        return dict(self.data)
 
     def describe(self, manifest: dict[str, Any]) -> None:
         """The graphs' manifest entries: the shared file they read (external), or the tied table they share."""

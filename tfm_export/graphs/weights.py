@@ -72,12 +72,14 @@ class WeightFile:
         self.path = path
         self.placed: dict[Key, tuple[int, int]] = {}
         self._file = open(path, "wb")  # noqa: SIM115 (closed by close(), after the last graph)
+        self._digest = hashlib.sha256()  # of every byte written: the manifest's, without reading gigabytes again
+        self.sha256: str | None = None  # once closed
 
     def place(self, weight: Weight) -> tuple[int, int]:
         """(offset, length) of the weight in the file, written now if it is not there yet."""
         if weight.key not in self.placed:
-            offset = -self._file.tell() % ALIGNMENT + self._file.tell()
-            self._file.seek(offset)
+            self._put(bytes(-self._file.tell() % ALIGNMENT))
+            offset = self._file.tell()
             self._write(weight.make())
             self.placed[weight.key] = (offset, self._file.tell() - offset)
         return self.placed[weight.key]
@@ -85,11 +87,15 @@ class WeightFile:
     def _write(self, array: np.ndarray) -> None:
         rows = max(1, BLOCK_BYTES // max(1, array[:1].nbytes)) if array.ndim else 1
         for start in range(0, max(1, len(array)) if array.ndim else 1, rows):
-            block = np.ascontiguousarray(array[start:start + rows] if array.ndim else array)
-            self._file.write(memoryview(block).cast("B"))
+            self._put(memoryview(np.ascontiguousarray(array[start:start + rows] if array.ndim else array)).cast("B"))
+
+    def _put(self, data: bytes | memoryview) -> None:
+        self._file.write(data)
+        self._digest.update(data)
 
     def close(self) -> None:
         self._file.close()
+        self.sha256 = self._digest.hexdigest()
 
     @property
     def size(self) -> int:
@@ -144,39 +150,36 @@ def weight_inputs(proto: onnx.ModelProto, tensors: Mapping[str, Any]) -> dict[st
     return {v.name: Weight.of(v.name, tensors[v.name]) for v in proto.graph.input if v.name in tensors}
 
 
-def readers(graph: onnx.GraphProto, name: str) -> list[onnx.NodeProto]:
-    return [n for n in graph.node if name in n.input]
-
-
-def fold_transposes(proto: onnx.ModelProto, weights: dict[str, Weight], keep_gathered: bool,
-                    transposed: frozenset[Key] = frozenset()) -> None:
+def fold_transposes(proto: onnx.ModelProto, weights: dict[str, Weight], keep_gathered: bool) -> None:
     """Transpose(W) of a 2-D weight becomes the weight W^T. A table that Gathers also read (the tied embedding and
     output projection) is one tensor in the file either way: with `keep_gathered` the Transpose stays (ONNX Runtime
     folds it when a session opens, and the graph holds the very table the encoder does: runtime sharing); without,
-    W^T is stored and the Gathers read it along axis 1 (`gather_from_transposed`). `transposed`: tables that other
-    graphs read as W^T, which this one's Gathers then read so too (the encoder's table, tied to the projection:
-    one file, one copy)."""
+    W^T is stored and the Gathers read it along axis 1 (`gather_from_transposed`)."""
     graph = proto.graph
-    for name in [n for n, w in list(weights.items()) if w.key in transposed and len(w.shape) == 2]:
-        if any(n.op_type == "Gather" and n.input[0] == name for n in graph.node):
-            if f"{name}.T" not in weights:
-                add_weight(proto, weights, f"{name}.T", weights[name].transposed())
-            gather_from_transposed(graph, name, f"{name}.T")
+    gathered_tables = {n.input[0] for n in graph.node if n.op_type == "Gather"}
+    renamed: dict[str, str] = {}  # a folded Transpose's output -> the weight it now is
+    regathered: dict[str, str] = {}  # a table -> its W^T, which its Gathers are to read
     for node in [n for n in graph.node if n.op_type == "Transpose" and n.input[0] in weights]:
         weight = weights[node.input[0]]
         perm = [a.ints for a in node.attribute if a.name == "perm"]
-        if len(weight.shape) != 2 or (perm and list(perm[0]) != [1, 0]):
-            continue
-        gathered = any(n.op_type == "Gather" for n in readers(graph, node.input[0]))
-        if gathered and keep_gathered:
+        gathered = node.input[0] in gathered_tables
+        if len(weight.shape) != 2 or (perm and list(perm[0]) != [1, 0]) or (gathered and keep_gathered):
             continue
         name = f"{node.input[0]}.T"
         if name not in weights:
             add_weight(proto, weights, name, weight.transposed())
-        _rename_input(graph, node.output[0], name)
-        graph.node.remove(node)
+        renamed[node.output[0]] = name
         if gathered:
-            gather_from_transposed(graph, node.input[0], name)
+            regathered[node.input[0]] = name
+    if {o.name for o in graph.output} & renamed.keys():
+        raise ValueError("a graph output is the transpose of a weight; it cannot be folded into one")
+    kept = [n for n in graph.node if not (n.op_type == "Transpose" and n.output[0] in renamed)]
+    for node in kept:
+        node.input[:] = [renamed.get(name, name) for name in node.input]
+    del graph.node[:]
+    graph.node.extend(kept)
+    for table, transposed in regathered.items():
+        gather_from_transposed(graph, table, transposed)
     drop_unread(proto, weights)
 
 
@@ -200,16 +203,6 @@ def _rank_of(graph: onnx.GraphProto, name: str) -> int:
         if value.name == name:
             return len(value.type.tensor_type.shape.dim)
     raise ValueError(f"cannot tell the rank of {name} to rewrite its Gather")
-
-
-def _rename_input(graph: onnx.GraphProto, old: str, new: str) -> None:
-    for node in graph.node:
-        for j, name in enumerate(node.input):
-            if name == old:
-                node.input[j] = new
-    for output in graph.output:
-        if output.name == old:
-            raise ValueError(f"{old} is a graph output; it cannot be folded into a weight")
 
 
 def add_weight(proto: onnx.ModelProto, weights: dict[str, Weight], name: str, weight: Weight) -> None:

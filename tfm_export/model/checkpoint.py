@@ -54,6 +54,13 @@ class Checkpoint:
     rules: TokenRules = SEED_RULES
 
 
+def checkpoint_files(ckpt: Checkpoint) -> list[Path]:
+    """The files a checkpoint's weights were read (mapped) from: the file, or a Hugging Face directory's weights."""
+    if ckpt.path.is_file():
+        return [ckpt.path]
+    return [p for p in ckpt.path.iterdir() if p.is_file() and p.suffix in CHECKPOINT_SUFFIXES + (".safetensors",)]
+
+
 def _pickle_globals(path: Path) -> list[str]:
     """Globals a plain (non-zip) pickle would import, found without executing it."""
     found, strings = [], []
@@ -196,10 +203,16 @@ def _value_problems(state: dict[str, torch.Tensor], config: ModelConfig,
     problems = [f"{name(k, k)} holds {t.dtype} values, not floating point" for k, t in state.items()
                 if not t.is_floating_point()]
     problems += [f"{name(k, k)} holds NaN or infinite values" for k, t in state.items()
-                 if t.is_floating_point() and not bool(torch.isfinite(t).all())]
+                 if t.is_floating_point() and not _all_finite(t)]
     return problems or [f"{name(a, a)} and {name(b, b)} should be one shared tensor but differ"
                         for flag, (a, b) in SHARED_WEIGHTS.items()
                         if getattr(config, flag) and not torch.equal(state[a], state[b])]
+
+
+def _all_finite(tensor: torch.Tensor, block: int = 1 << 22) -> bool:
+    """A block of elements at a time: isfinite's temporaries for a 256k-row embedding table are a gigabyte."""
+    flat = tensor.reshape(-1)
+    return all(bool(torch.isfinite(part).all()) for part in flat.split(block))
 
 
 def build_model(config: ModelConfig, state: dict[str, torch.Tensor], path: Path) -> Transformer:

@@ -37,6 +37,7 @@ from ..graphs.onnx_io import share_tied_weights
 from ..graphs.roles import role_groups
 
 QUANTIZED_OPS = ("MatMul", "Gemm")
+QUANTIZER_EXTERNAL_BYTES = 1 << 30  # a graph's weights the quantizers get (and give back) as external data
 FLOAT_OPS = ("LayerNormalization", "Softmax", "Add")  # reported as kept in float
 log = logging.getLogger(__name__)
 
@@ -63,12 +64,17 @@ def _quiet_onnxruntime_quantizer() -> Iterator[None]:
 
 
 def _roundtrip(proto: onnx.ModelProto, quantize) -> onnx.ModelProto:
-    """ONNX Runtime's quantizers read and write files."""
+    """ONNX Runtime's quantizers read and write files: `proto` is saved (its weights in an external file past
+    protobuf's 2 GB, as the quantizer then reads and writes them too) and emptied, so that a large graph is not in
+    memory twice while the quantizer holds its own copy. quantize(source, target, external)."""
+    large = sum(len(init.raw_data) for init in proto.graph.initializer) >= QUANTIZER_EXTERNAL_BYTES
     with tempfile.TemporaryDirectory(prefix="tfm-int8-") as tmp, _quiet_onnxruntime_quantizer():
         source, target = Path(tmp) / "fp32.onnx", Path(tmp) / "int8.onnx"
-        onnx.save_model(proto, source)
+        onnx.save_model(proto, source, save_as_external_data=large, all_tensors_to_one_file=True,
+                        location="fp32.onnx.data", size_threshold=1024)
+        proto.Clear()
         try:
-            quantize(str(source), str(target))
+            quantize(str(source), str(target), large)
         except Exception as exc:  # the quantizers raise plain ValueError/RuntimeError/onnx errors
             raise TfmExportError(f"ONNX Runtime's quantizer failed: {first_line(exc)}") from None
         return onnx.load_model(str(target))
@@ -91,8 +97,8 @@ def quantize_static_graph(proto: onnx.ModelProto, feeds: Iterable[dict[str, np.n
     proto = fold_weight_transposes(proto)
     excluded = logits_nodes(proto)
 
-    def run(source: str, target: str) -> None:
-        quantize_static(source, target, _Feeds(feeds), quant_format=QuantFormat.QDQ,
+    def run(source: str, target: str, external: bool) -> None:
+        quantize_static(source, target, _Feeds(feeds), quant_format=QuantFormat.QDQ, use_external_data_format=external,
                         op_types_to_quantize=list(QUANTIZED_OPS), per_channel=True, nodes_to_exclude=excluded,
                         activation_type=QuantType.QInt8, weight_type=QuantType.QInt8,
                         calibrate_method=CalibrationMethod.MinMax,
@@ -129,9 +135,9 @@ def quantize_dynamic_graph(proto: onnx.ModelProto, int8_embeddings: bool = True,
     keep_embedding: a tied table's Gathers keep reading the table itself (int8 per row, as the encoder stores
     it: the same tensor, so the two sessions can share it), and the projection its own W^T, which ONNX Runtime
     prepacks and then frees; otherwise both read W^T, which the Gathers keep alive beside its packed copy."""
-    def run(source: str, target: str) -> None:
+    def run(source: str, target: str, external: bool) -> None:
         quantize_dynamic(source, target, op_types_to_quantize=["MatMul"], per_channel=True,
-                         weight_type=QuantType.QInt8)
+                         weight_type=QuantType.QInt8, use_external_data_format=external)
     quantized = _roundtrip(fold_weight_transposes(proto, tied=not keep_embedding), run)
     return fold_output_scales(quantize_embeddings(quantized) if int8_embeddings else quantized)
 

@@ -51,6 +51,7 @@ from ..graphs.weights import WeightFile, externalize
 from ..runtime import decoding
 from ..runtime.backends import graph_decoders
 from ..runtime.backends.search_step import fused_usable, prepack_new
+from ..runtime.graph_cache import stamp_new
 from .calibration import Traces, record_traces
 from .fp16 import to_fp16
 from .int8 import float_ops, quantize_dynamic_graph, quantize_static_graph
@@ -123,10 +124,11 @@ def check_request(directory: ModelDir, precision: str, mode: str | None,
 def quantize_model_dir(source: Path, output: Path, precision: str, mode: str | None = None,
                        calibration: Calibration | None = None, keep_io_types: bool = False, force: bool = False,
                        progress: bool = True, float_embeddings: bool = False,
-                       prepacked: bool = True) -> dict[str, Any]:
+                       prepacked: bool | None = None) -> dict[str, Any]:
     """Write the fp16/int8 sibling of an fp32 model directory; returns its manifest. float_embeddings: int8
     keeps the embedding tables (and a projection tied to them) float: the strict reading of "embeddings in higher
-    precision", at 2x the size."""
+    precision", at 2x the size. prepacked: the pre-packed graphs made (None: for the inline layout only, as
+    export makes them)."""
     parent = ModelDir.read(source)
     manifest = parent.manifest  # what the new manifest copies
     mode = check_request(parent, precision, mode, calibration, keep_io_types, float_embeddings)
@@ -169,12 +171,13 @@ def quantize_model_dir(source: Path, output: Path, precision: str, mode: str | N
                                     "outputs": tensors_of(checked.graph.output)}
             del converted, checked
             bar.update()
+        written = {}  # hashed as they were written
         if weights is not None:
             weights.close()
-            listed.append(WEIGHTS_FILE)
+            written[WEIGHTS_FILE] = weights.sha256
         listed += copy_tokenizers(source, manifest, staging)
         new = _manifest(manifest, source, precision, mode, keep_io_types, entries, kept, calibration, traces)
-        new["files"] = file_hashes(staging, listed)
+        new["files"] = dict(sorted((file_hashes(staging, listed) | written).items()))
         if precision == "int8" and float_embeddings:
             new["int8"]["embeddings"] = FLOAT_EMBEDDINGS
         not_applied = {GraphVariant.DECODER_STEP_SEARCH: NO_STATIC_SEARCH,
@@ -185,9 +188,12 @@ def quantize_model_dir(source: Path, output: Path, precision: str, mode: str | N
         write_manifest(staging, new)
         bar.set_postfix_str("smoke test")
         _smoke_test(staging, output, source)
-        if prepacked and precision == "int8" and GraphVariant.DECODER_STEP_SEARCH in variants:
+        if (prepacked or (prepacked is None and not external)) and precision == "int8" \
+                and GraphVariant.DECODER_STEP_SEARCH in variants:
             bar.set_postfix_str("prepack")
             prepack_new(staging, output)
+        elif external:  # no pre-packed graphs: stamps alone, for the first load of gigabytes
+            stamp_new(staging, {**new["files"], **{e["file"]: e["sha256"] for e in entries.values()}})
         bar.update()
     return new
 

@@ -239,6 +239,16 @@ def entry_key(model_dir: ModelDir, graph: str, options: SessionOptions, shared: 
             "shared": sorted([name, value.data_type(), list(value.shape())] for name, value in shared.items())}
 
 
+def stamp_new(directory: Path, digests: Mapping[str, str]) -> None:
+    """Stamps of a directory being written that gets no pre-packed graphs (a large model's): its files' sha256 as
+    their writer computed them, so that the first load need not read gigabytes to check them."""
+    stamps = Stamps(recording=True)
+    for name, digest in digests.items():
+        stamps.record(directory / name, digest)
+    (directory / CACHE_DIR).mkdir()
+    stamps.write(directory / CACHE_DIR / STAMPS)
+
+
 @contextlib.contextmanager
 def staged_cache(directory: Path) -> Iterator[Path]:
     """A staging directory for `directory`'s new .tfm-cache, beside it; on success it replaces the old one at once

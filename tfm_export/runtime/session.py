@@ -52,6 +52,9 @@ class SessionOptions:
     cuda_graphs: bool = False  # on CUDA, the device backend's steps captured as CUDA graphs and replayed
     tensorrt_ep: bool = False  # with device "cuda": ONNX Runtime's TensorRT execution provider first
     fold_qdq: bool = False  # run Q/DQ as plain float ops, weight DequantizeLinear constant-folded (see OrtBackend)
+    # MatMul weights packed into the CPU kernels' layout at load (a copy of each on the heap); off: the weights are
+    # read where they lie (a large model's external file stays mapped, once)
+    prepacking: bool = True
     # on the CPU, open the model directory's pre-packed graphs where they match this machine (runtime.graph_cache)
     graph_cache: bool = os.environ.get("TFM_GRAPH_CACHE", "on") != "off"
 
@@ -113,6 +116,8 @@ def open_session(path: Path, options: SessionOptions = DEFAULT_OPTIONS, so: ort.
     so.add_session_config_entry("session.force_spinning_stop", "1")
     if options.fold_qdq:
         so.add_session_config_entry("session.disable_quant_qdq", "1")
+    if not options.prepacking and not _has_entry(so, "session.disable_prepacking"):
+        so.add_session_config_entry("session.disable_prepacking", "1")
     try:
         with warnings.catch_warnings():  # a provider this build lacks: check_on_device names it, in one line
             warnings.simplefilter("ignore", UserWarning)
@@ -121,6 +126,15 @@ def open_session(path: Path, options: SessionOptions = DEFAULT_OPTIONS, so: ort.
         raise TfmExportError(f"{path}: ONNX Runtime cannot load this graph ({first_line(exc)})") from None
     check_on_device(session, options, path)
     return session
+
+
+def _has_entry(so: ort.SessionOptions, key: str) -> bool:
+    """Whether these options already set `key` (ONNX Runtime warns of an entry set twice)."""
+    try:
+        so.get_session_config_entry(key)
+    except Exception:  # onnxruntime raises its own Fail for a key never set
+        return False
+    return True
 
 
 def providers(options: SessionOptions, capture: bool = False) -> list:

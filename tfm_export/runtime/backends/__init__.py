@@ -18,7 +18,8 @@ only when called.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+import logging
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
@@ -29,12 +30,15 @@ from ...artifacts.model_dir import ModelDir
 from ...core.config import ModelConfig
 from ...core.errors import TfmExportError
 from ...core.extras import require_extra
+from ...core.memory import release_file_pages
 from ...core.token_rules import TokenRules
 from ...core.tokenizer import Vocabulary
 from ..search import LoopSearcher, Searcher
 from ..session import DEFAULT_OPTIONS, SessionOptions, check_threads, require_device
 from ..step import StepBackend
 from .loaders import SessionLoader, open_graph
+
+log = logging.getLogger(__name__)
 
 
 class Given(Enum):
@@ -129,7 +133,17 @@ def _model_dir(request: Request) -> ModelDir:
 
 
 def _opened(backend: StepBackend, source: ModelDir | EngineDir, limits: dict[str, int] | None = None) -> Opened:
+    release_weight_pages(source)
     return Opened(LoopSearcher(backend), source.vocabulary(), source.config, source.rules, limits, backend)
+
+
+def release_weight_pages(source: ModelDir | EngineDir) -> None:
+    """The sessions are built: ONNX Runtime has packed what it packs, and the external weight files it mapped to do
+    so (the directory's, its pre-packed graphs') need not stay resident (core.memory): a large model's decode then
+    holds its weights about once, not twice. What the decode still reads comes back from the page cache."""
+    released = release_file_pages([p for p in source.path.rglob("*.data") if p.is_file()])
+    if released:
+        log.info("%s: %.1f MB of mapped weights released after loading", source.path, released / 1e6)
 
 
 def _on_device(request: Request) -> SessionOptions:
@@ -229,6 +243,13 @@ def graph_decoders(directory: Path, options: SessionOptions = DEFAULT_OPTIONS) -
     """Every decoder a model directory has, by graph name, each opened through the door on its own so that each can
     be held to the reference: the contract's decoder_step, decoder_step_search, and its fused twin where this ONNX
     Runtime computes it right."""
+    return dict(each_graph_decoder(directory, options))
+
+
+def each_graph_decoder(directory: Path, options: SessionOptions = DEFAULT_OPTIONS
+                       ) -> Iterator[tuple[str, StepBackend]]:
+    """graph_decoders one at a time, each opened when the one before is let go: a large model's sessions, each with
+    its own encoder, one pair at a time."""
     from ...core.graph_spec import Graph
     from .search_step import FUSED, SEARCH, fused_usable
     model_dir = ModelDir.read(directory)
@@ -237,4 +258,5 @@ def graph_decoders(directory: Path, options: SessionOptions = DEFAULT_OPTIONS) -
         wanted[SEARCH.value] = dataclasses.replace(options, cache="in-place", fused=False)
     if fused_usable(model_dir):
         wanted[FUSED.value] = dataclasses.replace(options, cache="in-place", fused=True)
-    return {name: open_backend(directory, "onnxruntime", options=chosen).backend for name, chosen in wanted.items()}
+    for name, chosen in wanted.items():
+        yield name, open_backend(directory, "onnxruntime", options=chosen).backend

@@ -110,7 +110,7 @@ def prepack(directory: Path, options: SessionOptions = DEFAULT_OPTIONS) -> list[
         raise ModelDirError(f"{directory}: has no {chosen_step(model_dir, options).filename}, the only step the "
                             "pre-packed graphs are for (int8 static directories decode with decoder_step); "
                             "nothing to pre-pack")
-    stamps = Stamps(recording=True)
+    stamps = dataclasses.replace(directory_stamps(model_dir, options), recording=True)  # what is stamped: kept
     with staged_cache(model_dir.path) as staging:
         _load_search_sessions(model_dir, options, open_graph, stamps, GraphCache(model_dir, stamps, build=staging))
         stamps.write(staging / STAMPS)
