@@ -104,7 +104,11 @@ def weights_mb(checkpoint: Path) -> float:
     return sum(p.stat().st_size for p in files) / 2 ** 20
 
 
-def run_round(name: str, checkpoint: Path, work: Path, number: int, threads: int) -> list[Stage]:
+STAGES = ("convert", "verify", "int8", "translate fp32", "translate int8")
+
+
+def run_round(name: str, checkpoint: Path, work: Path, number: int, threads: int,
+              wanted: tuple[str, ...] = STAGES) -> list[Stage]:
     """One round of every stage, ours and CTranslate2's alternating (which goes first alternates by round)."""
     onnx, int8, ct2 = work / f"{name}-onnx", work / f"{name}-int8", work / f"{name}-ct2"
     sentence = HF_SENTENCE if checkpoint.is_dir() else SENTENCE
@@ -122,7 +126,7 @@ def run_round(name: str, checkpoint: Path, work: Path, number: int, threads: int
               ("translate fp32", [sys.executable, "-c", CT2_TRANSLATE, str(ct2), "float32", str(threads), sentence]),
               ("translate int8", [sys.executable, "-c", CT2_TRANSLATE, str(ct2), "int8", str(threads), sentence])]
     stages = []
-    for stage in ("convert", "verify", "int8", "translate fp32", "translate int8"):
+    for stage in [s for s in STAGES if s in wanted]:
         runs = [("tfm-export", dict(ours)[stage])] + ([("ctranslate2", dict(theirs)[stage])] if stage in dict(theirs)
                                                       else [])
         for tool, argv in (runs if number % 2 == 0 else runs[::-1]):
@@ -164,8 +168,13 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2, help="the first is on a cold page cache")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--json", type=Path, required=True)
+    parser.add_argument("--stages", default=",".join(STAGES),
+                        help="comma-separated, of: " + ", ".join(STAGES) + " (a later one needs the earlier's output)")
     args = parser.parse_args()
     args.work_dir.mkdir(parents=True, exist_ok=True)
+    wanted = tuple(args.stages.split(","))
+    if set(wanted) - set(STAGES):
+        parser.error(f"--stages: unknown {sorted(set(wanted) - set(STAGES))}; choose from {', '.join(STAGES)}")
     stages, sizes = [], {}
     for name in args.models.split(","):
         if name not in SEED_SHAPES and name not in HF_SHAPES:
@@ -178,7 +187,7 @@ def main() -> None:
                     Path("/proc/sys/vm/drop_caches").write_text("3\n")
                 except OSError:
                     pass
-            stages += run_round(name, checkpoint, args.work_dir, number, args.threads)
+            stages += run_round(name, checkpoint, args.work_dir, number, args.threads, wanted)
         onnx = args.work_dir / f"{name}-onnx"
         sizes[name] = {"weights": weights_mb(checkpoint), "onnx": size_mb(onnx),
                        "cache": size_mb(onnx / ".tfm-cache") if (onnx / ".tfm-cache").exists() else 0.0,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -186,5 +187,8 @@ def test_a_disk_that_fills_mid_export_leaves_nothing(tmp_path):
         assert result.exit_code == 1 and result.output.count("\n") == 1, result.output
         assert "No space left on device" in result.output and "nothing was written" in result.output
         assert list(mount.iterdir()) == []
+        unmounted = subprocess.run(["umount", str(mount)], capture_output=True, text=True)
+        assert unmounted.returncode == 0, f"a file on the full disk is still open: {unmounted.stderr}"
     finally:
-        subprocess.run(["umount", str(mount)], capture_output=True)
+        if os.path.ismount(mount):
+            subprocess.run(["umount", "--lazy", str(mount)], capture_output=True)

@@ -15,6 +15,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 from onnx import numpy_helper
+from onnxruntime.quantization import QuantType, quantize_dynamic
 from support.backends import concat_backend, step_backend
 from support.common import CALIBRATION, REPO, listing, tiny_config, unwritable_dir
 from support.hf_oracle import randomize
@@ -30,7 +31,13 @@ from tfm_export.model.loading import load_checkpoint
 from tfm_export.model.synthetic import random_checkpoint
 from tfm_export.model.transformer import Transformer
 from tfm_export.precision.fp16 import to_fp16
-from tfm_export.precision.int8 import logits_nodes, quantize_dynamic_graph
+from tfm_export.precision.int8 import (
+    _quiet_onnxruntime_quantizer,
+    fold_weight_transposes,
+    logits_nodes,
+    quantize_dynamic_graph,
+    quantize_matmuls_dynamic,
+)
 from tfm_export.precision.pipeline import Calibration, quantize_model_dir
 from tfm_export.runtime import decoding
 from tfm_export.runtime.backends.search_step import SEARCH
@@ -128,6 +135,42 @@ def test_int8_dynamic_folds_the_logits_scale_into_the_weight_scales(tmp_path):
         feeds[name] = rng.standard_normal((2, 2, 1 if ".decoder." in name else 3, 8)).astype(np.float32)
     got, want = (ort.InferenceSession(m.SerializeToString()).run(["logits"], feeds)[0] for m in (folded, plain))
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_int8_dynamic_weights_are_onnxruntimes_quantizers_to_the_bit(tmp_path):
+    """quantize_matmuls_dynamic against onnxruntime.quantization.quantize_dynamic itself, on a step graph with a
+    column of zeros (scale 1.0), one all positive (the range widened to hold 0) and one of huge values: the same
+    nodes, the same int8 weights, scales and zero points, and the same logits to the bit."""
+    ckpt = load_checkpoint(random_checkpoint(tiny_config(), tmp_path / "ckpt"))
+    step = fold_weight_transposes(export_all(ckpt.model, DEFAULT_OPSET, variants=False)[Graph.DECODER_STEP])
+    weight = next(i for i in step.graph.initializer if len(i.dims) == 2 and i.dims[1] >= 3
+                  and any(n.op_type == "MatMul" and n.input[1] == i.name for n in step.graph.node))
+    values = numpy_helper.to_array(weight).copy()
+    values[:, 0], values[:, 1], values[:, 2] = 0.0, np.abs(values[:, 1]) + 0.5, values[:, 2] * 1e30
+    weight.CopyFrom(numpy_helper.from_array(values, weight.name))
+    onnx.save(step, tmp_path / "fp32.onnx")
+    with _quiet_onnxruntime_quantizer():
+        quantize_dynamic(str(tmp_path / "fp32.onnx"), str(tmp_path / "int8.onnx"), op_types_to_quantize=["MatMul"],
+                         per_channel=True, weight_type=QuantType.QInt8)
+    theirs, ours = onnx.load(tmp_path / "int8.onnx"), quantize_matmuls_dynamic(copy.deepcopy(step))
+
+    def nodes(proto):
+        return sorted((n.op_type, *n.input, "->", *n.output) for n in proto.graph.node)
+
+    def weights(proto):
+        return {i.name: numpy_helper.to_array(i) for i in proto.graph.initializer}
+    assert nodes(ours) == nodes(theirs) and any(n[0] == "MatMulInteger" for n in nodes(ours))
+    mine, library = weights(ours), weights(theirs)
+    assert mine.keys() == library.keys()
+    for name, array in library.items():
+        assert mine[name].dtype == array.dtype and np.array_equal(mine[name], array), name
+    assert mine[f"{weight.name}_scale"][0] == 1.0
+    feeds = {"input_ids": np.array([[2], [5]]), "encoder_attention_mask": np.ones((2, 3), np.int64)}
+    rng = np.random.default_rng(0)
+    for name in [i.name for i in step.graph.input if i.name.startswith("past_key_values")]:
+        feeds[name] = rng.standard_normal((2, 2, 1 if ".decoder." in name else 3, 8)).astype(np.float32)
+    got, want = (ort.InferenceSession(m.SerializeToString()).run(["logits"], feeds)[0] for m in (ours, theirs))
+    assert np.array_equal(got, want)
 
 
 def test_int8_dynamic_quantizes_weights_at_run_time(variants):

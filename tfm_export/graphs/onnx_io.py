@@ -45,48 +45,47 @@ def _consumers(graph: onnx.GraphProto, name: str) -> list[onnx.NodeProto]:
     return [n for n in graph.node if name in n.input]
 
 
-def share_tied_weights(proto: onnx.ModelProto, keep_embedding: bool = False) -> int:
+def share_tied_weights(proto: onnx.ModelProto) -> int:
     """Store a tied embedding/output weight once: the exporter keeps W for Gather and a folded W^T
-    for the logits MatMul; the Gather is rewritten to read W^T along axis 1 and W is dropped. keep_embedding:
-    W^T is dropped instead and computed by a Transpose of W (folded when a session opens), so that the graph
-    holds the encoder's very table (decoder_step_search, which shares it: artifacts.model_dir.SHARED).
-    Exact duplicates are merged too. Returns how many initializers were removed."""
+    for the logits MatMul; the Gather is rewritten to read W^T along axis 1 and W is dropped. Exact duplicates
+    are merged too. Each matrix is read once for a sample of its values, so that a graph of gigabytes is not held
+    twice; only matrices whose samples match are compared in full. Returns how many initializers were removed."""
     graph = proto.graph
-    arrays = {init.name: numpy_helper.to_array(init) for init in graph.initializer if len(init.dims) == 2}
+    inits = {init.name: init for init in graph.initializer if len(init.dims) == 2}
     removed = 0
-    by_bytes: dict[tuple, str] = {}
-    for name, arr in arrays.items():
-        key = (arr.shape, arr.dtype.str, arr.tobytes())
-        if key in by_bytes:
-            _rename_input(graph, name, by_bytes[key])
-            removed += _drop_initializer(graph, name)
+    by_sample: dict[tuple, list[str]] = {}
+    for name, init in inits.items():
+        arr = numpy_helper.to_array(init)
+        key = (arr.shape, arr.dtype.str, _sample(arr))
+        twin = next((other for other in by_sample.get(key, [])
+                     if np.array_equal(arr, numpy_helper.to_array(inits[other]))), None)
+        if twin is None:
+            by_sample.setdefault(key, []).append(name)
         else:
-            by_bytes[key] = name
-    for name, arr in arrays.items():
-        for other, other_arr in arrays.items():
-            if name != other and arr.shape == other_arr.shape[::-1] and arr.shape[0] != arr.shape[1] \
-                    and np.array_equal(arr, other_arr.T) and _only_gathers(graph, name):
-                if keep_embedding:
-                    removed += _transpose_of(graph, name, other)
-                else:
-                    gather_from_transposed(graph, name, other)
-                    removed += _drop_initializer(graph, name)
-                break
+            _rename_input(graph, name, twin)
+            removed += _drop_initializer(graph, name)
+    kept = {init.name for init in graph.initializer}
+    for name in [n for n in inits if n in kept and only_gathers(graph, n)]:
+        table = numpy_helper.to_array(inits[name])
+        transposed = next((other for other, init in inits.items() if other != name and other in kept and
+                           tuple(init.dims) == table.shape[::-1] and table.shape[0] != table.shape[1] and
+                           np.array_equal(table, numpy_helper.to_array(init).T)), None)
+        if transposed is not None:
+            gather_from_transposed(graph, name, transposed)
+            removed += _drop_initializer(graph, name)
     return removed
 
 
-def _only_gathers(graph: onnx.GraphProto, name: str) -> bool:
+def _sample(arr: np.ndarray, count: int = 4096) -> bytes:
+    """Evenly spaced values of a matrix: equal for equal matrices, and nearly never for different weights."""
+    flat = arr.reshape(-1)
+    return flat[::max(1, flat.size // count)].tobytes()
+
+
+def only_gathers(graph: onnx.GraphProto, name: str) -> bool:
     users = _consumers(graph, name)
     return bool(users) and all(n.op_type == "Gather" and n.input[0] == name and
                                all(a.i == 0 for a in n.attribute if a.name == "axis") for n in users)
-
-
-def _transpose_of(graph: onnx.GraphProto, weight: str, transposed: str) -> int:
-    """The initializer W^T replaced by Transpose(W), under the same name, ahead of its first consumer."""
-    index = min(i for i, n in enumerate(graph.node) if transposed in n.input)
-    graph.node.insert(index, helper.make_node("Transpose", [weight], [transposed], perm=[1, 0],
-                                              name=f"{transposed}_from_{weight}"))
-    return _drop_initializer(graph, transposed)
 
 
 def _rename_input(graph: onnx.GraphProto, old: str, new: str) -> None:

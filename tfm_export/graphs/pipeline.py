@@ -126,8 +126,8 @@ def export_model_dir(ckpt: Checkpoint, output: Path, opset: int = DEFAULT_OPSET,
     external = weight_bytes(ckpt.model) >= EXTERNAL_DATA_BYTES if external_data is None else external_data
     check_room(ckpt.model, output, external)
     with (staged_directory(output, force, keep=inputs) as staging,
-          tqdm(total=len(specs) + 2, desc="export", disable=not progress) as bar):
-        saver = GraphSaver(staging, ckpt.config.tied_table, external)
+          tqdm(total=len(specs) + 2, desc="export", disable=not progress) as bar,
+          GraphSaver(staging, ckpt.config.tied_table, external) as saver):
         for graph, spec in specs.items():
             bar.set_postfix_str(graph.value)
             exported = export_graph(ckpt.model, spec, opset, optimize, one_file=external)

@@ -93,9 +93,9 @@ class GraphSaver:
 
     def _save_sharing(self, exported: ExportedGraph, path: Path) -> None:
         """The tied table the encoder holds too, in the variant's own data file; the rest inline."""
-        file = WeightFile(path.with_name(path.name + ".data"))
-        bind(exported.proto, exported.weights, self._shares, file)
-        file.close()
+        with WeightFile(path.with_name(path.name + ".data")) as file:
+            bind(exported.proto, exported.weights, self._shares, file)
+            file.close()
         if self._record_shared(exported, file):
             self.data[file.path.name] = file.sha256
         else:
@@ -122,6 +122,13 @@ class GraphSaver:
             self.file.close()
             self.data[self.file.path.name] = self.file.sha256
         return dict(self.data)
+
+    def __enter__(self) -> GraphSaver:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.file is not None:
+            self.file.__exit__(*exc)
 
     def describe(self, manifest: dict[str, Any]) -> None:
         """The graphs' manifest entries: the shared file they read (external), or the tied table they share."""

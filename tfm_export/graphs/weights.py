@@ -71,7 +71,7 @@ class WeightFile:
     def __init__(self, path: Path) -> None:
         self.path = path
         self.placed: dict[Key, tuple[int, int]] = {}
-        self._file = open(path, "wb")  # noqa: SIM115 (closed by close(), after the last graph)
+        self._file = open(path, "wb")  # noqa: SIM115 (closed by close() after the last graph, or on leaving a with)
         self._digest = hashlib.sha256()  # of every byte written: the manifest's, without reading gigabytes again
         self.sha256: str | None = None  # once closed
 
@@ -94,8 +94,16 @@ class WeightFile:
         self._digest.update(data)
 
     def close(self) -> None:
+        if not self._file.closed:
+            self._file.close()
+            self.sha256 = self._digest.hexdigest()
+
+    def __enter__(self) -> WeightFile:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        """Closed on an error too: an open file on a full disk would keep it from being unmounted or freed."""
         self._file.close()
-        self.sha256 = self._digest.hexdigest()
 
     @property
     def size(self) -> int:

@@ -12,6 +12,7 @@ gather from DequantizeLinear(table), since TensorRT lets only Q/DQ touch int8 te
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import tempfile
 from collections import Counter
@@ -26,17 +27,18 @@ from onnxruntime.quantization import (
     CalibrationMethod,
     QuantFormat,
     QuantType,
-    quantize_dynamic,
     quantize_static,
 )
 
 from ..artifacts.model_dir import EMBEDDING_MIN_ELEMENTS
 from ..core.errors import TfmExportError, first_line
 from ..core.graph_spec import LOGITS
-from ..graphs.onnx_io import share_tied_weights
+from ..graphs.onnx_io import only_gathers, share_tied_weights
 from ..graphs.roles import role_groups
+from ..graphs.weights import gather_from_transposed
 
 QUANTIZED_OPS = ("MatMul", "Gemm")
+_BLOCK_ROWS = 256  # rows of a weight quantized at a time
 QUANTIZER_EXTERNAL_BYTES = 1 << 30  # a graph's weights the quantizers get (and give back) as external data
 FLOAT_OPS = ("LayerNormalization", "Softmax", "Add")  # reported as kept in float
 log = logging.getLogger(__name__)
@@ -135,11 +137,74 @@ def quantize_dynamic_graph(proto: onnx.ModelProto, int8_embeddings: bool = True,
     keep_embedding: a tied table's Gathers keep reading the table itself (int8 per row, as the encoder stores
     it: the same tensor, so the two sessions can share it), and the projection its own W^T, which ONNX Runtime
     prepacks and then frees; otherwise both read W^T, which the Gathers keep alive beside its packed copy."""
-    def run(source: str, target: str, external: bool) -> None:
-        quantize_dynamic(source, target, op_types_to_quantize=["MatMul"], per_channel=True,
-                         weight_type=QuantType.QInt8, use_external_data_format=external)
-    quantized = _roundtrip(fold_weight_transposes(proto, tied=not keep_embedding), run)
+    quantized = quantize_matmuls_dynamic(fold_weight_transposes(proto, tied=not keep_embedding))
     return fold_output_scales(quantize_embeddings(quantized) if int8_embeddings else quantized)
+
+
+def quantize_matmuls_dynamic(proto: onnx.ModelProto) -> onnx.ModelProto:
+    """onnxruntime.quantization.quantize_dynamic(op_types_to_quantize=["MatMul"], per_channel=True,
+    weight_type=QInt8), done in place and a weight at a time: the same nodes and names (DynamicQuantizeLinear ->
+    MatMulInteger -> Cast -> Mul by the two scales) and the same numbers, for every MatMul whose B is a float
+    matrix. The library quantizes a weight's channels one by one in Python, saves and reloads the whole graph
+    twice for shape inference, and holds it two or three times over: at NLLB-600M half its 385 s and 12 GB."""
+    graph = proto.graph
+    inits = {init.name: init for init in graph.initializer}
+    readers = Counter(name for node in graph.node for name in node.input)
+    activations: dict[str, tuple[str, str, str]] = {}
+    weights: dict[str, tuple[str, str, str]] = {}
+    nodes: list[onnx.NodeProto] = []
+    for node in graph.node:
+        weight = inits.get(node.input[1]) if node.op_type == "MatMul" else None
+        if weight is None or weight.data_type != onnx.TensorProto.FLOAT or len(weight.dims) != 2:
+            nodes.append(node)
+            continue
+        if node.input[0] not in activations:
+            activations[node.input[0]] = _quantize_activation(node.input[0], nodes)
+        if weight.name not in weights:
+            weights[weight.name] = _quantize_columns(graph, weight)
+        nodes += _matmul_integer(node, activations[node.input[0]], weights[weight.name])
+        readers[weight.name] -= 1
+        if not readers[weight.name]:
+            graph.initializer.remove(weight)
+    del graph.node[:]
+    graph.node.extend(nodes)
+    return proto
+
+
+def _quantize_activation(name: str, nodes: list[onnx.NodeProto]) -> tuple[str, str, str]:
+    outputs = (f"{name}_quantized", f"{name}_scale", f"{name}_zero_point")
+    nodes.append(helper.make_node("DynamicQuantizeLinear", [name], list(outputs), f"{name}_QuantizeLinear"))
+    return outputs
+
+
+def _quantize_columns(graph: onnx.GraphProto, init: onnx.TensorProto) -> tuple[str, str, str]:
+    """Symmetric int8 with one scale per column (output channel), in ONNX Runtime's arithmetic: the range
+    widened to hold 0, its float64 width over 254 stored as float32 (1.0 where that is below float32's tiny),
+    values divided in float32, rounded half to even and clipped to [-128, 127]."""
+    weight = numpy_helper.to_array(init)
+    absmax = np.maximum(np.abs(np.minimum(weight.min(axis=0), 0)), np.abs(np.maximum(weight.max(axis=0), 0)))
+    width = 2 * absmax.astype(np.float64) / 254.0
+    scale = np.where(width < np.finfo(np.float32).tiny, 1.0, width).astype(np.float32)
+    quantized = np.empty(weight.shape, np.int8)
+    for start in range(0, len(weight), _BLOCK_ROWS):  # float temporaries of a block, not of a whole table
+        rows = slice(start, start + _BLOCK_ROWS)
+        quantized[rows] = np.clip((weight[rows] / scale).round(), -128, 127)
+    del weight
+    names = (f"{init.name}_quantized", f"{init.name}_zero_point", f"{init.name}_scale")
+    graph.initializer.extend([numpy_helper.from_array(scale, names[2]),
+                              numpy_helper.from_array(np.zeros(scale.shape, np.int8), names[1]),
+                              numpy_helper.from_array(quantized, names[0])])
+    return names
+
+
+def _matmul_integer(node: onnx.NodeProto, activation: tuple[str, str, str],
+                    weight: tuple[str, str, str]) -> list[onnx.NodeProto]:
+    name, out = f"{node.name}_quant", node.output[0]
+    integer, floats, scales = f"{out}_output_quantized", f"{out}_output_quantized_cast_output", f"{name}_scales_mul"
+    return [helper.make_node("MatMulInteger", [activation[0], weight[0], activation[2], weight[1]], [integer], name),
+            helper.make_node("Cast", [integer], [floats], f"{integer}_cast", to=onnx.TensorProto.FLOAT),
+            helper.make_node("Mul", [activation[1], weight[2]], [f"{scales}:0"], scales),
+            helper.make_node("Mul", [floats, f"{scales}:0"], [out], f"{name}_output_scale_mul")]
 
 
 def fold_output_scales(proto: onnx.ModelProto) -> onnx.ModelProto:
@@ -196,15 +261,31 @@ def fold_weight_transposes(proto: onnx.ModelProto, tied: bool = True) -> onnx.Mo
     `tied` is off."""
     graph = proto.graph
     inits = {i.name: i for i in graph.initializer}
+    readers = Counter(name for node in graph.node for name in node.input)
+    tied_here = False
     for node in [n for n in graph.node if n.op_type == "Transpose" and n.input[0] in inits]:
-        weight = numpy_helper.to_array(inits[node.input[0]])
         perm = next((list(a.ints) for a in node.attribute if a.name == "perm"), None)
-        graph.initializer.append(numpy_helper.from_array(np.ascontiguousarray(np.transpose(weight, perm)),
-                                                         node.output[0]))
+        graph.initializer.append(_transposed(inits[node.input[0]], perm, node.output[0]))
         graph.node.remove(node)
-    if tied:
+        readers[node.input[0]] -= 1
+        if tied and only_gathers(graph, node.input[0]):  # a tied table: its Gathers read W^T, known equal
+            gather_from_transposed(graph, node.input[0], node.output[0])
+            readers[node.input[0]], tied_here = 0, True
+        if not readers[node.input[0]]:  # W^T alone from now on: a graph of gigabytes is not held twice
+            graph.initializer.remove(inits.pop(node.input[0]))
+    if tied and not tied_here:  # a graph exported with W^T stored beside W: found by value
         share_tied_weights(proto)
     return proto
+
+
+def _transposed(init: onnx.TensorProto, perm: list[int] | None, name: str) -> onnx.TensorProto:
+    """The transposed tensor, with at most two copies of a table alive at a time (not the four of from_array)."""
+    values = np.ascontiguousarray(np.transpose(numpy_helper.to_array(init), perm))
+    tensor = onnx.TensorProto(name=name, data_type=init.data_type, dims=values.shape)
+    raw = values.tobytes()
+    del values
+    tensor.raw_data = raw
+    return tensor
 
 
 def quantize_embeddings(proto: onnx.ModelProto, gather_int8: bool = True) -> onnx.ModelProto:
@@ -283,9 +364,17 @@ def _existing_quantization(graph: onnx.GraphProto, name: str, rows: int) -> tupl
 def _quantize_rows(graph: onnx.GraphProto, init: onnx.TensorProto, axis: int) -> tuple[str, str]:
     """Symmetric int8 with one scale per index along the gathered axis."""
     weight = numpy_helper.to_array(init)
-    scale = np.abs(weight).max(axis=1 - axis) / 127.0
+    blocks = [slice(start, start + _BLOCK_ROWS) for start in range(0, len(weight), _BLOCK_ROWS)]
+    if axis == 0:
+        scale = np.concatenate([np.abs(weight[rows]).max(axis=1) for rows in blocks]) / 127.0
+    else:
+        scale = functools.reduce(np.maximum, (np.abs(weight[rows]).max(axis=0) for rows in blocks)) / 127.0
     scale[scale == 0] = 1.0
-    quantized = np.clip(np.rint(weight / np.expand_dims(scale, 1 - axis)), -127, 127).astype(np.int8)
+    quantized = np.empty(weight.shape, np.int8)
+    for rows in blocks:
+        quantized[rows] = np.clip(np.rint(weight[rows] / np.expand_dims(scale[rows] if axis == 0 else scale, 1 - axis)),
+                                  -127, 127)
+    del weight
     names = f"{init.name}_int8", f"{init.name}_row_scale"
     graph.initializer.extend([numpy_helper.from_array(quantized, names[0]),
                               numpy_helper.from_array(scale.astype(np.float32), names[1])])

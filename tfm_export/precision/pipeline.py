@@ -7,6 +7,7 @@ and the same tokenizer files, so everything that runs the fp32 directory runs th
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import hashlib
 import logging
@@ -35,6 +36,7 @@ from ..artifacts.staging import staged_directory
 from ..core.errors import TfmExportError
 from ..core.files import file_sha256
 from ..core.graph_spec import Graph, GraphVariant, graph_specs, variant_specs
+from ..core.memory import return_freed_heap
 from ..core.sources import decode_text
 from ..core.tokenizer import Vocabulary
 from ..graphs.inputs import random_sources
@@ -138,7 +140,7 @@ def quantize_model_dir(source: Path, output: Path, precision: str, mode: str | N
     parent.verified_graphs()  # the converted ones and the others: a damaged directory is refused
     external = any(DATA_KEY in entry for entry in manifest["graphs"].values())  # graphs.saving's external layout
     keep = (source, *([calibration.path] if calibration else []))
-    with staged_directory(output, force, keep=keep) as staging, \
+    with staged_directory(output, force, keep=keep) as staging, contextlib.ExitStack() as stack, \
             tqdm(total=len(graphs) + 2, desc=f"{precision}", disable=not progress) as bar:
         traces = None
         if calibration is not None:
@@ -149,7 +151,7 @@ def quantize_model_dir(source: Path, output: Path, precision: str, mode: str | N
         specs = {**graph_specs(config), **variant_specs(config)}
         entries, kept, listed, shared = {}, {}, [], {}
         encoder = None  # converted first; the graphs after it share its tied table (inline layout)
-        weights = WeightFile(staging / WEIGHTS_FILE) if external else None
+        weights = stack.enter_context(WeightFile(staging / WEIGHTS_FILE)) if external else None
         for graph in graphs:  # one at a time: loaded, converted, saved and let go
             bar.set_postfix_str(graph.value)
             converted, kept[graph.value] = _convert(load_graph(source, manifest, graph.value, check=False),
@@ -170,6 +172,7 @@ def quantize_model_dir(source: Path, output: Path, precision: str, mode: str | N
                                     "inputs": tensors_of(checked.graph.input),
                                     "outputs": tensors_of(checked.graph.output)}
             del converted, checked
+            return_freed_heap()
             bar.update()
         written = {}  # hashed as they were written
         if weights is not None:

@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import numpy as np
+import onnx
 import torch
 
 from ..artifacts.model_dir import ModelDir, tokenizer_paths
 from ..core.batching import pad_batch
 from ..core.errors import TfmExportError
-from ..core.graph_spec import Graph
+from ..core.graph_spec import Graph, graph_specs, variant_specs
 from ..core.sources import encode_lines
 from ..graphs.inputs import random_sources, random_targets
 from ..graphs.parity import (
@@ -22,6 +24,7 @@ from ..graphs.parity import (
     SAMPLES,
     STEPS,
     Agreement,
+    Reference,
     TensorDiff,
     Tolerance,
     compare_stepwise,
@@ -31,7 +34,8 @@ from ..model import reference_decoding
 from ..model.checkpoint import HUGGINGFACE, Checkpoint, is_hf_directory
 from ..model.loading import load_checkpoint
 from ..runtime import decoding
-from ..runtime.backends import graph_decoders
+from ..runtime.backends import decoder_options, open_backend
+from ..runtime.backends.loaders import check_contract_tensors
 from ..runtime.step import GraphBackend
 from .hf_generate import HfGenerate
 
@@ -83,23 +87,40 @@ def decode_agreement(name: str, ckpt: Checkpoint, backends: dict[str, GraphBacke
     """Greedy and beam decodes of every backend (label -> backend) against the reference: the reference
     decoders, or generate() for a Hugging Face model (decoded under its token_rules and beam rule). A decode
     that differs only at a near-tie (near_tie) is counted as such, not as a divergence."""
-    oracle = _oracle(ckpt)
-    name += " vs generate()" if ckpt.kind == HUGGINGFACE else ""
-    want_g, want_b = [], []
-    got = {label: ([], []) for label in backends}
-    pad = ckpt.config.src_pad_idx
-    for start in range(0, len(src), batch_size):
-        chunk = src[start:start + batch_size]
-        chunk = chunk[:, :max(1, int((chunk != pad).sum(1).max()))]  # drop all-padding columns
+    want = reference_decodes(ckpt, src, beam_size, max_length, batch_size)
+    return [agreement for label, backend in backends.items()
+            for agreement in backend_agreement(name, label, ckpt, backend, src, want, beam_size, max_length,
+                                               tolerance, batch_size)]
+
+
+def reference_decodes(ckpt: Checkpoint, src: np.ndarray, beam_size: int, max_length: int,
+                      batch_size: int = 32) -> tuple[list[tuple[int, ...]], list[tuple[int, ...]]]:
+    """The reference's greedy and beam decodes of every row, computed once for every backend held to them."""
+    oracle, want_g, want_b = _oracle(ckpt), [], []
+    for chunk in _chunks(src, ckpt.config.src_pad_idx, batch_size):
         want_g += oracle(chunk, 1, max_length)
         want_b += oracle(chunk, beam_size, max_length)
-        for label, backend in backends.items():
-            got[label][0].extend(h.tokens for h in decoding.greedy(backend, chunk, max_length, rules=ckpt.rules))
-            got[label][1].extend(h[0].tokens for h in decoding.beam_search_for(ckpt.rules)(
-                backend, chunk, beam_size, max_length, rules=ckpt.rules))
-    return [agreement for label, (greedy, beam) in got.items()
-            for agreement in judged(f"{name}{label}", ckpt, src, (greedy, want_g), (beam, want_b), beam_size,
-                                    max_length, tolerance)]
+    return want_g, want_b
+
+
+def backend_agreement(name: str, label: str, ckpt: Checkpoint, backend: GraphBackend, src: np.ndarray,
+                      want: tuple[list[tuple[int, ...]], list[tuple[int, ...]]], beam_size: int, max_length: int,
+                      tolerance: Tolerance = DEFAULT_TOLERANCE, batch_size: int = 32) -> tuple[Agreement, Agreement]:
+    """One backend's greedy and beam agreement with the reference's decodes (reference_decodes)."""
+    name += (" vs generate()" if ckpt.kind == HUGGINGFACE else "") + label
+    greedy, beam = [], []
+    for chunk in _chunks(src, ckpt.config.src_pad_idx, batch_size):
+        greedy.extend(h.tokens for h in decoding.greedy(backend, chunk, max_length, rules=ckpt.rules))
+        beam.extend(h[0].tokens for h in decoding.beam_search_for(ckpt.rules)(
+            backend, chunk, beam_size, max_length, rules=ckpt.rules))
+    return judged(name, ckpt, src, (greedy, want[0]), (beam, want[1]), beam_size, max_length, tolerance)
+
+
+def _chunks(src: np.ndarray, pad: int, batch_size: int) -> Iterator[np.ndarray]:
+    """Batches of rows, each without its all-padding columns."""
+    for start in range(0, len(src), batch_size):
+        chunk = src[start:start + batch_size]
+        yield chunk[:, :max(1, int((chunk != pad).sum(1).max()))]
 
 
 Decodes = tuple[list[tuple[int, ...]], list[tuple[int, ...]]]  # (a backend's, the reference's), row by row
@@ -168,37 +189,77 @@ def _oracle(ckpt: Checkpoint) -> Callable[[np.ndarray, int, int], list[tuple[int
     return reference
 
 
-def graph_backends(directory: Path) -> dict[str, GraphBackend]:
-    """The directory's decoders, each labelled for the report: the contract's decoder_step, and
-    decoder_step_search and its fused twin (what `tfm-run translate` runs on the CPU) where the directory has them."""
-    return {"" if name == Graph.DECODER_STEP.value else f", {name}": backend
-            for name, backend in graph_decoders(directory).items()}
+def graph_backends(directory: Path) -> dict[str, Callable[[], GraphBackend]]:
+    """The directory's decoders, each labelled for the report and opened when verify comes to it (one at a time:
+    a large model's sessions, one pair at a time): the contract's decoder_step, and decoder_step_search and its
+    fused twin (what `tfm-run translate` runs on the CPU) where the directory has them. The directory's files are
+    checked here, whole, before the checkpoint is read: a damaged one is its own error."""
+    model_dir = ModelDir.read(directory)
+    specs = {graph.value: spec for graph, spec in {**graph_specs(model_dir.config),
+                                                    **variant_specs(model_dir.config)}.items()}
+    for name, path in model_dir.verified_graphs().items():
+        if name in specs:
+            check_contract_tensors(_GraphTensors(path), specs[name], path)
+    return {"" if name == Graph.DECODER_STEP.value else f", {name}":
+            partial(lambda d, o: open_backend(d, "onnxruntime", options=o).backend, directory, chosen)
+            for name, chosen in decoder_options(directory).items()}
 
 
-def verify(backends: dict[str, GraphBackend], ckpt: Checkpoint, texts: Sequence[str] = (), samples: int = SAMPLES,
-           steps: int = STEPS, beam_size: int = AGREEMENT_BEAM, max_length: int = 40,
+class _GraphTensors:
+    """A graph file's inputs and outputs as a session lists them (name, shape), read without its weights: the
+    loaders' contract check, made for every graph before the checkpoint is read and no session is opened."""
+
+    def __init__(self, path: Path) -> None:
+        graph = onnx.load_model(str(path), load_external_data=False).graph
+        weights = {init.name for init in graph.initializer}
+        self._inputs = [_Tensor.of(v) for v in graph.input if v.name not in weights]
+        self._outputs = [_Tensor.of(v) for v in graph.output]
+
+    def get_inputs(self) -> list[_Tensor]:
+        return self._inputs
+
+    def get_outputs(self) -> list[_Tensor]:
+        return self._outputs
+
+
+@dataclass(frozen=True)
+class _Tensor:
+    name: str
+    shape: list[int | str | None]
+
+    @staticmethod
+    def of(value: onnx.ValueInfoProto) -> _Tensor:
+        dims = value.type.tensor_type.shape.dim
+        return _Tensor(value.name, [d.dim_value if d.HasField("dim_value") else d.dim_param or None for d in dims])
+
+
+def verify(backends: dict[str, Callable[[], GraphBackend]], ckpt: Checkpoint, texts: Sequence[str] = (),
+           samples: int = SAMPLES, steps: int = STEPS, beam_size: int = AGREEMENT_BEAM, max_length: int = 40,
            tolerance: Tolerance = DEFAULT_TOLERANCE, min_agreement: float = MIN_AGREEMENT["fp32"],
            seed: int = 0) -> VerifyReport:
-    """backends: graph_backends(directory), opened (and so checked) before the checkpoint is read."""
+    """backends: graph_backends(directory). PyTorch's side is computed once (its outputs, its decodes), then each
+    backend is opened, held to it and let go before the next."""
     cfg = ckpt.config
     report = VerifyReport(tolerance=tolerance, min_agreement=min_agreement)
-    src_len = min(cfg.n_position, 24)
+    src_len, max_length = min(cfg.n_position, 24), min(max_length, cfg.n_position)
     src = random_sources(cfg.src_vocab_size, 4, src_len, seed, cfg.src_pad_idx)
     trg = random_targets(cfg.trg_vocab_size, 4, min(steps, cfg.n_position), seed, cfg.trg_pad_idx)
-    for label, backend in backends.items():
-        report.tensors += [_renamed(d, f"random{label}") for d in compare_stepwise(ckpt.model, backend, src, trg)]
-    max_length = min(max_length, cfg.n_position)
     random_src = random_sources(cfg.src_vocab_size, samples, src_len, seed + 7, cfg.src_pad_idx)
-    report.agreements += decode_agreement(f"{samples} random sources", ckpt, backends, random_src, beam_size,
-                                          max_length, tolerance)
+    inputs = [("random", src, trg, f"{samples} random sources", random_src)]
     if texts:
         real = encode_texts(ckpt, texts)
-        trg = random_targets(cfg.trg_vocab_size, min(4, len(real)), min(steps, cfg.n_position), seed, cfg.trg_pad_idx)
-        for label, backend in backends.items():
-            report.tensors += [_renamed(d, f"real{label}") for d in compare_stepwise(ckpt.model, backend, real[:4],
-                                                                                      trg)]
-        report.agreements += decode_agreement(f"{len(real)} input lines", ckpt, backends, real, beam_size, max_length,
-                                              tolerance)
+        real_trg = random_targets(cfg.trg_vocab_size, min(4, len(real)), min(steps, cfg.n_position), seed,
+                                  cfg.trg_pad_idx)
+        inputs.append(("real", real[:4], real_trg, f"{len(real)} input lines", real))
+    wanted = [(kind, Reference.of(ckpt.model, s, t), s, t, name, d,
+               reference_decodes(ckpt, d, beam_size, max_length)) for kind, s, t, name, d in inputs]
+    for label, opener in backends.items():
+        backend = opener()
+        for kind, reference, s, t, name, decoded, want in wanted:
+            report.tensors += [_renamed(d, f"{kind}{label}") for d in compare_stepwise(reference, backend, s, t)]
+            report.agreements += backend_agreement(name, label, ckpt, backend, decoded, want, beam_size,
+                                                   max_length, tolerance)
+        del backend
     return report
 
 

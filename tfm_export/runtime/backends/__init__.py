@@ -250,6 +250,12 @@ def each_graph_decoder(directory: Path, options: SessionOptions = DEFAULT_OPTION
                        ) -> Iterator[tuple[str, StepBackend]]:
     """graph_decoders one at a time, each opened when the one before is let go: a large model's sessions, each with
     its own encoder, one pair at a time."""
+    for name, chosen in decoder_options(directory, options).items():
+        yield name, open_backend(directory, "onnxruntime", options=chosen).backend
+
+
+def decoder_options(directory: Path, options: SessionOptions = DEFAULT_OPTIONS) -> dict[str, SessionOptions]:
+    """The session options that open each of graph_decoders' decoders, by graph name."""
     from ...core.graph_spec import Graph
     from .search_step import FUSED, SEARCH, fused_usable
     model_dir = ModelDir.read(directory)
@@ -258,5 +264,4 @@ def each_graph_decoder(directory: Path, options: SessionOptions = DEFAULT_OPTION
         wanted[SEARCH.value] = dataclasses.replace(options, cache="in-place", fused=False)
     if fused_usable(model_dir):
         wanted[FUSED.value] = dataclasses.replace(options, cache="in-place", fused=True)
-    for name, chosen in wanted.items():
-        yield name, open_backend(directory, "onnxruntime", options=chosen).backend
+    return wanted
