@@ -10,9 +10,9 @@ Models (made once in --work-dir, random weights, real shapes):
 
 Stages, ours: `tfm-export onnx` (parity checked), `tfm-export verify` (against PyTorch), `tfm-export quantize
 --precision int8 --mode dynamic`, the first translation with `tfm-run translate` (fp32 and int8: start, load,
-one sentence); CTranslate2's: its converter (spec API, as `tfm-run bench` converts) and its first translation
-(float32 and int8). Peak memory is the process's maximum resident set (wait4's ru_maxrss), on a page cache warmed
-by the round before (the first round is the cold one, and is reported apart).
+one sentence of 64 tokens); CTranslate2's: its converter (spec API, as `tfm-run bench` converts) and its first
+translation (float32 and int8, the same 64 tokens). Peak memory is the process's maximum resident set (wait4's
+ru_maxrss), on a page cache warmed by the round before (the first round is the cold one, and is reported apart).
 
     python scripts/bench_scale.py --work-dir build/scale --models nllb-600m,nllb-1.3b --rounds 2 \\
         --json build/scale/scale.json > build/scale/scale.md
@@ -40,6 +40,8 @@ SEED_SHAPES = {  # random-checkpoint flags
 HF_SHAPES = {"m2m100-1.3b": []}  # scripts/nllb_like_m2m100.py's defaults
 SENTENCE = "w11 w203 w3000 w47 w9 w1200 w77 w5 w600 w34 w18 w2500"  # the seed-shaped models' random vocabulary
 HF_SENTENCE = "the model translates every line of the input"
+HF_TARGET = "__fr__"
+LENGTH = 64  # tokens each tool generates for the sentence (random weights never end it): the same decode for both
 CT2_CONVERT = """
 import sys
 from pathlib import Path
@@ -50,7 +52,7 @@ convert_to_ctranslate2(load_checkpoint(Path(sys.argv[1])), Path(sys.argv[2]))
 CT2_TRANSLATE = """
 import sys, ctranslate2
 translator = ctranslate2.Translator(sys.argv[1], compute_type=sys.argv[2], intra_threads=int(sys.argv[3]))
-print(translator.translate_batch([sys.argv[4].split()])[0].hypotheses[0])
+print(translator.translate_batch([sys.argv[4].split()], max_decoding_length=int(sys.argv[5]))[0].hypotheses[0])
 """
 
 
@@ -112,6 +114,7 @@ def run_round(name: str, checkpoint: Path, work: Path, number: int, threads: int
     """One round of every stage, ours and CTranslate2's alternating (which goes first alternates by round)."""
     onnx, int8, ct2 = work / f"{name}-onnx", work / f"{name}-int8", work / f"{name}-ct2"
     sentence = HF_SENTENCE if checkpoint.is_dir() else SENTENCE
+    target = ["--target-lang", HF_TARGET] if checkpoint.is_dir() else []  # M2M100 names no default language
     ours = [("convert", [str(BIN / "tfm-export"), "onnx", "--checkpoint", str(checkpoint), "--output", str(onnx),
                          "--force"]),
             ("verify", [str(BIN / "tfm-export"), "verify", "--model", str(onnx), "--checkpoint", str(checkpoint),
@@ -119,12 +122,14 @@ def run_round(name: str, checkpoint: Path, work: Path, number: int, threads: int
             ("int8", [str(BIN / "tfm-export"), "quantize", "--model", str(onnx), "--precision", "int8", "--mode",
                       "dynamic", "--output", str(int8), "--force"]),
             ("translate fp32", [str(BIN / "tfm-run"), "translate", "--model", str(onnx), "--threads", str(threads),
-                                sentence]),
+                                "--max-length", str(LENGTH), *target, sentence]),
             ("translate int8", [str(BIN / "tfm-run"), "translate", "--model", str(int8), "--threads", str(threads),
-                                sentence])]
+                                "--max-length", str(LENGTH), *target, sentence])]
     theirs = [("convert", [sys.executable, "-c", CT2_CONVERT, str(checkpoint), str(ct2)]),
-              ("translate fp32", [sys.executable, "-c", CT2_TRANSLATE, str(ct2), "float32", str(threads), sentence]),
-              ("translate int8", [sys.executable, "-c", CT2_TRANSLATE, str(ct2), "int8", str(threads), sentence])]
+              ("translate fp32", [sys.executable, "-c", CT2_TRANSLATE, str(ct2), "float32", str(threads), sentence,
+                                  str(LENGTH)]),
+              ("translate int8", [sys.executable, "-c", CT2_TRANSLATE, str(ct2), "int8", str(threads), sentence,
+                                  str(LENGTH)])]
     stages = []
     for stage in [s for s in STAGES if s in wanted]:
         runs = [("tfm-export", dict(ours)[stage])] + ([("ctranslate2", dict(theirs)[stage])] if stage in dict(theirs)

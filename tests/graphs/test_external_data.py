@@ -164,6 +164,45 @@ def test_auto_takes_the_external_layout_past_the_threshold_and_inline_is_refused
     assert sorted(p.name for p in (tmp_path / "auto" / CACHE_DIR).iterdir()) == ["stamps.json"]  # no pre-packing
 
 
+def test_a_translation_this_machine_cannot_hold_is_refused_before_loading(demo_external, monkeypatch):
+    """The encoder's files and the largest decoder's, the shared weights file once, and RUN_EXTRA_BYTES: one byte
+    short of that is one line before any session is opened; exactly that translates."""
+    from tfm_export.runtime import backends
+    weights = (demo_external / WEIGHTS_FILE).stat().st_size
+    graphs = {p.name: p.stat().st_size for p in demo_external.glob("*.onnx")}
+    needed = weights + graphs["encoder.onnx"] + max(v for k, v in graphs.items() if k != "encoder.onnx") \
+        + backends.RUN_EXTRA_BYTES
+    args = ["translate", "--model", str(demo_external), "seven"]
+    monkeypatch.setattr(backends, "total_memory_bytes", lambda: needed - 1)
+    result = CliRunner().invoke(run_main, args)
+    assert result.exit_code == 1 and result.output.count("\n") == 1, result.output
+    assert f"needs about {needed / 1e9:.1f} GB of memory" in result.output and "quantize it" in result.output
+    monkeypatch.setattr(backends, "total_memory_bytes", lambda: needed)
+    result = CliRunner().invoke(run_main, args)
+    assert result.exit_code == 0 and result.output.strip(), result.output
+
+
+def test_a_quantization_this_machine_cannot_hold_is_refused_before_any_work(demo_external, monkeypatch, tmp_path):
+    """The largest graph's weights (their lengths in its structure), the tied table twice and the extra: the needed
+    bytes against a machine that has one byte less; nothing is written."""
+    import math
+
+    from tfm_export.core.config import ModelConfig
+    from tfm_export.graphs.onnx_io import graph_weight_bytes
+    from tfm_export.precision import pipeline
+    manifest = read_manifest(demo_external)
+    largest = max(graph_weight_bytes(demo_external / e["file"]) for e in manifest["graphs"].values())
+    assert largest > 0.3 * (demo_external / WEIGHTS_FILE).stat().st_size
+    needed = largest + 2 * 4 * math.prod(ModelConfig.from_dict(manifest["model"]).tied_table) \
+        + pipeline.QUANTIZE_EXTRA_BYTES
+    monkeypatch.setattr(pipeline, "total_memory_bytes", lambda: needed - 1)
+    result = CliRunner().invoke(export_main, ["quantize", "--model", str(demo_external), "--precision", "int8",
+                                              "--mode", "dynamic", "--output", str(tmp_path / "int8")])
+    assert result.exit_code == 1 and result.output.count("\n") == 1, result.output
+    assert f"needs about {needed / 1e9:.1f} GB of memory" in result.output and "larger machine" in result.output
+    assert not list(tmp_path.iterdir())
+
+
 def test_a_model_this_machine_cannot_hold_is_refused_before_any_work(monkeypatch, tmp_path):
     from tfm_export.graphs import saving
     monkeypatch.setattr(saving, "total_memory_bytes", lambda: 1 << 30)  # a 1 GB machine: the extra alone is more

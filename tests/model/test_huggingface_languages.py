@@ -17,7 +17,7 @@ import pytest
 from click.testing import CliRunner
 from support.hf_judge import Reference, assert_agrees, text_inputs
 from support.hf_language_models import CASES, NLLB_CODES, RULES, hf_language, made, save, target_options
-from support.hf_oracle import HOSTILE, repository_lines, sample_texts, translate
+from support.hf_oracle import HOSTILE, generate, repository_lines, sample_texts, translate
 
 from tfm_export.cli.export_cli import main as export_main
 from tfm_export.cli.run_cli import main as run_main
@@ -129,3 +129,31 @@ def test_tokenizer_files_linked_from_outside_are_refused(tmp_path) -> None:
     result = CliRunner().invoke(export_main, ["onnx", "--checkpoint", str(directory), "--output", str(output)])
     assert result.exit_code == 1 and "points outside" in result.output, result.output
     assert len(result.output.strip().splitlines()) == 1 and not output.exists()
+
+
+@pytest.mark.slow  # M2M100's model is made and exported once, most of a minute (the bench's anchor: make bench-scale)
+@pytest.mark.parametrize("family_dir", ["m2m100"], indirect=True)
+def test_ctranslate2_runs_a_table_larger_than_its_tokenizer(family_dir, tmp_path) -> None:
+    """M2M100's table runs past its tokenizer (language codes, made-up words): the benchmark's CTranslate2 model gets a
+    filler token for each extra row, loads, and decodes greedily as generate() does, the target language first.
+    Its GEMMs round differently, so 90% must be identical (as for Marian, tests/model/test_huggingface_text.py)."""
+    ctranslate2 = pytest.importorskip("ctranslate2", reason="CTranslate2 is in the dev/bench extras")
+    from tfm_export.bench.ctranslate2 import convert_to_ctranslate2
+    family, directory = family_dir
+    ckpt = load_checkpoint(directory)
+    assert ckpt.config.trg_vocab_size > ckpt.vocab.target.vocab_size  # the case under test
+    model = ctranslate2.Translator(str(convert_to_ctranslate2(ckpt, tmp_path / "ct2")), intra_threads=1)
+    source, target = CASES[family][:2]
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(directory))
+    tokenizer.src_lang = hf_language(source)
+    texts = sample_texts()
+    tokens = [tokenizer.convert_ids_to_tokens(tokenizer(text)["input_ids"]) for text in texts]
+    results = model.translate_batch(tokens, target_prefix=[[target]] * len(texts), beam_size=1,
+                                    max_decoding_length=20, suppress_sequences=[
+                                        [ckpt.vocab.target.tokenizer.id_to_token(i)] for i in ckpt.rules.banned])
+    theirs = [tuple(tokenizer.convert_tokens_to_ids(r.hypotheses[0]))[:20] for r in results]
+    want = [row[:20] for row in generate(transformers, directory, texts, hf_language(source), num_beams=1,
+                                         do_sample=False, max_length=21, **target_options(tokenizer, family))]
+    assert len(set(want)) >= 10 and all(row[0] == tokenizer.convert_tokens_to_ids(target) for row in want)
+    assert sum(a == b for a, b in zip(theirs, want, strict=True)) >= 0.9 * len(want), (theirs[:3], want[:3])
+

@@ -179,6 +179,10 @@ def graph_path(directory: Path, manifest: dict[str, Any], graph: str, sha256: Ha
     return paths[0]
 
 
+def _size(path: Path) -> int:
+    return path.stat().st_size if path.is_file() else 0
+
+
 def _distinct_files(directory: Path, manifest: dict[str, Any]) -> list[tuple[str, object, str]]:
     """Every graph's files, each once in manifest order: a weights file the graphs share is hashed once."""
     found: dict[str, tuple[str, object, str]] = {}
@@ -322,6 +326,15 @@ class ModelDir(ReadDirectory):
 
     def has(self, graph: str) -> bool:
         return _name(graph) in self.manifest["graphs"]
+
+    def run_bytes(self) -> int:
+        """What a translation maps: the encoder's files and its largest decoder's, each file once (the external
+        layout's shared weights file counted once)."""
+        def files(graph: str) -> set[str]:
+            return {name for name, _, _ in graph_files(self.path, self.manifest, graph)}
+        encoder = files(Graph.ENCODER.value)
+        return max((sum(_size(self.path / name) for name in encoder | files(graph))
+                    for graph in self.manifest["graphs"] if graph != Graph.ENCODER.value), default=0)
 
     def entry(self, graph: str) -> dict[str, Any]:
         """A graph's manifest entry: file, sha256, inputs and outputs (name, dtype, shape)."""

@@ -175,9 +175,15 @@ def build_spec(ckpt: Checkpoint):
     spec.decoder.projection.weight = projection * cfg.d_model ** -0.5 if cfg.scale_prj else projection
     if model.trg_word_prj.bias is not None:  # final_logits_bias, added after any scale
         spec.decoder.projection.bias = _array(model.trg_word_prj.bias)
-    spec.register_source_vocabulary(ckpt.vocab.source.tokens())
-    spec.register_target_vocabulary(ckpt.vocab.target.tokens())
+    spec.register_source_vocabulary(_padded(ckpt.vocab.source.tokens(), cfg.src_vocab_size))
+    spec.register_target_vocabulary(_padded(ckpt.vocab.target.tokens(), cfg.trg_vocab_size))
     return spec
+
+
+def _padded(tokens: list[str], rows: int) -> list[str]:
+    """A token for every embedding row, as CTranslate2 requires: a table larger than its tokenizer (M2M100's,
+    padded past the language codes) gets fillers, as CTranslate2's own converters add them (never produced)."""
+    return tokens + [f"madeupword{i:04d}" for i in range(rows - len(tokens))]
 
 
 def convert_to_ctranslate2(ckpt: Checkpoint, output: Path) -> Path:

@@ -218,6 +218,14 @@ def load_graph(directory: Path, manifest: dict[str, Any], graph: str, external_d
     return proto
 
 
+def graph_weight_bytes(path: Path) -> int:
+    """The bytes of a graph's initializers, read from its structure: an external one by its recorded length, an
+    inline one by its size in the file."""
+    graph = onnx.load_model(str(path), load_external_data=False).graph
+    return sum(int(next((e.value for e in init.external_data if e.key == "length"), 0))
+               if init.data_location == onnx.TensorProto.EXTERNAL else init.ByteSize() for init in graph.initializer)
+
+
 # The weight type each precision's graphs must hold, and the types an fp32 graph may not (the manifest is not
 # hashed: an edited `precision` would make inspect and check describe graphs that are not there).
 _WEIGHTS = {"fp16": onnx.TensorProto.FLOAT16, "int8": onnx.TensorProto.INT8}

@@ -11,6 +11,7 @@ import contextlib
 import copy
 import hashlib
 import logging
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,7 +37,7 @@ from ..artifacts.staging import staged_directory
 from ..core.errors import TfmExportError
 from ..core.files import file_sha256
 from ..core.graph_spec import Graph, GraphVariant, graph_specs, variant_specs
-from ..core.memory import return_freed_heap
+from ..core.memory import return_freed_heap, total_memory_bytes
 from ..core.sources import decode_text
 from ..core.tokenizer import Vocabulary
 from ..graphs.inputs import random_sources
@@ -44,6 +45,7 @@ from ..graphs.onnx_io import (
     add_shared,
     check_contract,
     check_saved,
+    graph_weight_bytes,
     load_graph,
     save_graph_of,
     sharing_note,
@@ -59,6 +61,8 @@ from .fp16 import to_fp16
 from .int8 import float_ops, quantize_dynamic_graph, quantize_static_graph
 
 PRECISIONS = tuple(p for p in MODEL_PRECISIONS if p != "fp32")  # what quantize makes from fp32
+# what quantizing holds besides a graph and its table's copies: the libraries, a weight's float temporaries (1 GiB)
+QUANTIZE_EXTRA_BYTES = 1 << 30
 NO_STATIC_SEARCH = ("int8 static graphs are calibrated on traces of the contract's decoder_step and are meant for "
                     "TensorRT; decoder_step_search is made for fp32, fp16 and int8 dynamic")
 NO_FUSED = ("fp32 and fp16 only: its ONNX Runtime operators are not quantized; this directory decodes through "
@@ -134,6 +138,7 @@ def quantize_model_dir(source: Path, output: Path, precision: str, mode: str | N
     parent = ModelDir.read(source)
     manifest = parent.manifest  # what the new manifest copies
     mode = check_request(parent, precision, mode, calibration, keep_io_types, float_embeddings)
+    check_memory(parent)
     vocab = parent.vocabulary()  # present and parseable, before any slow work
     variants = _variants(parent, precision, mode)
     graphs = [*Graph, *variants]
@@ -199,6 +204,20 @@ def quantize_model_dir(source: Path, output: Path, precision: str, mode: str | N
             stamp_new(staging, {**new["files"], **{e["file"]: e["sha256"] for e in entries.values()}})
         bar.update()
     return new
+
+
+def check_memory(directory: ModelDir) -> None:
+    """Before any work: the graphs are converted one at a time, and the largest one's weights, its tied table twice
+    more (transposed, then quantized) and QUANTIZE_EXTRA_BYTES must fit this machine's memory; else one line says
+    what it needs against what there is."""
+    largest = max(graph_weight_bytes(directory.path / e["file"]) for e in directory.manifest["graphs"].values())
+    table = math.prod(directory.config.tied_table) * 4
+    needed, total = largest + 2 * table + QUANTIZE_EXTRA_BYTES, total_memory_bytes()
+    if total is not None and needed > total:
+        raise TfmExportError(f"{directory.path}: quantizing it needs about {needed / 1e9:.1f} GB of memory (its "
+                             f"largest graph's {largest / 1e9:.1f} GB of weights, its tied table twice more and "
+                             f"{QUANTIZE_EXTRA_BYTES / 1e9:.1f} GB), and this machine has {total / 1e9:.1f} GB; "
+                             "quantize it on a larger machine")
 
 
 def _variants(parent: ModelDir, precision: str, mode: str | None) -> list[GraphVariant]:

@@ -15,6 +15,7 @@ from ..artifacts.model_dir import ModelDir, tokenizer_paths
 from ..core.batching import pad_batch
 from ..core.errors import TfmExportError
 from ..core.graph_spec import Graph, graph_specs, variant_specs
+from ..core.memory import release_file_pages
 from ..core.sources import encode_lines
 from ..graphs.inputs import random_sources, random_targets
 from ..graphs.parity import (
@@ -31,7 +32,7 @@ from ..graphs.parity import (
     token_agreement,
 )
 from ..model import reference_decoding
-from ..model.checkpoint import HUGGINGFACE, Checkpoint, is_hf_directory
+from ..model.checkpoint import HUGGINGFACE, Checkpoint, checkpoint_files, is_hf_directory
 from ..model.loading import load_checkpoint
 from ..runtime import decoding
 from ..runtime.backends import decoder_options, open_backend
@@ -253,6 +254,7 @@ def verify(backends: dict[str, Callable[[], GraphBackend]], ckpt: Checkpoint, te
         inputs.append(("real", real[:4], real_trg, f"{len(real)} input lines", real))
     wanted = [(kind, Reference.of(ckpt.model, s, t), s, t, name, d,
                reference_decodes(ckpt, d, beam_size, max_length)) for kind, s, t, name, d in inputs]
+    release_file_pages(checkpoint_files(ckpt))  # PyTorch's part is done: its mapped weights need not stay
     for label, opener in backends.items():
         backend = opener()
         for kind, reference, s, t, name, decoded, want in wanted:

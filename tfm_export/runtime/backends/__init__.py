@@ -30,7 +30,7 @@ from ...artifacts.model_dir import ModelDir
 from ...core.config import ModelConfig
 from ...core.errors import TfmExportError
 from ...core.extras import require_extra
-from ...core.memory import release_file_pages
+from ...core.memory import release_file_pages, total_memory_bytes
 from ...core.token_rules import TokenRules
 from ...core.tokenizer import Vocabulary
 from ..search import LoopSearcher, Searcher
@@ -86,6 +86,7 @@ Opener = Callable[[Request], Opened]
 BACKENDS: dict[str, Opener] = {}
 DEFAULT_KINDS = {Given.MODEL_DIR: "onnxruntime", Given.ENGINE_DIR: "tensorrt", Given.CHECKPOINT: "torch"}
 DEFAULT_DEVICES = {"tensorrt": "cuda"}  # every other backend: the CPU
+RUN_EXTRA_BYTES = 1 << 29  # what a CPU translation holds besides its weights: ONNX Runtime, caches, logits (0.5 GiB)
 CACHES = ("concat", "in-place", "device")  # SessionOptions.cache: which ONNX Runtime backend (None: by device)
 
 
@@ -129,7 +130,21 @@ def _model_dir(request: Request) -> ModelDir:
         raise TfmExportError(not_exported(model, "model directory", "translate with it directly (--backend torch)"))
     if request.vocab:
         raise TfmExportError("--vocab is only for checkpoints; a model directory carries its own tokenizer")
-    return ModelDir.read(model)
+    model_dir = ModelDir.read(model)
+    check_memory(model_dir)
+    return model_dir
+
+
+def check_memory(model_dir: ModelDir) -> None:
+    """Before any session is opened: a model whose weights alone are more than this machine's memory is one line,
+    not an out-of-memory kill minutes into loading it."""
+    weights, total = model_dir.run_bytes(), total_memory_bytes()
+    needed = weights + RUN_EXTRA_BYTES
+    if total is not None and needed > total:
+        raise TfmExportError(f"{model_dir.path}: translating with this model needs about {needed / 1e9:.1f} GB of "
+                             f"memory ({weights / 1e9:.1f} GB of weights and {RUN_EXTRA_BYTES / 1e9:.1f} GB more), and "
+                             f"this machine has {total / 1e9:.1f} GB; quantize it (tfm-export quantize --precision "
+                             "int8) or run it on a larger machine")
 
 
 def _opened(backend: StepBackend, source: ModelDir | EngineDir, limits: dict[str, int] | None = None) -> Opened:
