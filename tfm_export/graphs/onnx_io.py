@@ -218,10 +218,10 @@ def load_graph(directory: Path, manifest: dict[str, Any], graph: str, external_d
     return proto
 
 
-def graph_weight_bytes(path: Path) -> int:
+def graph_weight_bytes(directory: Path, manifest: dict[str, Any], graph: str) -> int:
     """The bytes of a graph's initializers, read from its structure: an external one by its recorded length, an
-    inline one by its size in the file."""
-    graph = onnx.load_model(str(path), load_external_data=False).graph
+    inline one by its size in the file (a file that does not parse is load_graph's one line)."""
+    graph = load_graph(directory, manifest, graph, external_data=False, check=False).graph
     return sum(int(next((e.value for e in init.external_data if e.key == "length"), 0))
                if init.data_location == onnx.TensorProto.EXTERNAL else init.ByteSize() for init in graph.initializer)
 

@@ -210,7 +210,8 @@ def check_memory(directory: ModelDir) -> None:
     """Before any work: the graphs are converted one at a time, and the largest one's weights, its tied table twice
     more (transposed, then quantized) and QUANTIZE_EXTRA_BYTES must fit this machine's memory; else one line says
     what it needs against what there is."""
-    largest = max(graph_weight_bytes(directory.path / e["file"]) for e in directory.manifest["graphs"].values())
+    manifest = directory.manifest
+    largest = max(graph_weight_bytes(directory.path, manifest, graph) for graph in manifest["graphs"])
     table = math.prod(directory.config.tied_table) * 4
     needed, total = largest + 2 * table + QUANTIZE_EXTRA_BYTES, total_memory_bytes()
     if total is not None and needed > total:
