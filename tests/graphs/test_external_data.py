@@ -11,6 +11,7 @@ import logging
 import os
 import shutil
 import subprocess
+from dataclasses import replace
 from pathlib import Path
 
 import onnx
@@ -25,8 +26,11 @@ from tfm_export.cli.run_cli import main as run_main
 from tfm_export.core import stamps as stamps_module
 from tfm_export.demo import numbers as demo_numbers
 from tfm_export.graphs.generate_dir import write_generate_dir
+from tfm_export.graphs.parity import DEFAULT_TOLERANCE
+from tfm_export.graphs.pipeline import PARITY_OPTIONS, check_parity
 from tfm_export.graphs.weights import ALIGNMENT, INLINE_MAX_BYTES
 from tfm_export.model.loading import load_checkpoint
+from tfm_export.runtime.backends import open_backend
 from tfm_export.runtime.graph_cache import CACHE_DIR
 
 SAMPLES = REPO / "models" / "demo" / "samples.en.txt"
@@ -74,6 +78,22 @@ def test_a_load_opens_its_prepacked_graphs_and_hashes_nothing_stamped(demo_exter
     copy = Path(shutil.copytree(demo_external, tmp_path / "copy", ignore=shutil.ignore_patterns(CACHE_DIR)))
     plain = Translator.load(copy).translate(TEXTS, DecodeOptions(beam_size=4))
     assert cached == [r.text for r in plain]
+
+
+def test_the_export_check_reads_the_weights_where_they_lie(demo_external, caplog, monkeypatch):
+    """Export's own check against PyTorch on this layout hashes nothing the export stamped, opens no pre-packed graph
+    (the weights read where they lie: none packed or folded into a copy), and gives both sessions of the contract's
+    decoder the one mapped tied table; its differences are within the tolerance."""
+    hashed = []
+    real = stamps_module.file_sha256
+    monkeypatch.setattr(stamps_module, "file_sha256", lambda path: hashed.append(path) or real(path))
+    with caplog.at_level(logging.INFO):
+        worst = check_parity(load_checkpoint(DEMO_CKPT), demo_external)
+    assert hashed == [] and "pre-packed graphs" not in caplog.text
+    assert worst <= DEFAULT_TOLERANCE.atol
+    backend = open_backend(demo_external, "onnxruntime", options=replace(PARITY_OPTIONS, cache="concat")).backend
+    table = load_checkpoint(DEMO_CKPT).config.tied_table
+    assert [tuple(value.shape()) for value in backend.shared.values()] == [table]
 
 
 @pytest.fixture(scope="module")

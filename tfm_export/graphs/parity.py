@@ -84,8 +84,8 @@ class Reference:
     def of(cls, model: Transformer, src: np.ndarray, trg: np.ndarray) -> Reference:
         import torch  # the reference side only; the rest of parity serves PyTorch-free checks
         with torch.no_grad():
-            logits = model(torch.from_numpy(src), torch.from_numpy(trg)).numpy()
-            enc_output, _ = model.encode(torch.from_numpy(src))
+            enc_output, src_mask = model.encode(torch.from_numpy(src))
+            logits = model.decode(torch.from_numpy(trg), enc_output, src_mask).numpy()
             cross = np.concatenate([t.numpy().ravel() for kv in model.decoder.cross_keys_values(enc_output)
                                     for t in kv])
         return cls(src, trg, logits, enc_output.numpy(), cross, cache_names(model.config).cross_outputs)

@@ -174,7 +174,10 @@ class Transformer(nn.Module):
         return logits if self.trg_word_prj.bias is None else logits + self.trg_word_prj.bias
 
     def forward(self, src_seq: Tensor, trg_seq: Tensor) -> Tensor:
-        enc_output, src_mask = self.encode(src_seq)
+        return self.decode(trg_seq, *self.encode(src_seq))
+
+    def decode(self, trg_seq: Tensor, enc_output: Tensor, src_mask: Tensor) -> Tensor:
+        """The full-sequence logits (B, T, V) over an encoder output already computed (encode's pair)."""
         trg_mask = get_pad_mask(trg_seq, self.trg_pad_idx) & get_subsequent_mask(trg_seq)
         trg_mask[:, :, 0] = True  # the start token is never padding, even where it is the pad id (Marian, T5)
         return self.project(self.decoder(trg_seq, trg_mask, enc_output, src_mask))

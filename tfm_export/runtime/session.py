@@ -22,6 +22,7 @@ OPT_LEVELS = {"disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
               "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL}
 
 
+CONSTANT_FOLDING = "ConstantFolding"  # ONNX Runtime's name for the optimizer
 CAPACITY_STEP = 16  # positions added when a cache buffer is full: attention reads at most this many unused
 
 
@@ -55,6 +56,9 @@ class SessionOptions:
     # MatMul weights packed into the CPU kernels' layout at load (a copy of each on the heap); off: the weights are
     # read where they lie (a large model's external file stays mapped, once)
     prepacking: bool = True
+    # ONNX Runtime's constant folding at load. Off: a tied table's Transpose is left to the MatMul that reads it
+    # (fused into it), instead of a transposed copy made on the heap, in seconds, at every load
+    constant_folding: bool = True
     # on the CPU, open the model directory's pre-packed graphs where they match this machine (runtime.graph_cache)
     graph_cache: bool = os.environ.get("TFM_GRAPH_CACHE", "on") != "off"
 
@@ -121,7 +125,8 @@ def open_session(path: Path, options: SessionOptions = DEFAULT_OPTIONS, so: ort.
     try:
         with warnings.catch_warnings():  # a provider this build lacks: check_on_device names it, in one line
             warnings.simplefilter("ignore", UserWarning)
-            session = ort.InferenceSession(str(path), so, providers=providers(options, capture))
+            session = ort.InferenceSession(str(path), so, providers=providers(options, capture),
+                                           disabled_optimizers=None if options.constant_folding else [CONSTANT_FOLDING])
     except Exception as exc:  # onnxruntime raises its own Fail/InvalidGraph types
         raise TfmExportError(f"{path}: ONNX Runtime cannot load this graph ({first_line(exc)})") from None
     check_on_device(session, options, path)

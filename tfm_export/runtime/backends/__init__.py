@@ -187,7 +187,7 @@ def _onnxruntime(request: Request) -> Opened:
     from ...core.graph_spec import Graph, graph_specs
     from ..graph_cache import directory_stamps
     from .concat import ConcatBackend
-    from .loaders import directory_options
+    from .loaders import directory_options, shared_values, sharing
     options, loader = _on_device(request), request.loader or open_graph
     if request.loader is not None and options.cache == "concat":
         source = EngineDir.read(request.path) if request.given is Given.ENGINE_DIR else ModelDir.read(request.path)
@@ -196,11 +196,12 @@ def _onnxruntime(request: Request) -> Opened:
         return _opened(ConcatBackend(*sessions, source.config), source, source.limits)
     model_dir = _model_dir(request)
     cache = _cache(model_dir, options)
-    if cache == "concat":
+    if cache == "concat":  # the tied table mapped once, for both sessions (as the search step's are)
         options, specs = directory_options(model_dir, options), graph_specs(model_dir.config)
         with model_dir.opening(directory_stamps(model_dir, options).sha256) as paths:
-            sessions = [loader(paths[g.value], specs[g], options, None) for g in Graph]
-        return _opened(ConcatBackend(*sessions, model_dir.config, model_dir), model_dir)
+            shared = shared_values(model_dir, Graph.DECODER_STEP, check=False)  # the opening checks its file
+            sessions = [loader(paths[g.value], specs[g], options, sharing(shared)) for g in Graph]
+        return _opened(ConcatBackend(*sessions, model_dir.config, model_dir, shared), model_dir)
     from .search_step import load_search_sessions
     sessions = load_search_sessions(model_dir, options, loader)
     if cache == "in-place":

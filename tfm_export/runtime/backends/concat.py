@@ -5,6 +5,7 @@ session loader (ONNX Runtime, or a native Triton model in the bls layout); its l
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,9 +41,12 @@ class CacheState:
 class ConcatBackend(Reorders):
     """StepBackend (and GraphBackend) on an encoder and a decoder_step session."""
 
-    def __init__(self, encoder: Any, decoder: Any, config: ModelConfig, model_dir: Any = None) -> None:
-        """model_dir: the directory the sessions came from, where they did."""
+    def __init__(self, encoder: Any, decoder: Any, config: ModelConfig, model_dir: Any = None,
+                 shared: Mapping[str, Any] | None = None) -> None:
+        """model_dir: the directory the sessions came from, where they did; shared: memory both sessions read
+        (the tied table they were given), which lives as long as they do."""
         self.encoder, self.decoder, self.config, self.model_dir = encoder, decoder, config, model_dir
+        self.shared = shared or {}
         self.step_calls = 0  # decoder_step runs, for tests that count work
         self.names = cache_names(config)
 
