@@ -35,8 +35,10 @@ def step_matmuls(model: nn.Module) -> list[tuple[int, int]]:
     return [(i, o) for i, o in shapes.values()] + [(projection.in_features, projection.out_features)]
 
 
-def _graph(shapes: list[tuple[int, int]]) -> bytes:
-    """One MatMul per shape, each from its own input row, every product an output (nothing is skipped)."""
+def _save_graph(shapes: list[tuple[int, int]], path: Path) -> None:
+    """One MatMul per shape, each from its own input row, every product an output (nothing is skipped); the
+    weights in a file beside it (a large model's step reads more than protobuf's 2 GB)."""
+    import onnx
     from onnx import TensorProto, helper, numpy_helper
     rng = np.random.default_rng(0)
     widths = sorted({i for i, _ in shapes})
@@ -46,7 +48,8 @@ def _graph(shapes: list[tuple[int, int]]) -> bytes:
                for n, shape in enumerate(shapes)]
     outputs = [helper.make_tensor_value_info(f"y{n}", TensorProto.FLOAT, [1, o]) for n, (_, o) in enumerate(shapes)]
     graph = helper.make_graph(nodes, "step_matmuls", inputs, outputs, weights)
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", DEFAULT_OPSET)]).SerializeToString()
+    onnx.save_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", DEFAULT_OPSET)]), str(path),
+                    save_as_external_data=True, location=f"{path.name}.data")
 
 
 def best_run_ms(path: Path, feeds: dict[str, np.ndarray], options: SessionOptions,
@@ -100,7 +103,7 @@ def matmul_floor_ms(model: nn.Module, threads: int = 0) -> dict[str, float]:
     feeds = {f"x{width}": np.ones((1, width), np.float32) for width in {i for i, _ in shapes}}
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "step_matmuls.onnx"
-        path.write_bytes(_graph(shapes))
+        _save_graph(shapes, path)
         return {"spinning" if spinning else "sleeping":
                 best_run_ms(path, feeds, SessionOptions(intra_op_threads=threads, spinning=spinning))
                 for spinning in (False, True)}
