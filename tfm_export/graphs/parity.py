@@ -92,21 +92,23 @@ class Reference:
 
 
 def compare_stepwise(model: Transformer | Reference, backend: GraphBackend, src: np.ndarray, trg: np.ndarray,
-                     steps: int | None = None, encoder: bool = True, whole: bool = True) -> list[TensorDiff]:
+                     steps: int | None = None, encoder: bool = True, whole: bool = True,
+                     encoded: dict[str, np.ndarray] | None = None) -> list[TensorDiff]:
     """Encoder outputs, then decoder_step one token at a time (cache fed back) for `steps` tokens,
     then one decoder_step call over the whole target; all against model(src, trg) (or its Reference, computed
     once for several backends). Any backend that runs the raw graphs (GraphBackend) can be held to the reference
     this way. encoder: its outputs compared (backends of one directory share it: once is enough); whole: the
-    call over the whole target made (a one-token step graph makes it one call per token)."""
+    call over the whole target made (a one-token step graph makes it one call per token); encoded: the encoder's
+    outputs for `src` already computed (by another backend of the same encoder graph), else run here, once."""
     want = model if isinstance(model, Reference) else Reference.of(model, src, trg)
+    encoded = backend.run_encoder(src) if encoded is None else encoded
     diffs = []
     if encoder:
-        got = backend.run_encoder(src)
-        diffs.append(TensorDiff.of("encoder last_hidden_state", got[LAST_HIDDEN_STATE], want.encoder))
-        got_cross = np.concatenate([got[n].ravel() for n in want.cross_names])
+        diffs.append(TensorDiff.of("encoder last_hidden_state", encoded[LAST_HIDDEN_STATE], want.encoder))
+        got_cross = np.concatenate([encoded[n].ravel() for n in want.cross_names])
         diffs.append(TensorDiff.of("encoder present.*.encoder.*", got_cross, want.cross))
-        del got, got_cross
-    state = backend.encode(src)
+        del got_cross
+    state = backend.encoded(src, encoded)
     per_step = []
     for t in range(steps if steps is not None else trg.shape[1]):
         state, logits = backend.run_step(state, trg[:, t:t + 1])
@@ -116,7 +118,7 @@ def compare_stepwise(model: Transformer | Reference, backend: GraphBackend, src:
                             worst.max_abs, worst.max_rel, worst.scale))
     del state
     if whole:
-        _, logits = backend.run_step(backend.encode(src), trg)
+        _, logits = backend.run_step(backend.encoded(src, encoded), trg)
         diffs.append(TensorDiff.of(f"decoder_step logits, {trg.shape[1]} tokens in one call", logits, want.logits))
     return diffs
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from pathlib import Path
 from typing import Any
@@ -37,6 +38,7 @@ NOT_SAVED_REASON = (
 # graph is opened); the stamps the export just wrote trusted, no file hashed again
 PARITY_OPTIONS = SessionOptions(prepacking=False, graph_cache=True, constant_folding=False, memory_arena=False)
 PARITY_ROWS = 2  # sources of different lengths: the padding masks at work
+PARITY_PADDED = 32  # positions of the padded batch's longest source (the longest source has a batch of its own)
 PARITY_LOGITS_BYTES = 32 << 20  # PyTorch's and ONNX Runtime's logits over the whole target, each
 UNOPTIMIZED_REASON = (
     "left to ONNX Runtime in the external layout: it folds the same shape arithmetic when a session opens, and on a "
@@ -83,29 +85,37 @@ def build_manifest(ckpt: Checkpoint, opset: int, hashes: dict[Graph | GraphVaria
 
 
 def check_parity(ckpt: Checkpoint, directory: Path, steps: int = 3, seed: int = 0) -> float:
-    """Export ends by comparing ONNX Runtime with PyTorch on a padded batch at the longest source and
-    target the model takes (the target shorter where its logits would pass PARITY_LOGITS_BYTES: a 256k vocabulary's
-    at its first 16 positions), a few steps with the cache fed back, every decoder graph of the directory opened
-    through the runtime's door, one at a time (PyTorch's outputs computed once for all), without pre-packed weights
-    or constant folding (the same maths, with no copy of the weights: a large model's memory and load time).
-    Raises beyond the default Tolerance."""
+    """Export ends by comparing ONNX Runtime with PyTorch on two batches: the longest source the model takes, alone,
+    and PARITY_ROWS shorter sources of different lengths, padded (the masks at work), each with a target as long
+    as the model takes (shorter where its logits would pass PARITY_LOGITS_BYTES: a 256k vocabulary's at its first
+    16 positions); a few steps with the cache fed back, every decoder graph of the directory opened through the
+    runtime's door, one at a time (PyTorch's outputs computed once for all, the encoder run once per batch),
+    without pre-packed weights or constant folding (the same maths, with no copy of the weights: a large model's
+    memory and load time). Raises beyond the default Tolerance."""
     cfg = ckpt.config
-    rows = PARITY_ROWS
-    length = min(cfg.n_position, max(steps, PARITY_LOGITS_BYTES // (rows * cfg.trg_vocab_size * 4)))
-    src = random_sources(cfg.src_vocab_size, rows, cfg.n_position, seed, cfg.src_pad_idx)
-    trg = random_targets(cfg.trg_vocab_size, rows, length, seed, cfg.trg_pad_idx)
-    reference = Reference.of(ckpt.model, src, trg)
+    length = min(cfg.n_position, max(steps, PARITY_LOGITS_BYTES // (PARITY_ROWS * cfg.trg_vocab_size * 4)))
+    batches = {"longest source": (1, cfg.n_position), "padded": (PARITY_ROWS, min(cfg.n_position, PARITY_PADDED))}
+    references = {label: Reference.of(ckpt.model, random_sources(cfg.src_vocab_size, rows, size, seed, cfg.src_pad_idx),
+                                      random_targets(cfg.trg_vocab_size, rows, length, seed, cfg.trg_pad_idx))
+                  for label, (rows, size) in batches.items()}
     release_file_pages(checkpoint_files(ckpt))  # PyTorch's part is done: its mapped weights need not stay
     small = weight_bytes(ckpt.model) < EXTERNAL_DATA_BYTES
-    diffs = []
+    diffs, encoded = [], {}
     for name, backend in each_graph_decoder(directory, PARITY_OPTIONS):
-        # the encoder is every backend's; the step variants take one token per call, so the whole target is as
-        # many calls: made where the model is small (a large one's graphs are the same code at every position)
+        # the encoder is every backend's: run once per batch, its outputs given to each; the step variants take one
+        # token per call, so the whole target is as many calls: made where the model is small (a large one's
+        # graphs are the same code at every position)
         contract = name == Graph.DECODER_STEP.value
-        diffs += compare_stepwise(reference, backend, src, trg, steps, encoder=contract, whole=contract or small)
+        for label, ref in references.items():
+            if label not in encoded:
+                encoded[label] = backend.run_encoder(ref.src)
+            diffs += [dataclasses.replace(d, name=f"{d.name} ({label})")
+                      for d in compare_stepwise(ref, backend, ref.src, ref.trg, steps, encoder=contract,
+                                                whole=contract or small, encoded=encoded[label])]
         del backend
     failed = [d for d in diffs if not d.within(DEFAULT_TOLERANCE)]
-    noise = float32_noise(ckpt.model, src, trg) if failed and all(LOGITS in d.name for d in failed) else 0.0
+    noise = max(float32_noise(ckpt.model, r.src, r.trg) for r in references.values()) \
+        if failed and all(LOGITS in d.name for d in failed) else 0.0
     failed = [d for d in failed if d.max_abs > FLOAT32_NOISE_FACTOR * noise]
     if failed:
         worst = failed[0]

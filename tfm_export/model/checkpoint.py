@@ -215,9 +215,12 @@ def _all_finite(tensor: torch.Tensor, block: int = 1 << 22) -> bool:
     return all(bool(torch.isfinite(part).all()) for part in flat.split(block))
 
 
-def build_model(config: ModelConfig, state: dict[str, torch.Tensor], path: Path) -> Transformer:
-    """The model over the checkpoint's own tensors (mapped from the file where torch.load could map it)."""
-    validate_state_dict(state, config, path)
+def build_model(config: ModelConfig, state: dict[str, torch.Tensor], path: Path, checked: bool = False
+                ) -> Transformer:
+    """The model over the checkpoint's own tensors (mapped from the file where torch.load could map it); checked:
+    validate_state_dict has passed them already (a converted checkpoint's: reading gigabytes twice costs seconds)."""
+    if not checked:
+        validate_state_dict(state, config, path)
     return Transformer.over(config, state)
 
 

@@ -559,8 +559,8 @@ def load_hf_checkpoint(directory: Path) -> Checkpoint:
     files = sorted(p for p in directory.iterdir() if p.is_file() and not p.is_symlink())
     digest = hashlib.sha256("".join(f"{p.name}:{file_sha256(p)}\n" for p in files).encode()).hexdigest()
     rules = loader.languages(hf.rules, vocab)
-    return Checkpoint(directory, HUGGINGFACE, hf.config, build_model(hf.config, hf.state, directory), vocab, digest,
-                      rules)
+    model = build_model(hf.config, hf.state, directory, checked=True)  # convert() validated the state
+    return Checkpoint(directory, HUGGINGFACE, hf.config, model, vocab, digest, rules)
 
 
 def load_hf_directory(directory: str | Path) -> HfModel:

@@ -106,6 +106,10 @@ class GraphBackend(StepBackend, Protocol):
     def run_encoder(self, src: np.ndarray) -> dict[str, np.ndarray]:
         """(B, S) padded ids -> every encoder output by name."""
 
+    def encoded(self, src: np.ndarray, out: dict[str, np.ndarray]) -> Any:
+        """encode's state from run_encoder's outputs for `src` (a backend's own, or another's of the same encoder
+        graph): the checks run a long source's encoder once."""
+
     def run_step(self, state: Any, input_ids: np.ndarray) -> tuple[Any, np.ndarray]:
         """(N, T) new tokens -> new state and (N, T, V) logits."""
 

@@ -61,7 +61,9 @@ class ConcatBackend(Reorders):
 
     def encode(self, src: np.ndarray) -> CacheState:
         check_source_length(src.shape[1], self.config.n_position)
-        out = self.run_encoder(src)
+        return self.encoded(src, self.run_encoder(src))
+
+    def encoded(self, src: np.ndarray, out: dict[str, np.ndarray]) -> CacheState:
         dtype, cfg = self.cache_dtype, self.config
         empty = tuple(np.zeros((len(src), cfg.n_head, 0, d), dtype) for d in cache_head_sizes(cfg))
         mask = (src != self.config.src_pad_idx).astype(np.int64)

@@ -144,7 +144,9 @@ class InPlaceBackend(Reorders):
 
     def encode(self, src: np.ndarray) -> SearchState:
         check_source_length(src.shape[1], self.config.n_position)
-        out = self.run_encoder(src)
+        return self.encoded(src, self.run_encoder(src))
+
+    def encoded(self, src: np.ndarray, out: dict[str, np.ndarray]) -> SearchState:
         mask = (src != self.config.src_pad_idx).astype(np.int64)
         bias = Rules(np.zeros(self.config.trg_vocab_size, np.float32))
         return SearchState(mask, tuple(out[n] for n in self.names.cross_outputs), bias)
