@@ -39,8 +39,7 @@ import numpy as np
 
 from tfm_export.bench import protocol
 from tfm_export.bench.runners import unavailable
-from tfm_export.bench.targets import (cell_name, cell_sizes, floor_ms, ms_per_token, round_ratios, settings_of,
-                                     targets)
+from tfm_export.bench.targets import cell_name, cell_sizes, floor_ms, ms_per_token, round_ratios, settings_of, targets
 from tfm_export.core.machine import return_large_blocks
 
 # Every backend runs in a spawned process, which imports this script again: the export side (torch, onnx:
