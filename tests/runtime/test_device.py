@@ -13,6 +13,7 @@ from support.backends import step_backend
 from support.common import short_sources
 
 from tfm_export.core.token_rules import TokenRules
+from tfm_export.graphs.parity import DEFAULT_TOLERANCE, compare_stepwise
 from tfm_export.model import reference_decoding
 from tfm_export.runtime import decoding
 from tfm_export.runtime.backends import device
@@ -94,3 +95,17 @@ def test_sources_padded_to_a_bucket_decode_as_the_reference(flat, length):
     got = decoding.beam_search(backend, src, 3, 10, n_best=3)
     want = reference_decoding.beam_search(ckpt.model, torch.from_numpy(src), 3, 10, n_best=3)
     assert [[h.tokens for h in nb] for nb in got] == [[h.tokens for h in nb] for nb in want]
+
+
+def test_a_state_made_from_given_encoder_outputs_steps_as_pytorch(flat):
+    """encoded(): the checks give a backend encoder outputs another backend computed. Uploaded into the padded
+    source buffers (7 positions padded to a bucket), the steps that follow match PyTorch's full-sequence forward."""
+    ckpt, directory = flat
+    backend = step_backend(directory, "device")
+    pad = ckpt.config.src_pad_idx
+    src = np.array([[2, 5, 6, 7, 8, 9, 3], [2, 10, 11, 3, pad, pad, pad]])
+    trg = np.array([[ckpt.rules.start, 4, 5, 6, 7], [ckpt.rules.start, 8, 9, 10, 11]])
+    encoded = step_backend(directory, "concat").run_encoder(src)
+    diffs = compare_stepwise(ckpt.model, backend, src, trg, encoded=encoded)
+    assert backend.encoded(src, encoded).shape.source_length == device.SOURCE_BUCKET > src.shape[1]
+    assert all(d.within(DEFAULT_TOLERANCE) for d in diffs), diffs

@@ -154,22 +154,39 @@ class DeviceBackend(Reorders):
         return self.sessions.run_encoder(src)
 
     def encode(self, src: np.ndarray) -> GraphState:
-        cfg = self.config
-        check_source_length(src.shape[1], cfg.n_position)
-        length = padded_length(src.shape[1], cfg.n_position)
-        padded = np.full((len(src), length), cfg.src_pad_idx, np.int64)
-        padded[:, :src.shape[1]] = src
-        sources = self._sources_for(len(src), length)
-        mask = (padded != cfg.src_pad_idx).astype(np.int64)
-        sources.mask.update_inplace(mask)
+        check_source_length(src.shape[1], self.config.n_position)
+        padded, mask, sources = self._padded(src)
         binding = self.sessions.encoder.io_binding()
         binding.bind_cpu_input(INPUT_IDS, padded)
         binding.bind_cpu_input(ATTENTION_MASK, mask)
         for name, value in zip(self.names.cross_outputs, sources.cross, strict=True):
             binding.bind_output(name, self.device, 0, self.memory.element, value.shape(), value.data_ptr())
         self.sessions.encoder.run_with_iobinding(binding)
-        shape = Shape(len(src), 1, length, 0)
-        return GraphState(sources, shape, Rules(np.zeros(cfg.trg_vocab_size, np.float32)), np.arange(len(src)))
+        return self._state(src, sources)
+
+    def encoded(self, src: np.ndarray, out: dict[str, np.ndarray]) -> GraphState:
+        """The encoder's outputs for `src` uploaded into the padded source buffers (the padding's positions zero:
+        masked, as the encoder's own are)."""
+        _, _, sources = self._padded(src)
+        for name, value in zip(self.names.cross_outputs, sources.cross, strict=True):
+            padded = np.zeros(value.shape(), out[name].dtype)
+            padded[:, :, :src.shape[1]] = out[name]
+            value.update_inplace(padded)
+        return self._state(src, sources)
+
+    def _padded(self, src: np.ndarray) -> tuple[np.ndarray, np.ndarray, Sources]:
+        """The ids padded to their bucket's length, their mask (uploaded) and the buffers for the encoder's outputs."""
+        cfg = self.config
+        padded = np.full((len(src), padded_length(src.shape[1], cfg.n_position)), cfg.src_pad_idx, np.int64)
+        padded[:, :src.shape[1]] = src
+        sources = self._sources_for(*padded.shape)
+        mask = (padded != cfg.src_pad_idx).astype(np.int64)
+        sources.mask.update_inplace(mask)
+        return padded, mask, sources
+
+    def _state(self, src: np.ndarray, sources: Sources) -> GraphState:
+        shape = Shape(len(src), 1, sources.mask.shape()[1], 0)
+        return GraphState(sources, shape, Rules(np.zeros(self.config.trg_vocab_size, np.float32)), np.arange(len(src)))
 
     def _sources_for(self, count: int, length: int, avoid: Sources | None = None) -> Sources:
         """Fixed buffers for `count` sources of `length` positions (made once, reused), other than `avoid`."""
