@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 TORCH  := torch==2.13.0
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup demo test test-slow hostile lint cpp bench bench-anchor bench-hf bench-scale demo-model demo-model-modern clean serving-env bench-serving browser
+.PHONY: setup demo test test-slow hostile lint cpp bench bench-anchor bench-hf bench-scale demo-model demo-model-modern clean serving-env optimum-env bench-serving browser
 
 setup: $(STAMP)
 
@@ -54,11 +54,26 @@ $(SERVING_STAMP): pyproject.toml
 	$(SERVING_VENV)/bin/python -m pip install --quiet $(PYTRITON) -e .
 	touch $@
 
+# Optimum (optimum-onnx, which needs transformers < 4.58) for the tests that load `tfm-export hf` directories with
+# ORTModelForSeq2SeqLM: a venv of its own, with the onnxruntime the main venv runs. If it cannot be built, they skip.
+OPTIMUM_VENV  := .venv-optimum
+OPTIMUM_STAMP := $(OPTIMUM_VENV)/.installed
+OPTIMUM       := optimum-onnx==0.1.0 onnxruntime==1.32.0
+
+optimum-env: $(OPTIMUM_STAMP)
+
+$(OPTIMUM_STAMP): pyproject.toml
+	$(PYTHON) -m venv $(OPTIMUM_VENV)
+	$(OPTIMUM_VENV)/bin/python -m pip install --quiet $(TORCH)
+	$(OPTIMUM_VENV)/bin/python -m pip install --quiet $(OPTIMUM)
+	touch $@
+
 # Two workers, each taking whole test files (module fixtures built once; the demo export and its precisions are
 # shared by both). Left out: the hostile battery (tests/hostile, marked `hostile`: `make hostile`) and the cases
 # marked `slow` (`make test-slow`): minutes of base-size exports or training, or cases make test covers otherwise.
 test: setup browser
 	-$(MAKE) serving-env
+	-$(MAKE) optimum-env
 	$(PY) -m pytest -q -n 2 --dist loadfile -m "not hostile and not slow"
 
 # The cases make test leaves out for time (marked `slow`): the base-size exports and precisions (parity, the C++

@@ -18,7 +18,7 @@ from support.common import HEAVY, REPO, modules_after, tiny_config
 PACKAGE = REPO / "tfm_export"
 # Dependency order; packages in one tuple are siblings and may not import each other.
 ORDER = ("core", "artifacts", "model", "runtime", "graphs", "precision", "trt", ("verify", "bench", "demo", "serving"),
-         "cli")
+         "hf_layout", "cli")
 # Third-party modules a package may not import at all, lazily or not.
 BANNED = {"core": HEAVY, "artifacts": HEAVY, "runtime": HEAVY - {"torch", "onnxruntime", "tensorrt"},
           "precision": {"torch"}, "trt": {"torch"}}

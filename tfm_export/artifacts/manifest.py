@@ -58,6 +58,8 @@ MODEL_FORMAT, MODEL_FORMAT_VERSION = "tfm-export-model", 2
 ENGINE_FORMAT, ENGINE_FORMAT_VERSION = "tfm-export-engines", 3
 # A Triton model repository (tritonserver reads only its subdirectories; the manifest marks the repository ours).
 REPOSITORY_FORMAT, REPOSITORY_FORMAT_VERSION = "tfm-export-triton-repository", 1
+# Hugging Face's layout of a model directory (`tfm-export hf`): their files, and this manifest to say it is ours.
+HF_VIEW_FORMAT, HF_VIEW_FORMAT_VERSION = "tfm-export-hf-layout", 1
 
 
 def is_hf_directory(path: Path) -> bool:

@@ -17,9 +17,9 @@ from pathlib import Path
 
 from ..core.errors import first_line
 from ..core.files import process_alive, umask
-from .manifest import ENGINE_FORMAT, MODEL_FORMAT, REPOSITORY_FORMAT, ModelDirError, manifest_format
+from .manifest import ENGINE_FORMAT, HF_VIEW_FORMAT, MODEL_FORMAT, REPOSITORY_FORMAT, ModelDirError, manifest_format
 
-ARTIFACT_FORMATS = (MODEL_FORMAT, ENGINE_FORMAT, REPOSITORY_FORMAT)  # what --force may replace
+ARTIFACT_FORMATS = (MODEL_FORMAT, ENGINE_FORMAT, REPOSITORY_FORMAT, HF_VIEW_FORMAT)  # what --force may replace
 
 
 STAGING_SUFFIX = ".partial"

@@ -1,0 +1,113 @@
+"""`tfm-export hf`: the layout's graphs held to PyTorch on the first step and with the past fed back, its JSON files,
+and the one-line refusals that write nothing."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+from pathlib import Path
+
+import onnx
+import pytest
+from click.testing import CliRunner
+from support.common import DEMO_CKPT
+
+from tfm_export.artifacts.model_dir import ModelDir
+from tfm_export.cli.export_cli import main as export_main
+from tfm_export.graphs.hf_graphs import ENCODER_HIDDEN_STATES
+from tfm_export.hf_layout import export_hf
+from tfm_export.hf_layout.parity import HfParityError, check_view, from_directory, sample
+from tfm_export.hf_layout.tokenizer_view import TokenizerViewError, js_tokenizer
+from tfm_export.hf_layout.view import HfViewError, check_expressible
+
+
+@pytest.fixture(scope="module")
+def view(demo_onnx, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("hf") / "view"
+    made = export_hf(demo_onnx, out, checkpoint=DEMO_CKPT)
+    assert made.parity[0] == "against PyTorch:" and len(made.parity) == 7
+    return out
+
+
+def test_the_layout_has_the_files_both_libraries_read(view):
+    names = {str(p.relative_to(view)) for p in view.rglob("*") if p.is_file()}
+    assert names == {"config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
+                     "manifest.json", "onnx/encoder_model.onnx", "onnx/decoder_model_merged.onnx",
+                     "onnx/decoder_model.onnx", "onnx/decoder_with_past_model.onnx"}
+    config = json.loads((view / "config.json").read_text())
+    assert (config["model_type"], config["d_model"], config["decoder_layers"]) == ("marian", 128, 3)
+    generation = json.loads((view / "generation_config.json").read_text())
+    assert (generation["decoder_start_token_id"], generation["eos_token_id"], generation["bad_words_ids"]) == \
+        (2, 3, [[1]])
+
+
+def test_the_merged_decoder_takes_hidden_states_and_an_empty_past(view):
+    graph = onnx.load(str(view / "onnx" / "decoder_model_merged.onnx"), load_external_data=False).graph
+    inputs = [i.name for i in graph.input if i.name not in {t.name for t in graph.initializer}]
+    assert inputs[:3] == ["input_ids", "encoder_attention_mask", ENCODER_HIDDEN_STATES]
+    assert "present.0.encoder.key" in [o.name for o in graph.output]
+    assert not {n.op_type for n in graph.node} & {"If", "Loop"}
+
+
+def test_a_wrong_merged_decoder_fails_its_check(view, demo_onnx, tmp_path):
+    """The check can fail: a merged decoder that gives layer 0 layer 1's cross keys is caught at step 1."""
+    broken = tmp_path / "view"
+    shutil.copytree(view, broken)
+    path = broken / "onnx" / "decoder_model_merged.onnx"
+    model = onnx.load(str(path))
+    concat = {n.output[0]: n for n in model.graph.node if n.op_type == "Concat" and n.output[0].startswith("present")}
+    concat["present.0.encoder.key"].input[1] = concat["present.1.encoder.key"].input[1]
+    onnx.save(model, str(path))
+    model_dir = ModelDir.read(demo_onnx)
+    src, trg = sample(model_dir.config)
+    with pytest.raises(HfParityError, match="decoder_model_merged step 1"):
+        check_view(broken, model_dir.config, "fp32", from_directory(model_dir, src, trg), src, trg)
+
+
+def test_refusals_name_the_reason(demo_onnx):
+    model_dir = ModelDir.read(demo_onnx)
+    split = dataclasses.replace(model_dir, manifest={**model_dir.manifest, "tokenizer": {
+        "source": "tokenizer.json", "target": "target.json"}})
+    with pytest.raises(HfViewError, match="separate source and target vocabularies"):
+        check_expressible(split)
+    narrow = dataclasses.replace(model_dir, config=dataclasses.replace(model_dir.config, d_k=16, d_v=16))
+    with pytest.raises(HfViewError, match="d_model / heads = 32"):
+        check_expressible(narrow)
+    data = json.loads((demo_onnx / "tokenizer.json").read_text())
+    with pytest.raises(TokenizerViewError, match="pre_tokenizer step UnicodeScripts"):
+        js_tokenizer({**data, "pre_tokenizer": {"type": "UnicodeScripts"}}, "tok.json")
+
+
+def test_the_rewritten_tokenizer_splits_as_metaspace_did(demo_onnx):
+    from tokenizers import Tokenizer
+    data = json.loads((demo_onnx / "tokenizer.json").read_text())
+    rewritten = js_tokenizer(data, "tok.json")
+    assert "split" not in json.dumps(rewritten["pre_tokenizer"]["pretokenizers"][0]) or \
+        rewritten["pre_tokenizer"]["pretokenizers"][0]["pretokenizers"][0]["split"] is False
+    a, b = Tokenizer.from_str(json.dumps(data)), Tokenizer.from_str(json.dumps(rewritten))
+    for text in ["forty-two", "one thousand,  two hundred", " Eighty-One "]:
+        assert a.encode(text).ids == b.encode(text).ids
+
+
+def test_cli_refusal_writes_nothing(demo_onnx, tmp_path):
+    result = CliRunner().invoke(export_main, ["hf", "--model", str(demo_onnx), "--output", str(tmp_path / "v"),
+                                              "--checkpoint", str(tmp_path / "missing.pt")])
+    assert result.exit_code != 0 and "Traceback" not in result.output
+    assert not (tmp_path / "v").exists()
+    other = tmp_path / "other"
+    shutil.copytree(demo_onnx, other)
+    manifest = json.loads((other / "manifest.json").read_text())
+    manifest["source_checkpoint"]["format"] = "huggingface"
+    (other / "manifest.json").write_text(json.dumps(manifest))
+    result = CliRunner().invoke(export_main, ["hf", "--model", str(other), "--output", str(tmp_path / "v")])
+    assert result.exit_code != 0 and "Hugging Face checkpoint" in result.output
+    assert not (tmp_path / "v").exists()
+
+
+def test_quantized_views_are_held_to_their_own_graphs(variants, tmp_path):
+    made = export_hf(variants["int8-static"], tmp_path / "int8")
+    assert made.parity[0].startswith("against") and "own graphs" in made.parity[0]
+    assert (tmp_path / "int8" / "onnx" / "decoder_model_merged_quantized.onnx").is_file()
+    with pytest.raises(Exception, match="for fp32 directories"):
+        export_hf(variants["fp16"], tmp_path / "fp16", checkpoint=DEMO_CKPT)

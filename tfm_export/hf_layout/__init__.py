@@ -1,0 +1,31 @@
+"""A model directory in the layout Hugging Face's runtimes load: transformers.js (Node and the browser) and Optimum's
+ORTModelForSeq2SeqLM, each graph held to PyTorch (or to the directory's own graphs) before the layout is written."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..artifacts.model_dir import ModelDir
+from ..core.errors import TfmExportError
+from ..graphs.parity import Reference
+from ..verify.fp32 import checkpoint_for
+from .parity import check_view, from_directory, from_pytorch, sample
+from .view import HfView, write_view
+
+
+def export_hf(directory: Path, output: Path, checkpoint: Path | None = None, force: bool = False) -> HfView:
+    """The layout of `directory` in `output`; with `checkpoint` (an fp32 directory's), held to PyTorch."""
+    model_dir = ModelDir.read(directory)
+    if checkpoint is not None and model_dir.precision != "fp32":
+        raise TfmExportError(f"--checkpoint: for fp32 directories; {directory} is {model_dir.precision}, and its "
+                             "layout is held to its own graphs (which `tfm-export verify` holds to the fp32 ones)")
+    ckpt = checkpoint_for(directory, checkpoint, ()) if checkpoint is not None else None
+
+    def parity(staging: Path, read: ModelDir) -> list[str]:
+        src, trg = sample(read.config)
+        want = (from_pytorch(Reference.of(ckpt.model, src, trg), read.config) if ckpt is not None
+                else from_directory(read, src, trg))
+        against = "PyTorch" if ckpt is not None else f"{directory}'s own graphs"
+        return [f"against {against}:", *check_view(staging, read.config, read.precision, want, src, trg)]
+
+    return write_view(directory, output, force, parity)

@@ -1,0 +1,186 @@
+"""`tfm-export hf`: a model directory as the layout transformers.js and Optimum load (`onnx/encoder_model.onnx`,
+`onnx/decoder_model_merged.onnx`, Optimum's decoder pair, and config.json, generation_config.json, tokenizer.json,
+tokenizer_config.json), written atomically after its parity check.
+
+A seed model presents itself as a Marian model: both libraries compute nothing of the model outside its graphs, and
+Marian's loaders read the sizes they need (layers, heads, d_model) under the names written here.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import onnx
+
+from ..artifacts.manifest import HF_VIEW_FORMAT, HF_VIEW_FORMAT_VERSION, MANIFEST
+from ..artifacts.model_dir import ModelDir
+from ..artifacts.staging import staged_directory
+from ..core.config import ModelConfig
+from ..core.errors import TfmExportError
+from ..core.files import file_sha256
+from ..core.graph_spec import Graph
+from ..core.token_rules import TokenRules
+from ..core.tokenizer import BOS, EOS, PAD, UNK
+from ..graphs.hf_graphs import encoder_model, first_step_decoder, merged_decoder
+from ..graphs.onnx_io import EXTERNAL_DATA_BYTES, load_graph
+from .tokenizer_view import dumps, js_tokenizer, same_ids
+
+ONNX_DIR = "onnx"
+# The file stems both libraries look for, and each precision's suffix (transformers.js's dtype: fp32, fp16, q8)
+ENCODER, MERGED, FIRST_STEP, WITH_PAST = "encoder_model", "decoder_model_merged", "decoder_model", \
+    "decoder_with_past_model"
+SUFFIXES = {"fp32": "", "fp16": "_fp16", "int8": "_quantized"}
+DTYPES = {"fp32": "fp32", "fp16": "fp16", "int8": "q8"}  # transformers.js's dtype option for each
+EXTERNAL_SUFFIX = "_data"  # transformers.js fetches `<file>.onnx_data`
+SEED_MODEL_TYPE = "marian"
+
+
+class HfViewError(TfmExportError):
+    """A model the Hugging Face layout cannot express."""
+
+
+@dataclass(frozen=True)
+class HfView:
+    """What was written: the directory, its graph files, and the parity lines."""
+
+    output: Path
+    files: list[str]
+    parity: list[str]
+
+
+def graph_file(stem: str, precision: str) -> str:
+    return f"{ONNX_DIR}/{stem}{SUFFIXES[precision]}.onnx"
+
+
+def check_expressible(model_dir: ModelDir) -> dict[str, Any]:
+    """Refuses, in one line each, what the layout cannot hold; returns the tokenizer JSON tokenizers.js reads."""
+    cfg, manifest = model_dir.config, model_dir.manifest
+    where = model_dir.path
+    if manifest["source_checkpoint"].get("format") == "huggingface":
+        raise HfViewError(f"{where}: exported from a Hugging Face checkpoint; its own ONNX export (Optimum's) "
+                          "is what its family's loaders expect, and this command writes the seed's and its "
+                          "variants' layouts only")
+    if manifest["tokenizer"]["source"] != manifest["tokenizer"]["target"]:
+        raise HfViewError(f"{where}: has separate source and target vocabularies; transformers.js and Optimum "
+                          "take one tokenizer for both, so this model cannot be expressed in their layout")
+    if cfg.d_k != cfg.d_v or cfg.d_k * cfg.n_head != cfg.d_model:
+        raise HfViewError(f"{where}: its attention heads are {cfg.d_k} (keys) and {cfg.d_v} (values) wide, but "
+                          f"Optimum assumes d_model / heads = {cfg.d_model // cfg.n_head}; it would size the "
+                          "empty past wrongly, so this model cannot be expressed in their layout")
+    path = model_dir.path / manifest["tokenizer"]["source"]
+    original = path.read_text()
+    rewritten = js_tokenizer(json.loads(original), str(path))
+    vocab = model_dir.vocabulary().source.tokens()
+    probes = [" ".join(vocab[i::7][:40]).replace("\u2581", " ") for i in range(7)]
+    if (text := same_ids(original, dumps(rewritten), probes)) is not None:
+        raise HfViewError(f"{path}: its rewrite for transformers.js encodes {text[:40]!r} differently; this "
+                          "tokenizer cannot be expressed in their layout")
+    return rewritten
+
+
+def model_config(cfg: ModelConfig, rules: TokenRules, max_target: int) -> dict[str, Any]:
+    """config.json: Marian's names for the sizes the loaders read, and the ids generate() starts from."""
+    return {
+        "model_type": SEED_MODEL_TYPE, "architectures": ["MarianMTModel"], "is_encoder_decoder": True,
+        "vocab_size": cfg.trg_vocab_size, "decoder_vocab_size": cfg.trg_vocab_size, "d_model": cfg.d_model,
+        "encoder_layers": cfg.n_layers, "decoder_layers": cfg.n_layers,
+        "encoder_attention_heads": cfg.n_head, "decoder_attention_heads": cfg.n_head,
+        "encoder_ffn_dim": cfg.d_inner, "decoder_ffn_dim": cfg.d_inner, "max_position_embeddings": max_target,
+        "share_encoder_decoder_embeddings": True, "scale_embedding": False, "use_cache": True,
+        **_ids(rules),
+    }
+
+
+def generation_config(rules: TokenRules, max_target: int) -> dict[str, Any]:
+    """generation_config.json: tfm-run's decoding rules as generate() spells them (its max_length counts the
+    decoder's first input; tfm-run's counts generated tokens)."""
+    generated = min(rules.max_new_tokens or max_target, max_target)
+    config = {**_ids(rules), "max_length": generated + 1, "num_beams": rules.num_beams,
+              "length_penalty": rules.length_penalty, "early_stopping": rules.early_stopping}
+    if rules.banned:
+        config["bad_words_ids"] = [[token] for token in rules.banned]
+    return config
+
+
+def _ids(rules: TokenRules) -> dict[str, Any]:
+    return {"decoder_start_token_id": rules.start, "eos_token_id": rules.eos, "pad_token_id": rules.pad,
+            "forced_bos_token_id": rules.forced_bos, "forced_eos_token_id": rules.forced_eos}
+
+
+def tokenizer_config() -> dict[str, Any]:
+    """tokenizer_config.json: transformers.js loads no tokenizer without it, and reads the unknown token here."""
+    return {"tokenizer_class": "PreTrainedTokenizerFast", "unk_token": UNK, "bos_token": BOS, "eos_token": EOS,
+            "pad_token": PAD, "clean_up_tokenization_spaces": False, "model_max_length": 1_000_000}
+
+
+def write_view(directory: Path, output: Path, force: bool,
+               parity: Callable[[Path, ModelDir], list[str]]) -> HfView:
+    """Checks what can be expressed, writes every file into a staging directory, runs `parity(staging, model_dir)`
+    (which raises on a failure) and only then puts the directory in place."""
+    model_dir = ModelDir.read(directory)
+    tokenizer = check_expressible(model_dir)
+    precision, cfg, rules = model_dir.precision, model_dir.config, model_dir.rules
+    max_target = model_dir.limits["max_target_length"]
+    with staged_directory(output, force, keep=(directory,)) as staging:
+        (staging / ONNX_DIR).mkdir()
+        files = _write_graphs(model_dir, staging, precision)
+        texts = {"config.json": {**model_config(cfg, rules, max_target),
+                                 **_js_config(staging, files, precision)},
+                 "generation_config.json": generation_config(rules, max_target),
+                 "tokenizer_config.json": tokenizer_config()}
+        for name, data in texts.items():
+            (staging / name).write_text(json.dumps(data, indent=2) + "\n")
+        (staging / "tokenizer.json").write_text(dumps(tokenizer))
+        lines = parity(staging, model_dir)
+        written = sorted(str(p.relative_to(staging)) for p in staging.rglob("*") if p.is_file())
+        (staging / MANIFEST).write_text(json.dumps(_manifest(model_dir, staging, written), indent=2) + "\n")
+    return HfView(output, files, lines)
+
+
+def _write_graphs(model_dir: ModelDir, staging: Path, precision: str) -> list[str]:
+    """The four graphs, each saved (and let go) before the next is made."""
+    manifest, directory, cfg = model_dir.manifest, model_dir.path, model_dir.config
+    encoder = load_graph(directory, manifest, Graph.ENCODER.value, check=False)
+    decoder = load_graph(directory, manifest, Graph.DECODER_STEP.value, check=False)
+    files = [_save(encoder_model(encoder), staging, graph_file(ENCODER, precision))]
+    merged = merged_decoder(encoder, decoder, cfg)
+    del encoder
+    files.append(_save(merged, staging, graph_file(MERGED, precision)))
+    files.append(_save(first_step_decoder(merged, cfg), staging, graph_file(FIRST_STEP, precision)))
+    del merged
+    files.append(_save(decoder, staging, graph_file(WITH_PAST, precision)))
+    return files
+
+
+def _save(proto: onnx.ModelProto, staging: Path, name: str) -> str:
+    """Inline below protobuf's 2 GB; above, in `<file>.onnx_data` beside it, the name transformers.js fetches."""
+    path = staging / name
+    size = sum(len(init.raw_data) for init in proto.graph.initializer)
+    if size < EXTERNAL_DATA_BYTES:
+        onnx.save_model(proto, str(path))
+    else:
+        onnx.save_model(proto, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
+                        location=path.name + EXTERNAL_SUFFIX, size_threshold=1024)
+    onnx.checker.check_model(str(path), full_check=True)
+    return name
+
+
+def _js_config(staging: Path, files: list[str], precision: str) -> dict[str, Any]:
+    """transformers.js's own section: which files have external data (it fetches only what this names), and the
+    dtype that picks this precision's files."""
+    external = {Path(f).name: 1 for f in files if (staging / (f + EXTERNAL_SUFFIX)).exists()}
+    return {"transformers.js_config": {"dtype": DTYPES[precision],
+                                       **({"use_external_data_format": external} if external else {})}}
+
+
+def _manifest(model_dir: ModelDir, staging: Path, files: list[str]) -> dict[str, Any]:
+    """Ours, beside Hugging Face's files: what the view was made from, each file's sha256."""
+    return {"format": HF_VIEW_FORMAT, "format_version": HF_VIEW_FORMAT_VERSION, "tool": "tfm-export",
+            "precision": model_dir.precision,
+            "source_model": {"manifest_sha256": file_sha256(model_dir.path / MANIFEST),
+                             "source_checkpoint_sha256": model_dir.manifest["source_checkpoint"]["sha256"]},
+            "files": {name: file_sha256(staging / name) for name in files}}
