@@ -70,7 +70,8 @@ MODEL_DIR = DirectoryKind(
             "special_tokens": lambda v: isinstance(v, dict) and all(map(is_token_id, v.values())),
             "source_checkpoint.sha256": is_sha256,
             # optional, checked where present (verify checks `parent` itself, saying what it must hold)
-            "source_checkpoint.file": is_text, "int8": is_object, "optimizations_not_applied": is_object})
+            "source_checkpoint.file": is_text, "source_checkpoint.model_type": is_text, "int8": is_object,
+            "optimizations_not_applied": is_object})
 
 
 def read_manifest(directory: Path) -> dict[str, Any]:

@@ -80,7 +80,8 @@ def build_manifest(ckpt: Checkpoint, opset: int, hashes: dict[Graph | GraphVaria
         "graphs": {g.value: {**specs[g].to_dict(), "sha256": sha256} for g, sha256 in hashes.items()},
         "files": files,
         # its name, not its path: the directory is shipped and served on machines where that path means nothing
-        "source_checkpoint": {"file": ckpt.path.name, "sha256": ckpt.sha256, "format": ckpt.kind},
+        "source_checkpoint": {"file": ckpt.path.name, "sha256": ckpt.sha256, "format": ckpt.kind,
+                              **({"model_type": ckpt.model_type} if ckpt.model_type else {})},
     }
 
 

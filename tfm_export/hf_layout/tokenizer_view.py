@@ -12,6 +12,7 @@ import json
 from typing import Any
 
 from ..core.errors import TfmExportError
+from ..model.hf_tokenizer import CODE_START, METASPACE, RUN_END, RUN_START
 
 # The step types tokenizers.js (@huggingface/tokenizers 0.2) builds; any other makes it throw when loading.
 JS_STEPS = {
@@ -65,6 +66,29 @@ def _split_metaspace(step: dict[str, Any]) -> dict[str, Any]:
         {**step, "split": False},
         {"type": "Split", "pattern": {"Regex": f"{mark}[^{mark}]*|[^{mark}]+"}, "behavior": "Removed",
          "invert": True}]}
+
+
+def decoding_targets(source: dict[str, Any]) -> dict[str, Any]:
+    """The source tokenizer, decoding the target's pieces too. Its own pieces keep their names; a piece only the
+    target has is renamed on the source side so that no text reaches it (a second "▁" after its first character,
+    or run markers around it: the export's Marian conversion, which also marks a language code), and these steps
+    undo the renaming before the source's own decoder."""
+    marks = (RUN_START, RUN_END, CODE_START)
+    undo = [{"type": "Replace", "pattern": {"Regex": f"(?<=^.){METASPACE}"}, "content": ""},
+            *({"type": "Replace", "pattern": {"String": mark}, "content": ""} for mark in marks)]
+    return {**source, "decoder": {"type": "Sequence", "decoders": [*undo, source["decoder"]]}}
+
+
+def same_decodes(view: str, target: str, size: int, seed: int = 0) -> int | None:
+    """The first id whose text the view's tokenizer and the target's decode differently (every id alone, then
+    random sequences; the Rust library), or None."""
+    import random
+
+    from tokenizers import Tokenizer
+    a, b = Tokenizer.from_str(view), Tokenizer.from_str(target)
+    rng = random.Random(seed)
+    cases = [[i] for i in range(size)] + [rng.choices(range(size), k=12) for _ in range(200)]
+    return next((case[0] for case in cases if a.decode(case) != b.decode(case)), None)
 
 
 def same_ids(original: str, rewritten: str, texts: list[str]) -> str | None:

@@ -24,10 +24,11 @@ from ..core.errors import TfmExportError
 from ..core.files import file_sha256
 from ..core.graph_spec import Graph
 from ..core.token_rules import TokenRules
-from ..core.tokenizer import BOS, EOS, PAD, UNK
+from ..core.tokenizer import BOS, EOS
 from ..graphs.hf_graphs import encoder_model, first_step_decoder, merged_decoder
 from ..graphs.onnx_io import EXTERNAL_DATA_BYTES, load_graph
-from .tokenizer_view import dumps, js_tokenizer, same_ids
+from ..model.checkpoint import HUGGINGFACE
+from .tokenizer_view import decoding_targets, dumps, js_tokenizer, same_decodes, same_ids
 
 ONNX_DIR = "onnx"
 # The file stems both libraries look for, and each precision's suffix (transformers.js's dtype: fp32, fp16, q8)
@@ -37,6 +38,12 @@ SUFFIXES = {"fp32": "", "fp16": "_fp16", "int8": "_quantized"}
 DTYPES = {"fp32": "fp32", "fp16": "fp16", "int8": "q8"}  # transformers.js's dtype option for each
 EXTERNAL_SUFFIX = "_data"  # transformers.js fetches `<file>.onnx_data`
 SEED_MODEL_TYPE = "marian"
+# The families whose config.json names the sizes as Marian's does (with their model class), and T5's
+ARCHITECTURES = {"marian": "MarianMTModel", "m2m_100": "M2M100ForConditionalGeneration",
+                 "bart": "BartForConditionalGeneration", "mbart": "MBartForConditionalGeneration"}
+BART_NAMED, T5_NAMED = tuple(ARCHITECTURES), ("t5", "mt5")
+# Language rules whose target language only the family's own tokenizer class sets (as generate()'s start ids)
+TOKENIZER_LANGUAGES = ("forced_bos", "decoder_start")
 
 
 class HfViewError(TfmExportError):
@@ -56,43 +63,71 @@ def graph_file(stem: str, precision: str) -> str:
     return f"{ONNX_DIR}/{stem}{SUFFIXES[precision]}.onnx"
 
 
-def check_expressible(model_dir: ModelDir) -> dict[str, Any]:
-    """Refuses, in one line each, what the layout cannot hold; returns the tokenizer JSON tokenizers.js reads."""
-    cfg, manifest = model_dir.config, model_dir.manifest
-    where = model_dir.path
-    if manifest["source_checkpoint"].get("format") == "huggingface":
-        raise HfViewError(f"{where}: exported from a Hugging Face checkpoint; its own ONNX export (Optimum's) "
-                          "is what its family's loaders expect, and this command writes the seed's and its "
-                          "variants' layouts only")
-    if manifest["tokenizer"]["source"] != manifest["tokenizer"]["target"]:
-        raise HfViewError(f"{where}: has separate source and target vocabularies; transformers.js and Optimum "
-                          "take one tokenizer for both, so this model cannot be expressed in their layout")
+def family(model_dir: ModelDir) -> str:
+    """The model_type config.json declares: the seed's and its variants' present as Marian, a Hugging Face
+    family's as itself."""
+    source = model_dir.manifest["source_checkpoint"]
+    if source.get("format") != HUGGINGFACE:
+        return SEED_MODEL_TYPE
+    model_type = source.get("model_type")
+    if model_type not in (*BART_NAMED, *T5_NAMED):
+        raise HfViewError(f"{model_dir.path}: its manifest does not name its Hugging Face family (exported before "
+                          "manifests recorded it); export it again with `tfm-export onnx`")
+    return model_type
+
+
+def check_expressible(model_dir: ModelDir) -> tuple[str, dict[str, Any]]:
+    """Refuses, in one line each, what the layout cannot hold; returns the family and the tokenizer JSON
+    tokenizers.js reads."""
+    cfg, where = model_dir.config, model_dir.path
+    model_type = family(model_dir)
+    if model_dir.rules.language_rule in TOKENIZER_LANGUAGES:
+        raise HfViewError(f"{where}: its target language is chosen by the token ids generate() starts from, which "
+                          "transformers.js sets only through its own tokenizer class for this family; this layout "
+                          "does not set that up yet (use tfm-run --target-lang)")
     if cfg.d_k != cfg.d_v or cfg.d_k * cfg.n_head != cfg.d_model:
         raise HfViewError(f"{where}: its attention heads are {cfg.d_k} (keys) and {cfg.d_v} (values) wide, but "
                           f"Optimum assumes d_model / heads = {cfg.d_model // cfg.n_head}; it would size the "
                           "empty past wrongly, so this model cannot be expressed in their layout")
-    path = model_dir.path / manifest["tokenizer"]["source"]
-    original = path.read_text()
+    path = model_dir.path / model_dir.manifest["tokenizer"]["source"]
+    original = dumps(_one_tokenizer(model_dir, json.loads(path.read_text())))
     rewritten = js_tokenizer(json.loads(original), str(path))
     vocab = model_dir.vocabulary().source.tokens()
     probes = [" ".join(vocab[i::7][:40]).replace("\u2581", " ") for i in range(7)]
     if (text := same_ids(original, dumps(rewritten), probes)) is not None:
         raise HfViewError(f"{path}: its rewrite for transformers.js encodes {text[:40]!r} differently; this "
                           "tokenizer cannot be expressed in their layout")
-    return rewritten
+    return model_type, rewritten
 
 
-def model_config(cfg: ModelConfig, rules: TokenRules, max_target: int) -> dict[str, Any]:
-    """config.json: Marian's names for the sizes the loaders read, and the ids generate() starts from."""
-    return {
-        "model_type": SEED_MODEL_TYPE, "architectures": ["MarianMTModel"], "is_encoder_decoder": True,
-        "vocab_size": cfg.trg_vocab_size, "decoder_vocab_size": cfg.trg_vocab_size, "d_model": cfg.d_model,
-        "encoder_layers": cfg.n_layers, "decoder_layers": cfg.n_layers,
-        "encoder_attention_heads": cfg.n_head, "decoder_attention_heads": cfg.n_head,
-        "encoder_ffn_dim": cfg.d_inner, "decoder_ffn_dim": cfg.d_inner, "max_position_embeddings": max_target,
-        "share_encoder_decoder_embeddings": True, "scale_embedding": False, "use_cache": True,
-        **_ids(rules),
-    }
+def _one_tokenizer(model_dir: ModelDir, source: dict[str, Any]) -> dict[str, Any]:
+    """Both libraries take one tokenizer: the source's, which must then decode every target id as the target's
+    does (opus-mt: two SentencePiece models over one vocab.json)."""
+    vocab = model_dir.vocabulary()
+    if vocab.shared:
+        return source
+    view = decoding_targets(source)
+    if same_decodes(dumps(view), vocab.target.tokenizer.to_str(), vocab.target.vocab_size) is not None:
+        raise HfViewError(f"{model_dir.path}: has separate source and target vocabularies; transformers.js and "
+                          "Optimum take one tokenizer for both, so this model cannot be expressed in their layout")
+    return view
+
+
+def model_config(model_type: str, cfg: ModelConfig, rules: TokenRules, max_target: int) -> dict[str, Any]:
+    """config.json: the family's names for the sizes the loaders read, and the ids generate() starts from."""
+    if model_type in T5_NAMED:
+        sizes = {"architectures": ["T5ForConditionalGeneration"], "d_model": cfg.d_model, "d_kv": cfg.d_k,
+                 "d_ff": cfg.d_inner, "num_layers": cfg.n_layers, "num_decoder_layers": cfg.n_layers,
+                 "num_heads": cfg.n_head, "relative_attention_num_buckets": cfg.relative_buckets,
+                 "relative_attention_max_distance": cfg.relative_max_distance, "tie_word_embeddings": False}
+    else:
+        sizes = {"architectures": [ARCHITECTURES[model_type]], "d_model": cfg.d_model,
+                 "encoder_layers": cfg.n_layers, "decoder_layers": cfg.n_layers,
+                 "encoder_attention_heads": cfg.n_head, "decoder_attention_heads": cfg.n_head,
+                 "encoder_ffn_dim": cfg.d_inner, "decoder_ffn_dim": cfg.d_inner,
+                 "max_position_embeddings": max_target, "scale_embedding": False}
+    return {"model_type": model_type, "is_encoder_decoder": True, "vocab_size": cfg.trg_vocab_size,
+            "decoder_vocab_size": cfg.trg_vocab_size, "use_cache": True, **sizes, **_ids(rules)}
 
 
 def generation_config(rules: TokenRules, max_target: int) -> dict[str, Any]:
@@ -111,10 +146,29 @@ def _ids(rules: TokenRules) -> dict[str, Any]:
             "forced_bos_token_id": rules.forced_bos, "forced_eos_token_id": rules.forced_eos}
 
 
-def tokenizer_config() -> dict[str, Any]:
-    """tokenizer_config.json: transformers.js loads no tokenizer without it, and reads the unknown token here."""
-    return {"tokenizer_class": "PreTrainedTokenizerFast", "unk_token": UNK, "bos_token": BOS, "eos_token": EOS,
-            "pad_token": PAD, "clean_up_tokenization_spaces": False, "model_max_length": 1_000_000}
+def tokenizer_config(tokenizer: dict[str, Any], rules: TokenRules) -> dict[str, Any]:
+    """tokenizer_config.json: transformers.js loads no tokenizer without it and reads the unknown token here (a
+    word-level vocabulary's unknown words have no id otherwise); the padding token batches sources."""
+    tokens = _tokens(tokenizer)
+    special = {"unk_token": _unknown(tokenizer, tokens), "pad_token": tokens.get(rules.pad)}
+    special |= {name: token for name, token in (("bos_token", BOS), ("eos_token", EOS)) if token in tokens.values()}
+    return {"tokenizer_class": "PreTrainedTokenizerFast", **{k: v for k, v in special.items() if v is not None},
+            "clean_up_tokenization_spaces": False, "model_max_length": 1_000_000}
+
+
+def _tokens(tokenizer: dict[str, Any]) -> dict[int, str]:
+    model = tokenizer["model"]
+    vocab = model.get("vocab", {})
+    by_id = dict(enumerate(piece for piece, _ in vocab)) if isinstance(vocab, list) else \
+        {i: token for token, i in vocab.items()}
+    return by_id | {t["id"]: t["content"] for t in tokenizer.get("added_tokens", [])}
+
+
+def _unknown(tokenizer: dict[str, Any], tokens: dict[int, str]) -> str | None:
+    model = tokenizer["model"]
+    if model.get("unk_token"):
+        return model["unk_token"]
+    return tokens.get(model["unk_id"]) if model.get("unk_id") is not None else None
 
 
 def write_view(directory: Path, output: Path, force: bool,
@@ -122,16 +176,16 @@ def write_view(directory: Path, output: Path, force: bool,
     """Checks what can be expressed, writes every file into a staging directory, runs `parity(staging, model_dir)`
     (which raises on a failure) and only then puts the directory in place."""
     model_dir = ModelDir.read(directory)
-    tokenizer = check_expressible(model_dir)
+    model_type, tokenizer = check_expressible(model_dir)
     precision, cfg, rules = model_dir.precision, model_dir.config, model_dir.rules
     max_target = model_dir.limits["max_target_length"]
     with staged_directory(output, force, keep=(directory,)) as staging:
         (staging / ONNX_DIR).mkdir()
         files = _write_graphs(model_dir, staging, precision)
-        texts = {"config.json": {**model_config(cfg, rules, max_target),
+        texts = {"config.json": {**model_config(model_type, cfg, rules, max_target),
                                  **_js_config(staging, files, precision)},
                  "generation_config.json": generation_config(rules, max_target),
-                 "tokenizer_config.json": tokenizer_config()}
+                 "tokenizer_config.json": tokenizer_config(tokenizer, rules)}
         for name, data in texts.items():
             (staging / name).write_text(json.dumps(data, indent=2) + "\n")
         (staging / "tokenizer.json").write_text(dumps(tokenizer))

@@ -52,6 +52,7 @@ class Checkpoint:
     vocab: Vocabulary
     sha256: str
     rules: TokenRules = SEED_RULES
+    model_type: str | None = None  # a Hugging Face checkpoint's family (config.json's model_type)
 
 
 def checkpoint_files(ckpt: Checkpoint) -> list[Path]:

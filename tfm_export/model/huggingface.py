@@ -560,7 +560,7 @@ def load_hf_checkpoint(directory: Path) -> Checkpoint:
     digest = hashlib.sha256("".join(f"{p.name}:{file_sha256(p)}\n" for p in files).encode()).hexdigest()
     rules = loader.languages(hf.rules, vocab)
     model = build_model(hf.config, hf.state, directory, checked=True)  # convert() validated the state
-    return Checkpoint(directory, HUGGINGFACE, hf.config, model, vocab, digest, rules)
+    return Checkpoint(directory, HUGGINGFACE, hf.config, model, vocab, digest, rules, hf.hf_config["model_type"])
 
 
 def load_hf_directory(directory: str | Path) -> HfModel:
