@@ -15,6 +15,7 @@ from support.common import DEMO_CKPT
 
 from tfm_export.artifacts.model_dir import ModelDir
 from tfm_export.cli.export_cli import main as export_main
+from tfm_export.core.files import file_sha256
 from tfm_export.graphs.hf_graphs import ENCODER_HIDDEN_STATES
 from tfm_export.hf_layout import export_hf
 from tfm_export.hf_layout.parity import HfParityError, check_view, from_directory, sample
@@ -65,15 +66,28 @@ def test_a_wrong_merged_decoder_fails_its_check(view, demo_onnx, tmp_path):
         check_view(broken, model_dir.config, "fp32", from_directory(model_dir, src, trg), src, trg)
 
 
-def test_refusals_name_the_reason(demo_onnx):
-    model_dir = ModelDir.read(demo_onnx)
-    split = dataclasses.replace(model_dir, manifest={**model_dir.manifest, "tokenizer": {
-        "source": "tokenizer.json", "target": "target.json"}})
+def test_refusals_name_the_reason(demo_onnx, tmp_path):
+    split = tmp_path / "split"
+    shutil.copytree(demo_onnx, split)
+    data = json.loads((split / "tokenizer.json").read_text())
+    vocab = data["model"]["vocab"]
+    first, second = sorted(vocab)[:2]
+    vocab[first], vocab[second] = vocab[second], vocab[first]  # the target's ids name other words
+    (split / "target.json").write_text(json.dumps(data))
+    manifest = json.loads((split / "manifest.json").read_text())
+    manifest["tokenizer"]["target"] = "target.json"
+    manifest["files"]["target.json"] = file_sha256(split / "target.json")
+    (split / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(HfViewError, match="separate source and target vocabularies"):
-        check_expressible(split)
+        check_expressible(ModelDir.read(split))
+    model_dir = ModelDir.read(demo_onnx)
     narrow = dataclasses.replace(model_dir, config=dataclasses.replace(model_dir.config, d_k=16, d_v=16))
     with pytest.raises(HfViewError, match="d_model / heads = 32"):
         check_expressible(narrow)
+    languages = dataclasses.replace(model_dir, rules=dataclasses.replace(
+        model_dir.rules, languages=("fra_Latn",), language_rule="forced_bos"))
+    with pytest.raises(HfViewError, match="target language is chosen"):
+        check_expressible(languages)
     data = json.loads((demo_onnx / "tokenizer.json").read_text())
     with pytest.raises(TokenizerViewError, match="pre_tokenizer step UnicodeScripts"):
         js_tokenizer({**data, "pre_tokenizer": {"type": "UnicodeScripts"}}, "tok.json")
@@ -101,7 +115,7 @@ def test_cli_refusal_writes_nothing(demo_onnx, tmp_path):
     manifest["source_checkpoint"]["format"] = "huggingface"
     (other / "manifest.json").write_text(json.dumps(manifest))
     result = CliRunner().invoke(export_main, ["hf", "--model", str(other), "--output", str(tmp_path / "v")])
-    assert result.exit_code != 0 and "Hugging Face checkpoint" in result.output
+    assert result.exit_code != 0 and "does not name its Hugging Face family" in result.output
     assert not (tmp_path / "v").exists()
 
 
