@@ -1,8 +1,8 @@
-"""`tfm-export hf` directories in Hugging Face's own runtimes, unchanged: transformers.js in Node
-(examples/transformers-js: pipeline("translation") for text, generate() for ids) and Optimum's ORTModelForSeq2SeqLM
-(examples/optimum, in its own venv). The demo and a random Marian against `tfm-run translate` on the directory the
-layout was made from (the Marian's rules are generate()'s); the variant presets against PyTorch's reference decoder,
-differences judged as verify judges them."""
+"""`tfm-export hf` directories in Hugging Face's own runtimes, unchanged: transformers.js in Node and in headless
+Chromium (examples/transformers-js: pipeline("translation") for text, generate() for ids) and Optimum's
+ORTModelForSeq2SeqLM (in its own venv, every job in one process: support/optimum_jobs.py). The demo and a random
+Marian against `tfm-run translate` on the directory the layout was made from (the Marian's rules are generate()'s);
+the variant presets against PyTorch's reference decoder, differences judged as verify judges them."""
 
 from __future__ import annotations
 
@@ -30,6 +30,10 @@ from tfm_export.verify.fp32 import near_tie
 
 JS_DIR = REPO / "examples" / "transformers-js"
 OPTIMUM_PYTHON = REPO / ".venv-optimum" / "bin" / "python"
+CHROMIUM = Path("/usr/bin/chromium")
+PRESETS = ("modern", "t5-like")
+MARIAN_SEARCHES = {"greedy": {}, "beam 4": {"num_beams": 4},
+                   "beam 4, length penalty 0.6": {"num_beams": 4, "length_penalty": 0.6}}
 
 
 @pytest.fixture(scope="module")
@@ -49,64 +53,8 @@ def views(demo_onnx, variants, tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("views")
     export_hf(demo_onnx, root / "fp32", checkpoint=DEMO_CKPT)
     export_hf(variants["int8-dynamic"], root / "int8")
-    return {"fp32": root / "fp32", "int8": root / "int8"}
-
-
-def held_out(count: int) -> list[str]:
-    return [en for en, _ in demo_numbers.held_out_pairs()[:count]]
-
-
-def tfm_run(model: Path, lines: list[str]) -> list[str]:
-    result = CliRunner().invoke(run_main, ["translate", "--model", str(model)], input="\n".join(lines) + "\n")
-    assert result.exit_code == 0, result.output
-    return result.output.split("\n")[:-1]
-
-
-def run_js(example: Path, view: Path, lines: list[str], dtype: str = "fp32", *options: str) -> list[str]:
-    result = subprocess.run(["node", "translate.mjs", str(view), "--dtype", dtype, *options], cwd=example,
-                            input="\n".join(lines) + "\n", capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stderr[-2000:]
-    return result.stdout.split("\n")[:-1]
-
-
-def run_optimum(view: Path, lines: list[str], *options: str) -> list[str]:
-    if not OPTIMUM_PYTHON.exists():
-        pytest.skip(f"{OPTIMUM_PYTHON} is missing: `make optimum-env` builds Optimum's venv")
-    result = subprocess.run([str(OPTIMUM_PYTHON), str(REPO / "examples" / "optimum" / "translate.py"), str(view),
-                             *options], input="\n".join(lines) + "\n", capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stderr[-2000:]
-    return result.stdout.split("\n")[:-1]
-
-
-def generated(view: Path, printed: list[str]) -> list[tuple[int, ...]]:
-    """The examples' --ids lines as tfm-run reports a translation's ids: without the </s> that ended it."""
-    eos = json.loads((view / "generation_config.json").read_text())["eos_token_id"]
-    rows = [tuple(int(i) for i in line.split()) for line in printed]
-    return [row[:-1] if row and row[-1] == eos else row for row in rows]
-
-
-def tfm_run_ids(model: Path, lines: list[str], *options: str) -> list[tuple[int, ...]]:
-    result = CliRunner().invoke(run_main, ["translate", "--model", str(model), "--format", "jsonl", *options],
-                                input="\n".join(lines) + "\n")
-    assert result.exit_code == 0, result.output
-    return [tuple(json.loads(line)["ids"]) for line in result.output.splitlines()]
-
-
-def test_transformers_js_translates_the_held_out_numbers_as_tfm_run(transformers_js, views, demo_onnx):
-    lines = held_out(1000)
-    assert run_js(transformers_js, views["fp32"], lines, "fp32") == tfm_run(demo_onnx, lines)
-
-
-def test_transformers_js_q8_translates_as_tfm_run_on_the_int8_directory(transformers_js, views, variants):
-    lines = held_out(200)
-    assert run_js(transformers_js, views["int8"], lines, "q8") == tfm_run(variants["int8-dynamic"], lines)
-
-
-@pytest.mark.parametrize("precision", ["fp32", "int8"])
-def test_optimum_greedy_equals_tfm_run(views, demo_onnx, variants, precision):
-    lines = held_out(100)
-    got = run_optimum(views[precision], lines, "--suffix", "_quantized" if precision == "int8" else "")
-    assert got == tfm_run(demo_onnx if precision == "fp32" else variants["int8-dynamic"], lines)
+    export_hf(demo_onnx, root / "external", checkpoint=DEMO_CKPT, external_above=0)  # a large model's layout
+    return {"fp32": root / "fp32", "int8": root / "int8", "external": root / "external"}
 
 
 @pytest.fixture(scope="module")
@@ -119,33 +67,135 @@ def marian(tmp_path_factory) -> tuple[Path, Path, list[str]]:
     return onnx_dir, view, hf_text_models.sample_texts()
 
 
-@pytest.mark.parametrize("options", [(), ("--beams", "4"), ("--beams", "4", "--length-penalty", "0.6")],
-                         ids=["greedy", "beam 4", "beam 4, length penalty 0.6"])
-def test_optimum_decodes_a_marian_as_tfm_run(marian, options):
+@pytest.fixture(scope="module")
+def presets(tmp_path_factory) -> dict[str, tuple[Path, Path, list[str]]]:
+    """Per variant preset: (its checkpoint, its layout, random word sources)."""
+    rng = np.random.default_rng(0)
+    made = {}
+    for preset in PRESETS:
+        ckpt, model_dir = exported_case(tmp_path_factory, preset)
+        view = tmp_path_factory.mktemp(preset) / "view"
+        export_hf(model_dir, view, checkpoint=ckpt)
+        texts = [" ".join(f"w{i}" for i in rng.integers(0, 9, rng.integers(2, 9))) for _ in range(24)]
+        made[preset] = (ckpt, view, texts)
+    return made
+
+
+@pytest.fixture(scope="module")
+def optimum(views, marian, presets) -> dict[str, list[tuple[list[int], str]]]:
+    """Every Optimum job of this file, run in one process: per job, each text's (ids, text)."""
+    if not OPTIMUM_PYTHON.exists():
+        pytest.skip(f"{OPTIMUM_PYTHON} is missing: `make optimum-env` builds Optimum's venv")
+    jobs = {"demo fp32": (views["fp32"], "", held_out(100), {}),
+            "demo int8": (views["int8"], "_quantized", held_out(100), {}),
+            "demo external": (views["external"], "", held_out(30), {}),
+            **{f"marian {name}": (marian[1], "", marian[2], search) for name, search in MARIAN_SEARCHES.items()},
+            **{preset: (view, "", texts, {}) for preset, (_, view, texts) in presets.items()}}
+    spec = [{"model": str(view), "suffix": suffix, "texts": texts, "generate": search}
+            for view, suffix, texts, search in jobs.values()]
+    result = subprocess.run([str(OPTIMUM_PYTHON), str(REPO / "tests" / "support" / "optimum_jobs.py")],
+                            input=json.dumps(spec), capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stderr[-2000:]
+    return dict(zip(jobs, json.loads(result.stdout), strict=True))
+
+
+def held_out(count: int) -> list[str]:
+    return [en for en, _ in demo_numbers.held_out_pairs()[:count]]
+
+
+def tfm_run(model: Path, lines: list[str]) -> list[str]:
+    result = CliRunner().invoke(run_main, ["translate", "--model", str(model)], input="\n".join(lines) + "\n")
+    assert result.exit_code == 0, result.output
+    return result.output.split("\n")[:-1]
+
+
+def tfm_run_ids(model: Path, lines: list[str], *options: str) -> list[tuple[int, ...]]:
+    result = CliRunner().invoke(run_main, ["translate", "--model", str(model), "--format", "jsonl", *options],
+                                input="\n".join(lines) + "\n")
+    assert result.exit_code == 0, result.output
+    return [tuple(json.loads(line)["ids"]) for line in result.output.splitlines()]
+
+
+def run_js(example: Path, view: Path, lines: list[str], dtype: str = "fp32", *options: str) -> list[str]:
+    result = subprocess.run(["node", "translate.mjs", str(view), "--dtype", dtype, *options], cwd=example,
+                            input="\n".join(lines) + "\n", capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-2000:]
+    return result.stdout.split("\n")[:-1]
+
+
+def generated(view: Path, rows: list[list[int]]) -> list[tuple[int, ...]]:
+    """Generated ids as tfm-run reports a translation's: without the </s> that ended it."""
+    eos = json.loads((view / "generation_config.json").read_text())["eos_token_id"]
+    return [tuple(row[:-1]) if row and row[-1] == eos else tuple(row) for row in rows]
+
+
+def js_ids(printed: list[str]) -> list[list[int]]:
+    return [[int(i) for i in line.split()] for line in printed]
+
+
+def test_transformers_js_translates_the_held_out_numbers_as_tfm_run(transformers_js, views, demo_onnx):
+    lines = held_out(1000)
+    assert run_js(transformers_js, views["fp32"], lines) == tfm_run(demo_onnx, lines)
+
+
+def test_transformers_js_in_headless_chromium_translates_as_tfm_run(transformers_js, views, demo_onnx):
+    """browser.html: the same pipeline in Debian's Chromium, ONNX Runtime's wasm served with the page."""
+    if not CHROMIUM.exists():
+        pytest.skip("Debian's chromium is not installed at /usr/bin/chromium (make test installs it with apt-get "
+                    "where it can)")
+    lines = held_out(1000)[-100:]
+    result = subprocess.run(["node", "browser.mjs", str(views["fp32"]), "--chromium", str(CHROMIUM)],
+                            cwd=transformers_js, input="\n".join(lines) + "\n", capture_output=True, text=True,
+                            timeout=600)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.split("\n")[:-1] == tfm_run(demo_onnx, lines)
+
+
+def test_transformers_js_q8_translates_as_tfm_run_on_the_int8_directory(transformers_js, views, variants):
+    lines = held_out(200)
+    assert run_js(transformers_js, views["int8"], lines, "q8") == tfm_run(variants["int8-dynamic"], lines)
+
+
+def test_the_external_weights_layout_loads_in_both_libraries(transformers_js, views, optimum, demo_onnx):
+    """Weights in `<file>.onnx_data` (the layout past 2 GB, here at the demo's size): transformers.js fetches what
+    config.json names; Optimum's two decoders read the merged decoder's file."""
+    lines = held_out(60)
+    assert run_js(transformers_js, views["external"], lines) == tfm_run(demo_onnx, lines)
+    assert [text for _, text in optimum["demo external"]] == tfm_run(demo_onnx, held_out(30))
+
+
+@pytest.mark.parametrize("precision", ["fp32", "int8"])
+def test_optimum_greedy_equals_tfm_run(optimum, demo_onnx, variants, precision):
+    source = demo_onnx if precision == "fp32" else variants["int8-dynamic"]
+    assert [text for _, text in optimum[f"demo {precision}"]] == tfm_run(source, held_out(100))
+
+
+@pytest.mark.parametrize("search", list(MARIAN_SEARCHES))
+def test_optimum_decodes_a_marian_as_tfm_run(optimum, marian, search):
+    """Ids, not text: this model's </s> is an ordinary word, which the libraries print and tfm-run does not."""
     onnx_dir, view, texts = marian
-    ours = ["--beam-size", options[1]] if options else []
-    ours += ["--length-penalty", options[3]] if len(options) > 2 else []
-    assert generated(view, run_optimum(view, texts, "--ids", *options)) == tfm_run_ids(onnx_dir, texts, *ours)
+    options = MARIAN_SEARCHES[search]
+    ours = [*(("--beam-size", str(options["num_beams"])) if "num_beams" in options else ()),
+            *(("--length-penalty", str(options["length_penalty"])) if "length_penalty" in options else ())]
+    got = generated(view, [ids for ids, _ in optimum[f"marian {search}"]])
+    assert got == tfm_run_ids(onnx_dir, texts, *ours)
 
 
 def test_transformers_js_decodes_a_marian_as_tfm_run(transformers_js, marian):
     onnx_dir, view, texts = marian
-    assert generated(view, run_js(transformers_js, view, texts, "fp32", "--ids")) == tfm_run_ids(onnx_dir, texts)
+    got = generated(view, js_ids(run_js(transformers_js, view, texts, "fp32", "--ids")))
+    assert got == tfm_run_ids(onnx_dir, texts)
 
 
-@pytest.mark.parametrize("preset", ["modern", "t5-like"])
-def test_variant_presets_decode_as_pytorch_in_both_libraries(transformers_js, preset, tmp_path_factory):
+@pytest.mark.parametrize("preset", PRESETS)
+def test_variant_presets_decode_as_pytorch_in_both_libraries(transformers_js, optimum, presets, preset):
     """Greedy against PyTorch's reference decoder: identical, or a near-tie verify would name (nothing else)."""
-    ckpt_path, model_dir = exported_case(tmp_path_factory, preset)
-    view = tmp_path_factory.mktemp(preset) / "view"
-    export_hf(model_dir, view, checkpoint=ckpt_path)
+    ckpt_path, view, texts = presets[preset]
     ckpt = load_checkpoint(ckpt_path)
-    rng = np.random.default_rng(0)
-    texts = [" ".join(f"w{i}" for i in rng.integers(0, 9, rng.integers(2, 9))) for _ in range(24)]
     limit = ckpt.config.n_position
-    for name, printed in (("transformers.js", run_js(transformers_js, view, texts, "fp32", "--ids")),
-                          ("Optimum", run_optimum(view, texts, "--ids"))):
-        for text, got in zip(texts, generated(view, printed), strict=True):
+    for name, rows in (("transformers.js", js_ids(run_js(transformers_js, view, texts, "fp32", "--ids"))),
+                       ("Optimum", [ids for ids, _ in optimum[preset]])):
+        for text, got in zip(texts, generated(view, rows), strict=True):
             src = np.array(ckpt.vocab.source.encode(text, framed=True))
             with torch.no_grad():
                 want = reference_decoding.greedy_decode(ckpt.model, torch.from_numpy(src[None]), limit)[0].tokens

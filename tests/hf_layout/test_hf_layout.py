@@ -119,6 +119,23 @@ def test_cli_refusal_writes_nothing(demo_onnx, tmp_path):
     assert not (tmp_path / "v").exists()
 
 
+def test_past_the_threshold_weights_go_to_onnx_data_files_once(demo_onnx, tmp_path):
+    """The external layout at the demo's size: the encoder's and the merged decoder's weights in their own
+    `.onnx_data`, Optimum's pair reading the merged decoder's; held to PyTorch like the inline one."""
+    made = export_hf(demo_onnx, tmp_path / "v", checkpoint=DEMO_CKPT, external_above=0)
+    assert made.parity[0] == "against PyTorch:"
+    onnx_dir = tmp_path / "v" / "onnx"
+    assert sorted(p.name for p in onnx_dir.glob("*.onnx_data")) == ["decoder_model_merged.onnx_data",
+                                                                    "encoder_model.onnx_data"]
+    for name in ("decoder_model.onnx", "decoder_with_past_model.onnx"):
+        graph = onnx.load(str(onnx_dir / name), load_external_data=False).graph
+        locations = {e.value for t in graph.initializer for e in t.external_data if e.key == "location"}
+        assert locations == {"decoder_model_merged.onnx_data"}
+    config = json.loads((tmp_path / "v" / "config.json").read_text())
+    assert config["transformers.js_config"]["use_external_data_format"] == {
+        "encoder_model.onnx": 1, "decoder_model_merged.onnx": 1}
+
+
 def test_quantized_views_are_held_to_their_own_graphs(variants, tmp_path):
     made = export_hf(variants["int8-static"], tmp_path / "int8")
     assert made.parity[0].startswith("against") and "own graphs" in made.parity[0]

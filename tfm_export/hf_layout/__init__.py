@@ -7,14 +7,17 @@ from pathlib import Path
 
 from ..artifacts.model_dir import ModelDir
 from ..core.errors import TfmExportError
+from ..graphs.onnx_io import EXTERNAL_DATA_BYTES
 from ..graphs.parity import Reference
 from ..verify.fp32 import checkpoint_for
 from .parity import check_view, from_directory, from_pytorch, sample
 from .view import HfView, write_view
 
 
-def export_hf(directory: Path, output: Path, checkpoint: Path | None = None, force: bool = False) -> HfView:
-    """The layout of `directory` in `output`; with `checkpoint` (an fp32 directory's), held to PyTorch."""
+def export_hf(directory: Path, output: Path, checkpoint: Path | None = None, force: bool = False,
+              external_above: int = EXTERNAL_DATA_BYTES) -> HfView:
+    """The layout of `directory` in `output`; with `checkpoint` (an fp32 directory's), held to PyTorch.
+    external_above: write_view's."""
     model_dir = ModelDir.read(directory)
     if checkpoint is not None and model_dir.precision != "fp32":
         raise TfmExportError(f"--checkpoint: for fp32 directories; {directory} is {model_dir.precision}, and its "
@@ -28,4 +31,4 @@ def export_hf(directory: Path, output: Path, checkpoint: Path | None = None, for
         against = "PyTorch" if ckpt is not None else f"{directory}'s own graphs"
         return [f"against {against}:", *check_view(staging, read.config, read.precision, want, src, trg)]
 
-    return write_view(directory, output, force, parity)
+    return write_view(directory, output, force, parity, external_above)

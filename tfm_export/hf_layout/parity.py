@@ -76,8 +76,9 @@ def from_directory(model_dir: ModelDir, src: np.ndarray, trg: np.ndarray) -> Exp
     cfg = model_dir.config
     names = cache_names(cfg)
     encoder = _session(model_dir.graph_path(Graph.ENCODER.value))
-    decoder = _session(model_dir.graph_path(Graph.DECODER_STEP.value))
     encoded = _run(encoder, {INPUT_IDS: src, ATTENTION_MASK: _mask(src, cfg)})
+    del encoder  # one graph's weights in memory at a time
+    decoder = _session(model_dir.graph_path(Graph.DECODER_STEP.value))
     past = {p: _empty(src, cfg, decoder, p) for p in names.self_inputs}
     past |= {p: encoded[o] for p, o in zip(names.cross_inputs, names.cross_outputs, strict=True)}
     logits = []
@@ -113,6 +114,7 @@ def check_view(staging: Path, cfg: ModelConfig, precision: str, want: Expected, 
                                           (*names.self_outputs, *names.cross_outputs), strict=True)}
     diffs.append(TensorDiff.of(f"{MERGED} steps 2-{trg.shape[1]} logits (past fed back)", np.stack(steps[1:], 1),
                                want.logits[:, 1:]))
+    del merged, out, past  # one decoder's weights in memory at a time
     diffs += _optimum_pair(staging, cfg, precision, fixed, trg, want)
     bad = [d for d in diffs if not d.within(tolerance)]
     if bad:
@@ -126,9 +128,10 @@ def _optimum_pair(staging: Path, cfg: ModelConfig, precision: str, fixed: dict[s
     names = cache_names(cfg)
     first = _run(_session(staging / graph_file(FIRST_STEP, precision)), {INPUT_IDS: trg[:, :1], **fixed})
     diffs = [TensorDiff.of(f"{FIRST_STEP} logits", first[LOGITS][:, 0], want.logits[:, 0])]
-    with_past = _session(staging / graph_file(WITH_PAST, precision))
     past = {p: first[o] for p, o in zip((*names.self_inputs, *names.cross_inputs),
                                         (*names.self_outputs, *names.cross_outputs), strict=True)}
+    del first
+    with_past = _session(staging / graph_file(WITH_PAST, precision))
     steps = []
     for t in range(1, trg.shape[1]):
         out = _run(with_past, {INPUT_IDS: trg[:, t:t + 1], ENCODER_ATTENTION_MASK: fixed[ENCODER_ATTENTION_MASK],

@@ -26,9 +26,10 @@ from ..core.graph_spec import Graph
 from ..core.token_rules import TokenRules
 from ..core.tokenizer import BOS, EOS
 from ..graphs.hf_graphs import encoder_model, first_step_decoder, merged_decoder
-from ..graphs.onnx_io import EXTERNAL_DATA_BYTES, load_graph
+from ..graphs.onnx_io import EXTERNAL_DATA_BYTES, graph_weight_bytes, load_graph
 from ..model.checkpoint import HUGGINGFACE
 from .tokenizer_view import decoding_targets, dumps, js_tokenizer, same_decodes, same_ids
+from .weights_file import WeightsFile
 
 ONNX_DIR = "onnx"
 # The file stems both libraries look for, and each precision's suffix (transformers.js's dtype: fp32, fp16, q8)
@@ -171,17 +172,18 @@ def _unknown(tokenizer: dict[str, Any], tokens: dict[int, str]) -> str | None:
     return tokens.get(model["unk_id"]) if model.get("unk_id") is not None else None
 
 
-def write_view(directory: Path, output: Path, force: bool,
-               parity: Callable[[Path, ModelDir], list[str]]) -> HfView:
+def write_view(directory: Path, output: Path, force: bool, parity: Callable[[Path, ModelDir], list[str]],
+               external_above: int = EXTERNAL_DATA_BYTES) -> HfView:
     """Checks what can be expressed, writes every file into a staging directory, runs `parity(staging, model_dir)`
-    (which raises on a failure) and only then puts the directory in place."""
+    (which raises on a failure) and only then puts the directory in place. external_above: the weight bytes (encoder
+    and decoder) from which the graphs keep their weights in external files (tests lower it)."""
     model_dir = ModelDir.read(directory)
     model_type, tokenizer = check_expressible(model_dir)
     precision, cfg, rules = model_dir.precision, model_dir.config, model_dir.rules
     max_target = model_dir.limits["max_target_length"]
     with staged_directory(output, force, keep=(directory,)) as staging:
         (staging / ONNX_DIR).mkdir()
-        files = _write_graphs(model_dir, staging, precision)
+        files = _write_graphs(model_dir, staging, precision, external_above)
         texts = {"config.json": {**model_config(model_type, cfg, rules, max_target),
                                  **_js_config(staging, files, precision)},
                  "generation_config.json": generation_config(rules, max_target),
@@ -195,32 +197,26 @@ def write_view(directory: Path, output: Path, force: bool,
     return HfView(output, files, lines)
 
 
-def _write_graphs(model_dir: ModelDir, staging: Path, precision: str) -> list[str]:
-    """The four graphs, each saved (and let go) before the next is made."""
+def _write_graphs(model_dir: ModelDir, staging: Path, precision: str,
+                  external_above: int = EXTERNAL_DATA_BYTES) -> list[str]:
+    """The four graphs: weights inline below protobuf's 2 GB; above, copied into `<file>.onnx_data` a chunk at a
+    time, the decoders' once for all three."""
     manifest, directory, cfg = model_dir.manifest, model_dir.path, model_dir.config
-    encoder = load_graph(directory, manifest, Graph.ENCODER.value, check=False)
-    decoder = load_graph(directory, manifest, Graph.DECODER_STEP.value, check=False)
-    files = [_save(encoder_model(encoder), staging, graph_file(ENCODER, precision))]
-    merged = merged_decoder(encoder, decoder, cfg)
+    streamed = sum(graph_weight_bytes(directory, manifest, g.value) for g in Graph) >= external_above
+    encoder, decoder = (load_graph(directory, manifest, g.value, external_data=not streamed, check=False)
+                        for g in (Graph.ENCODER, Graph.DECODER_STEP))
+    names = [graph_file(stem, precision) for stem in (ENCODER, MERGED, FIRST_STEP, WITH_PAST)]
+    encoder_only, merged = encoder_model(encoder), merged_decoder(encoder, decoder, cfg)
     del encoder
-    files.append(_save(merged, staging, graph_file(MERGED, precision)))
-    files.append(_save(first_step_decoder(merged, cfg), staging, graph_file(FIRST_STEP, precision)))
-    del merged
-    files.append(_save(decoder, staging, graph_file(WITH_PAST, precision)))
-    return files
-
-
-def _save(proto: onnx.ModelProto, staging: Path, name: str) -> str:
-    """Inline below protobuf's 2 GB; above, in `<file>.onnx_data` beside it, the name transformers.js fetches."""
-    path = staging / name
-    size = sum(len(init.raw_data) for init in proto.graph.initializer)
-    if size < EXTERNAL_DATA_BYTES:
-        onnx.save_model(proto, str(path))
-    else:
-        onnx.save_model(proto, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
-                        location=path.name + EXTERNAL_SUFFIX, size_threshold=1024)
-    onnx.checker.check_model(str(path), full_check=True)
-    return name
+    if streamed:
+        WeightsFile(staging / (names[0] + EXTERNAL_SUFFIX)).store(encoder_only, directory)
+        shared = WeightsFile(staging / (names[1] + EXTERNAL_SUFFIX))
+        shared.store(merged, directory)
+        shared.refer(decoder)
+    for name, proto in zip(names, (encoder_only, merged, first_step_decoder(merged, cfg), decoder), strict=True):
+        onnx.save_model(proto, str(staging / name))
+        onnx.checker.check_model(str(staging / name), full_check=True)
+    return names
 
 
 def _js_config(staging: Path, files: list[str], precision: str) -> dict[str, Any]:
