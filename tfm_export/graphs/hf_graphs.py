@@ -78,6 +78,7 @@ def merged_decoder(encoder: onnx.ModelProto, decoder: onnx.ModelProto, cfg: Mode
     _rewire(graph, dict(zip(names.cross_inputs, names.cross_outputs, strict=True)))
     _prepend(graph, added)
     _topological(graph)
+    _prune(graph)
     return model
 
 
@@ -99,6 +100,15 @@ def first_step_decoder(merged: onnx.ModelProto, cfg: ModelConfig) -> onnx.ModelP
                                    value=helper.make_tensor("zero", value.type.tensor_type.elem_type, [1], [0]))]
         graph.input.remove(value)
     _prepend(graph, added)
+    _prune(graph)
+    return model
+
+
+def with_past_decoder(decoder: onnx.ModelProto) -> onnx.ModelProto:
+    """decoder_with_past_model.onnx: the contract's decoder_step as it is, less constants nothing reads (runtimes
+    warn of each one when they open the graph)."""
+    model = _copy(decoder)
+    _prune(model.graph)
     return model
 
 

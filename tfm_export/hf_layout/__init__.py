@@ -22,13 +22,14 @@ def export_hf(directory: Path, output: Path, checkpoint: Path | None = None, for
     if checkpoint is not None and model_dir.precision != "fp32":
         raise TfmExportError(f"--checkpoint: for fp32 directories; {directory} is {model_dir.precision}, and its "
                              "layout is held to its own graphs (which `tfm-export verify` holds to the fp32 ones)")
-    ckpt = checkpoint_for(directory, checkpoint, ()) if checkpoint is not None else None
+    # held until its reference is computed, then let go before the layout's sessions open
+    loaded = {"ckpt": checkpoint_for(directory, checkpoint, ())} if checkpoint is not None else {}
 
     def parity(staging: Path, read: ModelDir) -> list[str]:
         src, trg = sample(read.config)
-        want = (from_pytorch(Reference.of(ckpt.model, src, trg), read.config) if ckpt is not None
+        against = "PyTorch" if loaded else f"{directory}'s own graphs"
+        want = (from_pytorch(Reference.of(loaded.pop("ckpt").model, src, trg), read.config) if loaded
                 else from_directory(read, src, trg))
-        against = "PyTorch" if ckpt is not None else f"{directory}'s own graphs"
         return [f"against {against}:", *check_view(staging, read.config, read.precision, want, src, trg)]
 
     return write_view(directory, output, force, parity, external_above)

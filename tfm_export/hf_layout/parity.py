@@ -145,6 +145,11 @@ def _optimum_pair(staging: Path, cfg: ModelConfig, precision: str, fixed: dict[s
 def _session(path: Path) -> ort.InferenceSession:
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    options.log_severity_level = 3  # errors only: its notes on a graph's unused constants are not the user's
+    # the weights read where they lie in the file (no packed copies, no arena): a large model's graphs, one at a
+    # time, cost their mapped pages only
+    options.enable_cpu_mem_arena = False
+    options.add_session_config_entry("session.disable_prepacking", "1")
     return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
 

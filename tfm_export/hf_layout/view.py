@@ -25,7 +25,7 @@ from ..core.files import file_sha256
 from ..core.graph_spec import Graph
 from ..core.token_rules import TokenRules
 from ..core.tokenizer import BOS, EOS
-from ..graphs.hf_graphs import encoder_model, first_step_decoder, merged_decoder
+from ..graphs.hf_graphs import encoder_model, first_step_decoder, merged_decoder, with_past_decoder
 from ..graphs.onnx_io import EXTERNAL_DATA_BYTES, graph_weight_bytes, load_graph
 from ..model.checkpoint import HUGGINGFACE
 from .tokenizer_view import decoding_targets, dumps, js_tokenizer, same_decodes, same_ids
@@ -208,6 +208,7 @@ def _write_graphs(model_dir: ModelDir, staging: Path, precision: str,
     names = [graph_file(stem, precision) for stem in (ENCODER, MERGED, FIRST_STEP, WITH_PAST)]
     encoder_only, merged = encoder_model(encoder), merged_decoder(encoder, decoder, cfg)
     del encoder
+    decoder = with_past_decoder(decoder)
     if streamed:
         WeightsFile(staging / (names[0] + EXTERNAL_SUFFIX)).store(encoder_only, directory)
         shared = WeightsFile(staging / (names[1] + EXTERNAL_SUFFIX))

@@ -10,6 +10,9 @@ import onnx
 
 INLINE_MAX_BYTES = 1024  # smaller tensors (shapes, scalars, the rewrite's own constants) stay in the graph
 CHUNK = 64 << 20
+# A tensor from ALIGN_FROM bytes on starts at a multiple of ALIGN, as onnx's own writer places them: ONNX Runtime
+# maps such a tensor from the file instead of reading it into memory of its own.
+ALIGN, ALIGN_FROM = 64 << 10, 1 << 20
 
 
 class WeightsFile:
@@ -26,6 +29,8 @@ class WeightsFile:
         with self.path.open("ab") as out:
             for tensor in proto.graph.initializer:
                 if tensor.name not in self.placed and _size(tensor) > INLINE_MAX_BYTES:
+                    if _size(tensor) >= ALIGN_FROM and out.tell() % ALIGN:
+                        out.write(bytes(ALIGN - out.tell() % ALIGN))
                     self.placed[tensor.name] = (out.tell(), _size(tensor))
                     _copy(tensor, source_dir, out)
         self.refer(proto)
