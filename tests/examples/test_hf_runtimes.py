@@ -7,8 +7,6 @@ the variant presets against PyTorch's reference decoder, differences judged as v
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -17,7 +15,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 from support import hf_text_models
-from support.common import DEMO_CKPT, REPO
+from support.common import DEMO_CKPT, REPO, npm_example
 from support.variant_cases import exported_case
 
 from tfm_export.cli.run_cli import main as run_main
@@ -38,14 +36,7 @@ MARIAN_SEARCHES = {"greedy": {}, "beam 4": {"num_beams": 4},
 
 @pytest.fixture(scope="module")
 def transformers_js(tmp_path_factory) -> Path:
-    if not shutil.which("node") or not shutil.which("npm"):
-        pytest.skip("node and npm are not installed")
-    work = tmp_path_factory.mktemp("transformers-js") / "example"
-    shutil.copytree(JS_DIR, work, ignore=shutil.ignore_patterns("node_modules"))
-    result = subprocess.run(["npm", "ci", "--no-audit", "--no-fund"], cwd=work, capture_output=True, text=True,
-                            timeout=600, env={**os.environ, "ONNXRUNTIME_NODE_INSTALL_CUDA": "skip"})
-    assert result.returncode == 0, result.stderr[-2000:]
-    return work
+    return npm_example(tmp_path_factory, JS_DIR)
 
 
 @pytest.fixture(scope="module")

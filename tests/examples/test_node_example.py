@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from support.common import REPO
+from support.common import REPO, npm_example
 
 from tfm_export.cli.run_cli import main as run_main
 from tfm_export.demo import numbers as demo_numbers
@@ -18,14 +17,7 @@ NODE_DIR = REPO / "examples" / "node"
 
 @pytest.fixture(scope="module")
 def node_example(tmp_path_factory) -> Path:
-    if not shutil.which("node") or not shutil.which("npm"):
-        pytest.skip("node and npm are not installed")
-    work = tmp_path_factory.mktemp("node") / "example"
-    shutil.copytree(NODE_DIR, work, ignore=shutil.ignore_patterns("node_modules"))
-    result = subprocess.run(["npm", "ci", "--no-audit", "--no-fund"], cwd=work, capture_output=True, text=True,
-                            timeout=600)
-    assert result.returncode == 0, result.stderr[-2000:]
-    return work
+    return npm_example(tmp_path_factory, NODE_DIR)
 
 
 def run_node(example: Path, model: Path, lines: list[str]) -> list[str]:

@@ -113,3 +113,16 @@ def modules_after(code: str) -> set[str]:
             f"{sorted(HEAVY)!r})))"
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=REPO, check=True)
     return {m.split(".")[0] for m in json.loads(out.stdout.strip().splitlines()[-1])}
+
+
+def npm_example(tmp_path_factory, example: Path) -> Path:
+    """A copy of examples/<example> with its npm packages from the committed lockfile (node and npm, or a skip).
+    onnxruntime-node's install script would fetch CUDA binaries from a host out of reach: skipped."""
+    if not shutil.which("node") or not shutil.which("npm"):
+        pytest.skip("node and npm are not installed")
+    work = tmp_path_factory.mktemp(example.name) / "example"
+    shutil.copytree(example, work, ignore=shutil.ignore_patterns("node_modules"))
+    result = subprocess.run(["npm", "ci", "--no-audit", "--no-fund"], cwd=work, capture_output=True, text=True,
+                            timeout=600, env={**os.environ, "ONNXRUNTIME_NODE_INSTALL_CUDA": "skip"})
+    assert result.returncode == 0, result.stderr[-2000:]
+    return work
