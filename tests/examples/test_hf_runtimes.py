@@ -67,7 +67,7 @@ def presets(tmp_path_factory) -> dict[str, tuple[Path, Path, list[str]]]:
         ckpt, model_dir = exported_case(tmp_path_factory, preset)
         view = tmp_path_factory.mktemp(preset) / "view"
         export_hf(model_dir, view, checkpoint=ckpt)
-        texts = [" ".join(f"w{i}" for i in rng.integers(0, 9, rng.integers(2, 9))) for _ in range(24)]
+        texts = [" ".join(f"w{i}" for i in rng.integers(0, 9, rng.integers(2, 9))) for _ in range(16)]
         made[preset] = (ckpt, view, texts)
     return made
 
@@ -77,9 +77,9 @@ def optimum(views, marian, presets) -> dict[str, list[tuple[list[int], str]]]:
     """Every Optimum job of this file, run in one process: per job, each text's (ids, text)."""
     if not OPTIMUM_PYTHON.exists():
         pytest.skip(f"{OPTIMUM_PYTHON} is missing: `make optimum-env` builds Optimum's venv")
-    jobs = {"demo fp32": (views["fp32"], "", held_out(100), {}),
-            "demo int8": (views["int8"], "_quantized", held_out(100), {}),
-            "demo external": (views["external"], "", held_out(30), {}),
+    jobs = {"demo fp32": (views["fp32"], "", held_out(60), {}),
+            "demo int8": (views["int8"], "_quantized", held_out(60), {}),
+            "demo external": (views["external"], "", held_out(20), {}),
             **{f"marian {name}": (marian[1], "", marian[2], search) for name, search in MARIAN_SEARCHES.items()},
             **{preset: (view, "", texts, {}) for preset, (_, view, texts) in presets.items()}}
     spec = [{"model": str(view), "suffix": suffix, "texts": texts, "generate": search}
@@ -143,7 +143,7 @@ def test_transformers_js_in_headless_chromium_translates_as_tfm_run(transformers
 
 
 def test_transformers_js_q8_translates_as_tfm_run_on_the_int8_directory(transformers_js, views, variants):
-    lines = held_out(200)
+    lines = held_out(120)
     assert run_js(transformers_js, views["int8"], lines, "q8") == tfm_run(variants["int8-dynamic"], lines)
 
 
@@ -152,13 +152,13 @@ def test_the_external_weights_layout_loads_in_both_libraries(transformers_js, vi
     config.json names; Optimum's two decoders read the merged decoder's file."""
     lines = held_out(60)
     assert run_js(transformers_js, views["external"], lines) == tfm_run(demo_onnx, lines)
-    assert [text for _, text in optimum["demo external"]] == tfm_run(demo_onnx, held_out(30))
+    assert [text for _, text in optimum["demo external"]] == tfm_run(demo_onnx, held_out(20))
 
 
 @pytest.mark.parametrize("precision", ["fp32", "int8"])
 def test_optimum_greedy_equals_tfm_run(optimum, demo_onnx, variants, precision):
     source = demo_onnx if precision == "fp32" else variants["int8-dynamic"]
-    assert [text for _, text in optimum[f"demo {precision}"]] == tfm_run(source, held_out(100))
+    assert [text for _, text in optimum[f"demo {precision}"]] == tfm_run(source, held_out(60))
 
 
 @pytest.mark.parametrize("search", list(MARIAN_SEARCHES))
