@@ -221,7 +221,8 @@ def prepack_cmd(model_dir: Path) -> None:
 
 @main.command("hf")
 @click.option("--model", "model_dir", type=click.Path(path_type=Path), required=True,
-              help="A model directory (fp32, fp16 or int8) of the seed model or a variant.")
+              help="A model directory (fp32, fp16 or int8): the seed model, a variant, or a Hugging Face family "
+                   "without target-language codes (Marian, BART, T5).")
 @click.option("--output", type=click.Path(path_type=Path, file_okay=False), required=True,
               help="Directory to create in Hugging Face's layout (onnx/*.onnx and the four JSON files).")
 @click.option("--checkpoint", type=click.Path(path_type=Path), default=None,
@@ -232,12 +233,13 @@ def hf_cmd(model_dir: Path, output: Path, checkpoint: Path | None, force: bool) 
     """Write a model directory in the layout transformers.js (`pipeline("translation", dir)`) and Optimum
     (`ORTModelForSeq2SeqLM.from_pretrained(dir)`) load as they are: onnx/encoder_model.onnx, the merged decoder
     (it computes the cross-attention keys and values at the first step), Optimum's decoder pair, config.json
-    (model_type marian), generation_config.json (tfm-run's decoding rules), tokenizer.json and
+    (model_type marian for the seed and its variants, a Hugging Face family's own), generation_config.json
+    (tfm-run's decoding rules), tokenizer.json (rewritten where tokenizers.js would split otherwise) and
     tokenizer_config.json. fp16 and int8 files carry transformers.js's suffixes (_fp16; _quantized, its q8).
     Every graph is checked on the first step and with its past fed back before anything is written."""
     require_extra("export", "tfm-export hf")
     from ..hf_layout import export_hf
-    view = export_hf(model_dir, output, checkpoint, force)
+    view = export_hf(model_dir, output, checkpoint, force, progress=sys.stderr.isatty())
     for line in view.parity:
         click.echo(line)
     click.echo(f"wrote {output}: " + ", ".join(view.files))

@@ -15,9 +15,9 @@ from .view import HfView, write_view
 
 
 def export_hf(directory: Path, output: Path, checkpoint: Path | None = None, force: bool = False,
-              external_above: int = EXTERNAL_DATA_BYTES) -> HfView:
+              external_above: int = EXTERNAL_DATA_BYTES, progress: bool = False) -> HfView:
     """The layout of `directory` in `output`; with `checkpoint` (an fp32 directory's), held to PyTorch.
-    external_above: write_view's."""
+    external_above, progress: write_view's."""
     model_dir = ModelDir.read(directory)
     if checkpoint is not None and model_dir.precision != "fp32":
         raise TfmExportError(f"--checkpoint: for fp32 directories; {directory} is {model_dir.precision}, and its "
@@ -32,4 +32,4 @@ def export_hf(directory: Path, output: Path, checkpoint: Path | None = None, for
                 else from_directory(read, src, trg))
         return [f"against {against}:", *check_view(staging, read.config, read.precision, want, src, trg)]
 
-    return write_view(directory, output, force, parity, external_above)
+    return write_view(directory, output, force, parity, external_above, progress)

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import onnx
+from tqdm import tqdm
 
 from ..artifacts.manifest import HF_VIEW_FORMAT, HF_VIEW_FORMAT_VERSION, MANIFEST
 from ..artifacts.model_dir import ModelDir
@@ -35,6 +36,7 @@ ONNX_DIR = "onnx"
 # The file stems both libraries look for, and each precision's suffix (transformers.js's dtype: fp32, fp16, q8)
 ENCODER, MERGED, FIRST_STEP, WITH_PAST = "encoder_model", "decoder_model_merged", "decoder_model", \
     "decoder_with_past_model"
+STEMS = (ENCODER, MERGED, FIRST_STEP, WITH_PAST)
 SUFFIXES = {"fp32": "", "fp16": "_fp16", "int8": "_quantized"}
 DTYPES = {"fp32": "fp32", "fp16": "fp16", "int8": "q8"}  # transformers.js's dtype option for each
 EXTERNAL_SUFFIX = "_data"  # transformers.js fetches `<file>.onnx_data`
@@ -173,17 +175,19 @@ def _unknown(tokenizer: dict[str, Any], tokens: dict[int, str]) -> str | None:
 
 
 def write_view(directory: Path, output: Path, force: bool, parity: Callable[[Path, ModelDir], list[str]],
-               external_above: int = EXTERNAL_DATA_BYTES) -> HfView:
+               external_above: int = EXTERNAL_DATA_BYTES, progress: bool = False) -> HfView:
     """Checks what can be expressed, writes every file into a staging directory, runs `parity(staging, model_dir)`
     (which raises on a failure) and only then puts the directory in place. external_above: the weight bytes (encoder
-    and decoder) from which the graphs keep their weights in external files (tests lower it)."""
+    and decoder) from which the graphs keep their weights in external files (tests lower it); progress: a bar per
+    graph written, and the check."""
     model_dir = ModelDir.read(directory)
     model_type, tokenizer = check_expressible(model_dir)
     precision, cfg, rules = model_dir.precision, model_dir.config, model_dir.rules
     max_target = model_dir.limits["max_target_length"]
-    with staged_directory(output, force, keep=(directory,)) as staging:
+    with (staged_directory(output, force, keep=(directory,)) as staging,
+          tqdm(total=len(STEMS) + 1, desc="hf layout", disable=not progress) as bar):
         (staging / ONNX_DIR).mkdir()
-        files = _write_graphs(model_dir, staging, precision, external_above)
+        files = _write_graphs(model_dir, staging, precision, external_above, bar)
         texts = {"config.json": {**model_config(model_type, cfg, rules, max_target),
                                  **_js_config(staging, files, precision)},
                  "generation_config.json": generation_config(rules, max_target),
@@ -191,21 +195,22 @@ def write_view(directory: Path, output: Path, force: bool, parity: Callable[[Pat
         for name, data in texts.items():
             (staging / name).write_text(json.dumps(data, indent=2) + "\n")
         (staging / "tokenizer.json").write_text(dumps(tokenizer))
+        bar.set_postfix_str("checking every graph")
         lines = parity(staging, model_dir)
+        bar.update()
         written = sorted(str(p.relative_to(staging)) for p in staging.rglob("*") if p.is_file())
         (staging / MANIFEST).write_text(json.dumps(_manifest(model_dir, staging, written), indent=2) + "\n")
     return HfView(output, files, lines)
 
 
-def _write_graphs(model_dir: ModelDir, staging: Path, precision: str,
-                  external_above: int = EXTERNAL_DATA_BYTES) -> list[str]:
+def _write_graphs(model_dir: ModelDir, staging: Path, precision: str, external_above: int, bar: tqdm) -> list[str]:
     """The four graphs: weights inline below protobuf's 2 GB; above, copied into `<file>.onnx_data` a chunk at a
     time, the decoders' once for all three."""
     manifest, directory, cfg = model_dir.manifest, model_dir.path, model_dir.config
     streamed = sum(graph_weight_bytes(directory, manifest, g.value) for g in Graph) >= external_above
     encoder, decoder = (load_graph(directory, manifest, g.value, external_data=not streamed, check=False)
                         for g in (Graph.ENCODER, Graph.DECODER_STEP))
-    names = [graph_file(stem, precision) for stem in (ENCODER, MERGED, FIRST_STEP, WITH_PAST)]
+    names = [graph_file(stem, precision) for stem in STEMS]
     encoder_only, merged = encoder_model(encoder), merged_decoder(encoder, decoder, cfg)
     del encoder
     decoder = with_past_decoder(decoder)
@@ -215,8 +220,10 @@ def _write_graphs(model_dir: ModelDir, staging: Path, precision: str,
         shared.store(merged, directory)
         shared.refer(decoder)
     for name, proto in zip(names, (encoder_only, merged, first_step_decoder(merged, cfg), decoder), strict=True):
+        bar.set_postfix_str(name)
         onnx.save_model(proto, str(staging / name))
         onnx.checker.check_model(str(staging / name), full_check=True)
+        bar.update()
     return names
 
 
