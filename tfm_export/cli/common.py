@@ -61,9 +61,17 @@ class ErrorReportingGroup(click.Group):
             self.add_command(getattr(importlib.import_module(module), attribute), name)
         return super().get_command(ctx, name)
 
-    def invoke(self, ctx: click.Context) -> Any:
-        handle_signals()  # as entry.py does, for callers of the groups themselves
+    def make_context(self, *args: Any, **kwargs: Any) -> click.Context:
+        """A signal while click parses the command line (one that arrived during an import is delivered again
+        a moment later, often here) is "interrupted" too, not click's own "Aborted!" and exit 1."""
         try:
+            return super().make_context(*args, **kwargs)
+        except KeyboardInterrupt as exc:
+            interrupted(exc)
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            handle_signals()  # as entry.py does, for callers of the groups themselves
             if sys.stdout is None:  # started with stdout closed (`>&-`): what the command reports would be lost
                 sys.stdout = ClosedStdout()
             result = super().invoke(ctx)
