@@ -47,9 +47,9 @@ def merged_decoder(encoder: onnx.ModelProto, decoder: onnx.ModelProto, cfg: Mode
     nodes, inits = _projection(encoder, names.cross_outputs)
     model = _copy(decoder)
     graph = model.graph
-    hidden = _value(encoder, LAST_HIDDEN_STATE, graph_output=True)
+    outputs = {o.name: o for o in encoder.graph.output}
+    hidden = _copy_value(outputs[LAST_HIDDEN_STATE])
     hidden.name = ENCODER_HIDDEN_STATES
-    first_past = names.cross_inputs[0]
     graph.input.insert(2, hidden)
     for value in graph.input:
         if value.name in names.cross_inputs:
@@ -64,20 +64,18 @@ def merged_decoder(encoder: onnx.ModelProto, decoder: onnx.ModelProto, cfg: Mode
                               numpy_helper.from_array(np.array([3], np.int64), _PREFIX + "axis3"),
                               numpy_helper.from_array(np.array([_INT64_MAX], np.int64), _PREFIX + "end"),
                               numpy_helper.from_array(np.array([1], np.int64), _PREFIX + "axis1")])
-    added = [helper.make_node("Shape", [first_past], [_PREFIX + "past_shape"]),
+    added = [helper.make_node("Shape", [names.cross_inputs[0]], [_PREFIX + "past_shape"]),
              helper.make_node("Slice", [_PREFIX + "past_shape", _PREFIX + "axis2", _PREFIX + "axis3"],
                               [_PREFIX + "held"]),
              helper.make_node("Slice", [ENCODER_HIDDEN_STATES, _PREFIX + "held", _PREFIX + "end",
                                         _PREFIX + "axis1"], [new_rows])]
     sources = {i.name for i in encoder.graph.input} - {i.name for i in encoder.graph.initializer}
     added += [_renamed(node, new_rows, sources) for node in nodes]
-    outputs = {o.name: o for o in encoder.graph.output}
     for past, present in zip(names.cross_inputs, names.cross_outputs, strict=True):
         added.append(helper.make_node("Concat", [past, _PREFIX + present], [present], axis=2))
         graph.output.append(_copy_value(outputs[present]))
     _rewire(graph, dict(zip(names.cross_inputs, names.cross_outputs, strict=True)))
-    _prepend(graph, added)
-    _topological(graph)
+    _prepend(graph, added)  # already in order: they read inputs, constants and each other (the encoder's order)
     _prune(graph)
     return model
 
@@ -116,27 +114,23 @@ def _projection(encoder: onnx.ModelProto, outputs: tuple[str, ...]
                 ) -> tuple[list[onnx.NodeProto], list[onnx.TensorProto]]:
     """The encoder's nodes from `last_hidden_state` to the cross keys and values, with the constants they read.
     The source's (batch, length) may be read off its ids or mask by a Shape: those rows' (batch, length)."""
-    producer = {out: node for node in encoder.graph.node for out in node.output}
+    nodes = list(encoder.graph.node)
+    producer = {out: index for index, node in enumerate(nodes) for out in node.output}
     inits = {i.name: i for i in encoder.graph.initializer}
     sources = {i.name for i in encoder.graph.input} - set(inits)
-    wanted, seen, used = list(outputs), set(), []
+    wanted, used = list(outputs), set()
     while wanted:
         name = wanted.pop()
-        if name in seen or name in sources or name == LAST_HIDDEN_STATE or name in inits or not name:
-            continue
-        seen.add(name)
-        node = producer[name]
-        if node not in used:
-            used.append(node)
-            wanted.extend(node.input)
-    for node in used:
+        if name in producer and name != LAST_HIDDEN_STATE and producer[name] not in used:
+            used.add(producer[name])
+            wanted.extend(nodes[producer[name]].input)
+    chosen = [nodes[index] for index in sorted(used)]  # the encoder's order, which is topological
+    for node in chosen:
         if node.op_type != "Shape" and sources & set(node.input):
             raise HfGraphError(f"the encoder's cross-attention keys and values read its {node.input[0]} (a "
                                f"{node.op_type} node), not only its {LAST_HIDDEN_STATE}; this graph cannot be merged")
-    order = {id(n): i for i, n in enumerate(encoder.graph.node)}
-    used.sort(key=lambda n: order[id(n)])
-    read = {i for n in used for i in n.input}
-    return used, [_renamed_tensor(inits[name]) for name in sorted(read & set(inits))]
+    read = {i for n in chosen for i in n.input}
+    return chosen, [_renamed_tensor(inits[name]) for name in sorted(read & set(inits))]
 
 
 def _renamed(node: onnx.NodeProto, rows: str, sources: set[str]) -> onnx.NodeProto:
@@ -181,23 +175,6 @@ def _prepend(graph: onnx.GraphProto, nodes: list[onnx.NodeProto]) -> None:
     graph.node.extend([*nodes, *kept])
 
 
-def _topological(graph: onnx.GraphProto) -> None:
-    """The nodes in an order where each reads only what is already made (the checker and runtimes require it)."""
-    made = {i.name for i in graph.input} | {i.name for i in graph.initializer} | {""}
-    pending, ordered = list(graph.node), []
-    while pending:
-        ready = [n for n in pending if all(i in made for i in n.input)]
-        if not ready:
-            raise HfGraphError(f"the rewritten graph reads {sorted({i for n in pending for i in n.input} - made)[0]}, "
-                               "which nothing makes")
-        for node in ready:
-            made.update(node.output)
-        ordered += ready
-        pending = [n for n in pending if not any(n is r for r in ready)]
-    del graph.node[:]
-    graph.node.extend(ordered)
-
-
 def _prune(graph: onnx.GraphProto) -> None:
     """Drops the nodes and constants no output reads."""
     needed = {o.name for o in graph.output}
@@ -214,11 +191,6 @@ def _prune(graph: onnx.GraphProto) -> None:
     values = [v for v in graph.value_info if v.name in needed]
     del graph.value_info[:]
     graph.value_info.extend(values)
-
-
-def _value(model: onnx.ModelProto, name: str, graph_output: bool = False) -> onnx.ValueInfoProto:
-    values = model.graph.output if graph_output else model.graph.input
-    return _copy_value(next(v for v in values if v.name == name))
 
 
 def _copy_value(value: onnx.ValueInfoProto) -> onnx.ValueInfoProto:
