@@ -219,11 +219,17 @@ def load_graph(directory: Path, manifest: dict[str, Any], graph: str, external_d
 
 
 def graph_weight_bytes(directory: Path, manifest: dict[str, Any], graph: str) -> int:
-    """The bytes of a graph's initializers, read from its structure: an external one by its recorded length, an
-    inline one by its size in the file (a file that does not parse is load_graph's one line)."""
-    graph = load_graph(directory, manifest, graph, external_data=False, check=False).graph
-    return sum(int(next((e.value for e in init.external_data if e.key == "length"), 0))
-               if init.data_location == onnx.TensorProto.EXTERNAL else init.ByteSize() for init in graph.initializer)
+    """The bytes of a graph's initializers, read from its structure (a file that does not parse is load_graph's one
+    line)."""
+    return weight_bytes(load_graph(directory, manifest, graph, external_data=False, check=False))
+
+
+def weight_bytes(proto: onnx.ModelProto) -> int:
+    """The bytes of a graph's initializers: an external one by its recorded length, an inline one by its size in
+    the file."""
+    return sum(int(external_data_helper.ExternalDataInfo(init).length or 0)
+               if init.data_location == onnx.TensorProto.EXTERNAL else init.ByteSize()
+               for init in proto.graph.initializer)
 
 
 # The weight type each precision's graphs must hold, and the types an fp32 graph may not (the manifest is not

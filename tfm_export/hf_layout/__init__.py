@@ -25,11 +25,11 @@ def export_hf(directory: Path, output: Path, checkpoint: Path | None = None, for
     # held until its reference is computed, then let go before the layout's sessions open
     loaded = {"ckpt": checkpoint_for(directory, checkpoint, ())} if checkpoint is not None else {}
 
-    def parity(staging: Path, read: ModelDir) -> list[str]:
-        src, trg = sample(read.config)
+    def parity(staging: Path) -> list[str]:
+        src, trg = sample(model_dir.config)
         against = "PyTorch" if loaded else f"{directory}'s own graphs"
-        want = (from_pytorch(Reference.of(loaded.pop("ckpt").model, src, trg), read.config) if loaded
-                else from_directory(read, src, trg))
-        return [f"against {against}:", *check_view(staging, read.config, read.precision, want, src, trg)]
+        want = (from_pytorch(Reference.of(loaded.pop("ckpt").model, src, trg)) if loaded
+                else from_directory(model_dir, src, trg))
+        return [f"against {against}:", *check_view(staging, model_dir.config, model_dir.precision, want, src, trg)]
 
-    return write_view(directory, output, force, parity, external_above, progress)
+    return write_view(model_dir, output, force, parity, external_above, progress)

@@ -48,7 +48,7 @@ class HfParityError(TfmExportError):
 class Expected:
     logits: np.ndarray  # (B, T, V)
     encoder: np.ndarray  # (B, S, C)
-    cross: dict[str, np.ndarray]  # present.{i}.encoder.*
+    cross: np.ndarray  # present.{i}.encoder.*, flat, in the graphs' output order
 
 
 def sample(cfg: ModelConfig, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -63,12 +63,8 @@ def sample(cfg: ModelConfig, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     return src, trg
 
 
-def from_pytorch(reference: Reference, cfg: ModelConfig) -> Expected:
-    names = cache_names(cfg).cross_outputs
-    sizes = np.cumsum([0, *(reference.encoder.shape[0] * cfg.n_head * reference.encoder.shape[1] * d
-                            for d in [cfg.d_k, cfg.d_v] * cfg.n_layers)])
-    cross = {name: reference.cross[sizes[i]:sizes[i + 1]] for i, name in enumerate(names)}
-    return Expected(reference.logits, reference.encoder, cross)
+def from_pytorch(reference: Reference) -> Expected:
+    return Expected(reference.logits, reference.encoder, reference.cross)
 
 
 def from_directory(model_dir: ModelDir, src: np.ndarray, trg: np.ndarray) -> Expected:
@@ -86,8 +82,7 @@ def from_directory(model_dir: ModelDir, src: np.ndarray, trg: np.ndarray) -> Exp
         out = _run(decoder, {INPUT_IDS: trg[:, t:t + 1], ENCODER_ATTENTION_MASK: _mask(src, cfg), **past})
         logits.append(out[LOGITS][:, 0])
         past |= {p: out[o] for p, o in zip(names.self_inputs, names.self_outputs, strict=True)}
-    return Expected(np.stack(logits, 1), encoded[LAST_HIDDEN_STATE],
-                    {name: encoded[name] for name in names.cross_outputs})
+    return Expected(np.stack(logits, 1), encoded[LAST_HIDDEN_STATE], _flat(encoded, names.cross_outputs))
 
 
 def check_view(staging: Path, cfg: ModelConfig, precision: str, want: Expected, src: np.ndarray, trg: np.ndarray
@@ -106,9 +101,8 @@ def check_view(staging: Path, cfg: ModelConfig, precision: str, want: Expected, 
         out = _run(merged, {INPUT_IDS: trg[:, t:t + 1], **fixed, **past})
         steps.append(out[LOGITS][:, 0])
         if t == 0:
-            got = np.concatenate([out[n].ravel() for n in names.cross_outputs])
-            diffs.append(TensorDiff.of(f"{MERGED} step 1 present.*.encoder.*", got,
-                                       np.concatenate([want.cross[n].ravel() for n in names.cross_outputs])))
+            diffs.append(TensorDiff.of(f"{MERGED} step 1 present.*.encoder.*", _flat(out, names.cross_outputs),
+                                       want.cross))
             diffs.append(TensorDiff.of(f"{MERGED} step 1 logits (empty past)", steps[0], want.logits[:, 0]))
         past = {p: out[o] for p, o in zip((*names.self_inputs, *names.cross_inputs),
                                           (*names.self_outputs, *names.cross_outputs), strict=True)}
@@ -140,6 +134,11 @@ def _optimum_pair(staging: Path, cfg: ModelConfig, precision: str, fixed: dict[s
         past |= {p: out[o] for p, o in zip(names.self_inputs, names.self_outputs, strict=True)}
     diffs.append(TensorDiff.of(f"{WITH_PAST} steps 2-{trg.shape[1]} logits", np.stack(steps, 1), want.logits[:, 1:]))
     return diffs
+
+
+def _flat(outputs: dict[str, np.ndarray], names: tuple[str, ...]) -> np.ndarray:
+    """The named outputs raveled one after another (the reference's cross keys and values are so kept)."""
+    return np.concatenate([outputs[name].ravel() for name in names])
 
 
 def _session(path: Path) -> ort.InferenceSession:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import onnx
+from onnx.external_data_helper import load_external_data_for_model
 from tqdm import tqdm
 
 from ..artifacts.manifest import HF_VIEW_FORMAT, HF_VIEW_FORMAT_VERSION, MANIFEST
@@ -25,9 +26,9 @@ from ..core.errors import TfmExportError
 from ..core.files import file_sha256
 from ..core.graph_spec import Graph
 from ..core.token_rules import TokenRules
-from ..core.tokenizer import BOS, EOS
+from ..core.tokenizer import BOS, EOS, Vocabulary
 from ..graphs.hf_graphs import encoder_model, first_step_decoder, merged_decoder, with_past_decoder
-from ..graphs.onnx_io import EXTERNAL_DATA_BYTES, graph_weight_bytes, load_graph
+from ..graphs.onnx_io import EXTERNAL_DATA_BYTES, load_graph, weight_bytes
 from ..model.checkpoint import HUGGINGFACE
 from .tokenizer_view import decoding_targets, dumps, js_tokenizer, same_decodes, same_ids
 from .weights_file import WeightsFile
@@ -92,21 +93,21 @@ def check_expressible(model_dir: ModelDir) -> tuple[str, dict[str, Any]]:
         raise HfViewError(f"{where}: its attention heads are {cfg.d_k} (keys) and {cfg.d_v} (values) wide, but "
                           f"Optimum assumes d_model / heads = {cfg.d_model // cfg.n_head}; it would size the "
                           "empty past wrongly, so this model cannot be expressed in their layout")
-    path = model_dir.path / model_dir.manifest["tokenizer"]["source"]
-    original = dumps(_one_tokenizer(model_dir, json.loads(path.read_text())))
-    rewritten = js_tokenizer(json.loads(original), str(path))
-    vocab = model_dir.vocabulary().source.tokens()
-    probes = [" ".join(vocab[i::7][:40]).replace("\u2581", " ") for i in range(7)]
+    vocab = model_dir.vocabulary()  # its files checked against the manifest
+    original = dumps(_one_tokenizer(model_dir, vocab))
+    rewritten = js_tokenizer(json.loads(original), vocab.source.origin)
+    tokens = vocab.source.tokens()
+    probes = [" ".join(tokens[i::7][:40]).replace("\u2581", " ") for i in range(7)]
     if (text := same_ids(original, dumps(rewritten), probes)) is not None:
-        raise HfViewError(f"{path}: its rewrite for transformers.js encodes {text[:40]!r} differently; this "
-                          "tokenizer cannot be expressed in their layout")
+        raise HfViewError(f"{vocab.source.origin}: its rewrite for transformers.js encodes {text[:40]!r} "
+                          "differently; this tokenizer cannot be expressed in their layout")
     return model_type, rewritten
 
 
-def _one_tokenizer(model_dir: ModelDir, source: dict[str, Any]) -> dict[str, Any]:
+def _one_tokenizer(model_dir: ModelDir, vocab: Vocabulary) -> dict[str, Any]:
     """Both libraries take one tokenizer: the source's, which must then decode every target id as the target's
     does (opus-mt: two SentencePiece models over one vocab.json)."""
-    vocab = model_dir.vocabulary()
+    source = json.loads(vocab.source.tokenizer.to_str())
     if vocab.shared:
         return source
     view = decoding_targets(source)
@@ -174,17 +175,16 @@ def _unknown(tokenizer: dict[str, Any], tokens: dict[int, str]) -> str | None:
     return tokens.get(model["unk_id"]) if model.get("unk_id") is not None else None
 
 
-def write_view(directory: Path, output: Path, force: bool, parity: Callable[[Path, ModelDir], list[str]],
+def write_view(model_dir: ModelDir, output: Path, force: bool, parity: Callable[[Path], list[str]],
                external_above: int = EXTERNAL_DATA_BYTES, progress: bool = False) -> HfView:
-    """Checks what can be expressed, writes every file into a staging directory, runs `parity(staging, model_dir)`
-    (which raises on a failure) and only then puts the directory in place. external_above: the weight bytes (encoder
+    """Checks what can be expressed, writes every file into a staging directory, runs `parity(staging)` (which
+    raises on a failure) and only then puts the directory in place. external_above: the weight bytes (encoder
     and decoder) from which the graphs keep their weights in external files (tests lower it); progress: a bar per
     graph written, and the check."""
-    model_dir = ModelDir.read(directory)
     model_type, tokenizer = check_expressible(model_dir)
     precision, cfg, rules = model_dir.precision, model_dir.config, model_dir.rules
     max_target = model_dir.limits["max_target_length"]
-    with (staged_directory(output, force, keep=(directory,)) as staging,
+    with (staged_directory(output, force, keep=(model_dir.path,)) as staging,
           tqdm(total=len(STEMS) + 1, desc="hf layout", disable=not progress) as bar):
         (staging / ONNX_DIR).mkdir()
         files = _write_graphs(model_dir, staging, precision, external_above, bar)
@@ -196,7 +196,7 @@ def write_view(directory: Path, output: Path, force: bool, parity: Callable[[Pat
             (staging / name).write_text(json.dumps(data, indent=2) + "\n")
         (staging / "tokenizer.json").write_text(dumps(tokenizer))
         bar.set_postfix_str("checking every graph")
-        lines = parity(staging, model_dir)
+        lines = parity(staging)
         bar.update()
         written = sorted(str(p.relative_to(staging)) for p in staging.rglob("*") if p.is_file())
         (staging / MANIFEST).write_text(json.dumps(_manifest(model_dir, staging, written), indent=2) + "\n")
@@ -205,11 +205,15 @@ def write_view(directory: Path, output: Path, force: bool, parity: Callable[[Pat
 
 def _write_graphs(model_dir: ModelDir, staging: Path, precision: str, external_above: int, bar: tqdm) -> list[str]:
     """The four graphs: weights inline below protobuf's 2 GB; above, copied into `<file>.onnx_data` a chunk at a
-    time, the decoders' once for all three."""
+    time, the decoders' once for all three. The directory's graphs and weights are checked against its manifest
+    and read once, their weights only where they go inline."""
     manifest, directory, cfg = model_dir.manifest, model_dir.path, model_dir.config
-    streamed = sum(graph_weight_bytes(directory, manifest, g.value) for g in Graph) >= external_above
-    encoder, decoder = (load_graph(directory, manifest, g.value, external_data=not streamed, check=False)
+    encoder, decoder = (load_graph(directory, manifest, g.value, external_data=False)
                         for g in (Graph.ENCODER, Graph.DECODER_STEP))
+    streamed = weight_bytes(encoder) + weight_bytes(decoder) >= external_above
+    if not streamed:
+        for proto in (encoder, decoder):
+            load_external_data_for_model(proto, str(directory))
     names = [graph_file(stem, precision) for stem in STEMS]
     encoder_only, merged = encoder_model(encoder), merged_decoder(encoder, decoder, cfg)
     del encoder

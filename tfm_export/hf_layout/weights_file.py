@@ -7,6 +7,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import onnx
+from onnx.external_data_helper import ExternalDataInfo
+
+from ..artifacts.manifest import ModelDirError
+from ..artifacts.model_dir import REMAKE
+from ..core.files import contained_file
 
 INLINE_MAX_BYTES = 1024  # smaller tensors (shapes, scalars, the rewrite's own constants) stay in the graph
 CHUNK = 64 << 20
@@ -49,22 +54,24 @@ class WeightsFile:
 
 def _size(tensor: onnx.TensorProto) -> int:
     if tensor.data_location == onnx.TensorProto.EXTERNAL:
-        return int(next(e.value for e in tensor.external_data if e.key == "length"))
+        return int(ExternalDataInfo(tensor).length or 0)
     return len(tensor.raw_data)
 
 
 def _copy(tensor: onnx.TensorProto, source_dir: Path, out) -> None:
+    """The tensor's bytes appended to `out`; an external one's read from its file, which must lie in the directory."""
     if tensor.data_location != onnx.TensorProto.EXTERNAL:
         out.write(tensor.raw_data)
         return
-    info = {e.key: e.value for e in tensor.external_data}
-    with (source_dir / info["location"]).open("rb") as source:
-        source.seek(int(info.get("offset", 0)))
-        remaining = int(info["length"])
+    info = ExternalDataInfo(tensor)
+    path = contained_file(source_dir, info.location, ModelDirError, f"external weights of {tensor.name}", REMAKE)
+    with path.open("rb") as source:
+        source.seek(int(info.offset or 0))
+        remaining = int(info.length or 0)
         while remaining:
             block = source.read(min(CHUNK, remaining))
             if not block:
-                raise OSError(f"{source_dir / info['location']}: ends before tensor {tensor.name}")
+                raise ModelDirError(f"{path}: ends before tensor {tensor.name}; {REMAKE}")
             out.write(block)
             remaining -= len(block)
 
