@@ -1,12 +1,14 @@
 """`tfm-export hf` directories in Hugging Face's own runtimes, unchanged: transformers.js in Node and in headless
 Chromium (examples/transformers-js: pipeline("translation") for text, generate() for ids) and Optimum's
 ORTModelForSeq2SeqLM (in its own venv, every job in one process: support/optimum_jobs.py). The demo and a random
-Marian against `tfm-run translate` on the directory the layout was made from (the Marian's rules are generate()'s);
-the variant presets against PyTorch's reference decoder, differences judged as verify judges them."""
+Marian and the multilingual families (NLLB, M2M100, mBART-50, languages chosen as each library chooses them) against
+`tfm-run translate` on the directory the layout was made from (their rules are generate()'s); the variant presets
+against PyTorch's reference decoder, differences judged as verify judges them."""
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from pathlib import Path
 
@@ -14,10 +16,11 @@ import numpy as np
 import pytest
 import torch
 from click.testing import CliRunner
-from support import hf_text_models
+from support import hf_language_models, hf_text_models
 from support.common import DEMO_CKPT, REPO, npm_example
 from support.variant_cases import exported_case
 
+from tfm_export.artifacts.model_dir import ModelDir
 from tfm_export.cli.run_cli import main as run_main
 from tfm_export.demo import numbers as demo_numbers
 from tfm_export.graphs.parity import DEFAULT_TOLERANCE
@@ -33,6 +36,10 @@ PRESETS = ("modern", "t5-like")
 MARIAN_SEARCHES = {"greedy": {}, "beam 4": {"num_beams": 4},
                    "beam 4, length penalty 0.6": {"num_beams": 4, "length_penalty": 0.6}}
 MARIAN_TEXTS = {"greedy": 50, "beam 4": 50, "beam 4, length penalty 0.6": 25}  # of its 50 sample texts
+# family -> (source, target) as tfm-run names them; M2M100's from its saved default source (Python has no fast
+# M2M100 tokenizer, so Optimum's example reads tokenizer.json as it is, and cannot choose another)
+LANGUAGES = {"nllb": ("fra_Latn", "deu_Latn"), "m2m100": (None, "__de__"), "mbart-50": ("fr_XX", "de_DE")}
+LANGUAGE_CLASSES = {"nllb": "NllbTokenizerFast", "m2m100": "M2M100Tokenizer", "mbart-50": "MBart50TokenizerFast"}
 
 
 @pytest.fixture(scope="module")
@@ -60,6 +67,19 @@ def marian(tmp_path_factory) -> tuple[Path, Path, list[str]]:
 
 
 @pytest.fixture(scope="module")
+def multilingual(tmp_path_factory) -> dict[str, tuple[Path, Path, list[str]]]:
+    """Per family: (its export, its layout, source texts): the languages tests' random models, saved with beam
+    search, length penalties and early stopping as their generation defaults."""
+    made = {}
+    for family in LANGUAGES:
+        hf, onnx_dir = hf_language_models.made(tmp_path_factory, family)
+        view = tmp_path_factory.mktemp(family) / "view"
+        export_hf(onnx_dir, view, checkpoint=hf)
+        made[family] = (onnx_dir, view, hf_language_models.sample_texts())
+    return made
+
+
+@pytest.fixture(scope="module")
 def presets(tmp_path_factory) -> dict[str, tuple[Path, Path, list[str]]]:
     """Per variant preset: (its checkpoint, its layout, random word sources)."""
     rng = np.random.default_rng(0)
@@ -74,22 +94,29 @@ def presets(tmp_path_factory) -> dict[str, tuple[Path, Path, list[str]]]:
 
 
 @pytest.fixture(scope="module")
-def optimum(views, marian, presets) -> dict[str, list[tuple[list[int], str]]]:
-    """Every Optimum job of this file, run in one process: per job, each text's (ids, text)."""
+def optimum(views, marian, multilingual, presets, tmp_path_factory) -> dict[str, list[tuple[list[int], str]]]:
+    """Every Optimum job of this file, run in one process: per job, each text's (ids, text). Each directory is
+    named by a relative path, as people type one: Optimum then finds generation_config.json only beside the
+    graphs (given an absolute path, it also looks above them)."""
     if not OPTIMUM_PYTHON.exists():
         pytest.skip(f"{OPTIMUM_PYTHON} is missing: `make optimum-env` builds Optimum's venv")
+    here = tmp_path_factory.mktemp("optimum")
     jobs = {"demo fp32": (views["fp32"], "", held_out(60), {}),
             "demo int8": (views["int8"], "_quantized", held_out(60), {}),
             "demo external": (views["external"], "", held_out(20), {}),
             **{f"marian {name}": (marian[1], "", marian[2][:MARIAN_TEXTS[name]], search)
                for name, search in MARIAN_SEARCHES.items()},
             **{preset: (view, "", texts, {}) for preset, (_, view, texts) in presets.items()}}
-    spec = [{"model": str(view), "suffix": suffix, "texts": texts, "generate": search}
+    spec = [{"model": os.path.relpath(view, here), "suffix": suffix, "texts": texts, "generate": search}
             for view, suffix, texts, search in jobs.values()]
-    result = subprocess.run([str(OPTIMUM_PYTHON), str(REPO / "tests" / "support" / "optimum_jobs.py")],
+    for family, (_, view, texts) in multilingual.items():  # generation_config.json's searches, the languages set
+        source, target = LANGUAGES[family]
+        spec.append({"model": os.path.relpath(view, here), "suffix": "", "texts": texts, "generate": {},
+                     "src_lang": source, "tgt_lang": target})
+    result = subprocess.run([str(OPTIMUM_PYTHON), str(REPO / "tests" / "support" / "optimum_jobs.py")], cwd=here,
                             input=json.dumps(spec), capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stderr[-2000:]
-    return dict(zip(jobs, json.loads(result.stdout), strict=True))
+    return dict(zip([*jobs, *multilingual], json.loads(result.stdout), strict=True))
 
 
 def held_out(count: int) -> list[str]:
@@ -193,3 +220,31 @@ def test_variant_presets_decode_as_pytorch_in_both_libraries(transformers_js, op
             with torch.no_grad():
                 want = reference_decoding.greedy_decode(ckpt.model, torch.from_numpy(src[None]), limit)[0].tokens
             assert got == want or near_tie(ckpt, src, got, want, True, limit, DEFAULT_TOLERANCE), (name, text)
+
+
+@pytest.mark.parametrize("family", list(LANGUAGES))
+def test_transformers_js_translates_multilingual_families_as_tfm_run(transformers_js, multilingual, family):
+    """Greedy, the languages given as transformers.js spells them (its tokenizer class frames the source and
+    forces the target), against tfm-run --source-lang/--target-lang."""
+    onnx_dir, view, texts = multilingual[family]
+    source, target = LANGUAGES[family]
+    model_dir = ModelDir.read(onnx_dir)
+    default_source = model_dir.vocabulary().source.framing_codes(model_dir.rules.languages)[0]
+    config = json.loads((view / "tokenizer_config.json").read_text())
+    assert (config["tokenizer_class"], config["src_lang"]) == (LANGUAGE_CLASSES[family],
+                                                              hf_language_models.hf_language(default_source))
+    js_languages = [*(("--src-lang", hf_language_models.hf_language(source)) if source else ()),
+                    "--tgt-lang", hf_language_models.hf_language(target)]
+    ours = [*(("--source-lang", source) if source else ()), "--target-lang", target]
+    got = generated(view, js_ids(run_js(transformers_js, view, texts, "fp32", "--ids", *js_languages)))
+    assert got == tfm_run_ids(onnx_dir, texts, "--beam-size", "1", *ours)
+
+
+@pytest.mark.parametrize("family", list(LANGUAGES))
+def test_optimum_decodes_multilingual_families_as_tfm_run(optimum, multilingual, family):
+    """With generation_config.json's own search (beam 4 or 5, early stopping, mBART-50's length penalty 0.6) and
+    the target forced as generate() forces it."""
+    onnx_dir, view, texts = multilingual[family]
+    source, target = LANGUAGES[family]
+    ours = [*(("--source-lang", source) if source else ()), "--target-lang", target]
+    assert generated(view, [ids for ids, _ in optimum[family]]) == tfm_run_ids(onnx_dir, texts, *ours)

@@ -35,7 +35,8 @@ def test_the_layout_has_the_files_both_libraries_read(view):
     names = {str(p.relative_to(view)) for p in view.rglob("*") if p.is_file()}
     assert names == {"config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
                      "manifest.json", "onnx/encoder_model.onnx", "onnx/decoder_model_merged.onnx",
-                     "onnx/decoder_model.onnx", "onnx/decoder_with_past_model.onnx"}
+                     "onnx/decoder_model.onnx", "onnx/decoder_with_past_model.onnx", "onnx/generation_config.json"}
+    assert (view / "onnx" / "generation_config.json").read_text() == (view / "generation_config.json").read_text()
     config = json.loads((view / "config.json").read_text())
     assert (config["model_type"], config["d_model"], config["decoder_layers"]) == ("marian", 128, 3)
     generation = json.loads((view / "generation_config.json").read_text())
@@ -84,10 +85,12 @@ def test_refusals_name_the_reason(demo_onnx, tmp_path):
     narrow = dataclasses.replace(model_dir, config=dataclasses.replace(model_dir.config, d_k=16, d_v=16))
     with pytest.raises(HfViewError, match="d_model / heads = 32"):
         check_expressible(narrow)
-    languages = dataclasses.replace(model_dir, rules=dataclasses.replace(
-        model_dir.rules, languages=("fra_Latn",), language_rule="forced_bos"))
-    with pytest.raises(HfViewError, match="target language is chosen"):
-        check_expressible(languages)
+    for rule, codes, reason in (("decoder_start", ("fr_XX",), "decoder's first input"),
+                                ("forced_bos", ("french", "german"), "follow none of the patterns")):
+        languages = dataclasses.replace(model_dir, rules=dataclasses.replace(
+            model_dir.rules, languages=codes, language_rule=rule))
+        with pytest.raises(HfViewError, match=reason):
+            check_expressible(languages)
     data = json.loads((demo_onnx / "tokenizer.json").read_text())
     with pytest.raises(TokenizerViewError, match="pre_tokenizer step UnicodeScripts"):
         js_tokenizer({**data, "pre_tokenizer": {"type": "UnicodeScripts"}}, "tok.json")

@@ -222,7 +222,7 @@ def prepack_cmd(model_dir: Path) -> None:
 @main.command("hf")
 @click.option("--model", "model_dir", type=click.Path(path_type=Path), required=True,
               help="A model directory (fp32, fp16 or int8): the seed model, a variant, or a Hugging Face family "
-                   "without target-language codes (Marian, BART, T5).")
+                   "(Marian, BART, T5, and NLLB, M2M100 and mBART-50 with their languages; not mBART-cc25).")
 @click.option("--output", type=click.Path(path_type=Path, file_okay=False), required=True,
               help="Directory to create in Hugging Face's layout (onnx/*.onnx and the four JSON files).")
 @click.option("--checkpoint", type=click.Path(path_type=Path), default=None,

@@ -9,6 +9,7 @@ Marian's loaders read the sizes they need (layers, heads, d_model) under the nam
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,13 +42,35 @@ STEMS = (ENCODER, MERGED, FIRST_STEP, WITH_PAST)
 SUFFIXES = {"fp32": "", "fp16": "_fp16", "int8": "_quantized"}
 DTYPES = {"fp32": "fp32", "fp16": "fp16", "int8": "q8"}  # transformers.js's dtype option for each
 EXTERNAL_SUFFIX = "_data"  # transformers.js fetches `<file>.onnx_data`
+# Written twice: at the top for transformers.js, and beside the graphs for Optimum, which reads it from the
+# subfolder it loads the graphs from (and otherwise decodes with generate()'s bare defaults)
+GENERATION_CONFIG = "generation_config.json"
 SEED_MODEL_TYPE = "marian"
 # The families whose config.json names the sizes as Marian's does (with their model class), and T5's
 ARCHITECTURES = {"marian": "MarianMTModel", "m2m_100": "M2M100ForConditionalGeneration",
                  "bart": "BartForConditionalGeneration", "mbart": "MBartForConditionalGeneration"}
 BART_NAMED, T5_NAMED = tuple(ARCHITECTURES), ("t5", "mt5")
-# Language rules whose target language only the family's own tokenizer class sets (as generate()'s start ids)
-TOKENIZER_LANGUAGES = ("forced_bos", "decoder_start")
+# The language rule transformers.js cannot follow: its translation pipeline forces a target language as the first
+# generated token only
+DECODER_START_LANGUAGE = "decoder_start"
+
+
+@dataclass(frozen=True)
+class LanguageClass:
+    """A tokenizer class transformers.js translates with between language codes: it reads the model's codes as its
+    special tokens that match `pattern`, and takes src_lang and tgt_lang as `spell` writes them."""
+
+    name: str  # tokenizer_config.json's tokenizer_class (transformers.js drops a "Fast")
+    pattern: str
+    bare: bool = False  # M2M100's: a code without its underscores (__fr__ -> fr)
+
+    def spell(self, code: str) -> str:
+        return code.strip("_") if self.bare else code
+
+
+LANGUAGE_CLASSES = (LanguageClass("NllbTokenizerFast", r"[a-z]{3}_[A-Z][a-z]{3}"),
+                    LanguageClass("M2M100Tokenizer", r"__[a-z]{2,3}__", bare=True),
+                    LanguageClass("MBart50TokenizerFast", r"[a-z]{2}_[A-Z]{2}"))
 
 
 class HfViewError(TfmExportError):
@@ -80,34 +103,63 @@ def family(model_dir: ModelDir) -> str:
     return model_type
 
 
-def check_expressible(model_dir: ModelDir) -> tuple[str, dict[str, Any]]:
-    """Refuses, in one line each, what the layout cannot hold; returns the family and the tokenizer JSON
-    tokenizers.js reads."""
+@dataclass(frozen=True)
+class Expressible:
+    """What the layout says of a model: its family, the tokenizer JSON tokenizers.js reads, and for a multilingual
+    model the tokenizer class that chooses its languages."""
+
+    model_type: str
+    tokenizer: dict[str, Any]
+    languages: LanguageClass | None
+
+
+def check_expressible(model_dir: ModelDir) -> Expressible:
+    """Refuses, in one line each, what the layout cannot hold."""
     cfg, where = model_dir.config, model_dir.path
     model_type = family(model_dir)
-    if model_dir.rules.language_rule in TOKENIZER_LANGUAGES:
-        raise HfViewError(f"{where}: its target language is chosen by the token ids generate() starts from, which "
-                          "transformers.js sets only through its own tokenizer class for this family; this layout "
-                          "does not set that up yet (use tfm-run --target-lang)")
+    if model_dir.rules.language_rule == DECODER_START_LANGUAGE:
+        raise HfViewError(f"{where}: its target language is the decoder's first input (mBART-cc25's rule), but "
+                          "transformers.js's translation pipeline forces a target language only as the first "
+                          "generated token, so this model cannot be expressed in their layout (use tfm-run "
+                          "--target-lang)")
+    languages = language_class(model_dir)
     if cfg.d_k != cfg.d_v or cfg.d_k * cfg.n_head != cfg.d_model:
         raise HfViewError(f"{where}: its attention heads are {cfg.d_k} (keys) and {cfg.d_v} (values) wide, but "
                           f"Optimum assumes d_model / heads = {cfg.d_model // cfg.n_head}; it would size the "
                           "empty past wrongly, so this model cannot be expressed in their layout")
     vocab = model_dir.vocabulary()  # its files checked against the manifest
-    original = dumps(_one_tokenizer(model_dir, vocab))
+    original = dumps(_one_tokenizer(model_dir, vocab, languages))
     rewritten = js_tokenizer(json.loads(original), vocab.source.origin)
     tokens = vocab.source.tokens()
     probes = [" ".join(tokens[i::7][:40]).replace("\u2581", " ") for i in range(7)]
     if (text := same_ids(original, dumps(rewritten), probes)) is not None:
         raise HfViewError(f"{vocab.source.origin}: its rewrite for transformers.js encodes {text[:40]!r} "
                           "differently; this tokenizer cannot be expressed in their layout")
-    return model_type, rewritten
+    return Expressible(model_type, rewritten, languages)
 
 
-def _one_tokenizer(model_dir: ModelDir, vocab: Vocabulary) -> dict[str, Any]:
+def language_class(model_dir: ModelDir) -> LanguageClass | None:
+    """The class whose pattern every one of a multilingual model's codes (chosen as generate()'s first token)
+    matches; a model whose target language goes before the source text (>>fra<<) needs none."""
+    rules = model_dir.rules
+    if rules.language_rule != "forced_bos":
+        return None
+    for cls in LANGUAGE_CLASSES:
+        if all(re.fullmatch(cls.pattern, code) for code in rules.languages):
+            return cls
+    raise HfViewError(f"{model_dir.path}: its language codes ({', '.join(rules.languages[:4])}, ...) follow none "
+                      "of the patterns transformers.js's translation tokenizers (NLLB's, M2M100's, mBART's) read "
+                      "codes by, so this model cannot be expressed in their layout")
+
+
+def _one_tokenizer(model_dir: ModelDir, vocab: Vocabulary, languages: LanguageClass | None) -> dict[str, Any]:
     """Both libraries take one tokenizer: the source's, which must then decode every target id as the target's
-    does (opus-mt: two SentencePiece models over one vocab.json)."""
+    does (opus-mt: two SentencePiece models over one vocab.json; M2M100: language codes only the target has). A
+    multilingual model's codes are its special tokens: transformers.js finds them there."""
     source = json.loads(vocab.source.tokenizer.to_str())
+    if languages is not None:
+        source = _with_special(source, {code: vocab.target.tokenizer.token_to_id(code)
+                                        for code in model_dir.rules.languages})
     if vocab.shared:
         return source
     view = decoding_targets(source)
@@ -115,6 +167,15 @@ def _one_tokenizer(model_dir: ModelDir, vocab: Vocabulary) -> dict[str, Any]:
         raise HfViewError(f"{model_dir.path}: has separate source and target vocabularies; transformers.js and "
                           "Optimum take one tokenizer for both, so this model cannot be expressed in their layout")
     return view
+
+
+def _with_special(tokenizer: dict[str, Any], tokens: dict[str, int]) -> dict[str, Any]:
+    """A copy with `tokens` (name: id) among its special added tokens."""
+    added = {t["content"]: t for t in tokenizer.get("added_tokens", [])}
+    for name, token_id in tokens.items():
+        added[name] = {**added.get(name, {"id": token_id, "content": name, "single_word": False, "lstrip": False,
+                                          "rstrip": False, "normalized": False}), "special": True}
+    return {**tokenizer, "added_tokens": sorted(added.values(), key=lambda t: t["id"])}
 
 
 def model_config(model_type: str, cfg: ModelConfig, rules: TokenRules, max_target: int) -> dict[str, Any]:
@@ -150,13 +211,22 @@ def _ids(rules: TokenRules) -> dict[str, Any]:
             "forced_bos_token_id": rules.forced_bos, "forced_eos_token_id": rules.forced_eos}
 
 
-def tokenizer_config(tokenizer: dict[str, Any], rules: TokenRules) -> dict[str, Any]:
+def tokenizer_config(tokenizer: dict[str, Any], rules: TokenRules, languages: LanguageClass | None) -> dict[str, Any]:
     """tokenizer_config.json: transformers.js loads no tokenizer without it and reads the unknown token here (a
-    word-level vocabulary's unknown words have no id otherwise); the padding token batches sources."""
+    word-level vocabulary's unknown words have no id otherwise); the padding token batches sources. A multilingual
+    model names its family's class and its default languages (transformers' Python classes would otherwise
+    reframe sources with eng_Latn or en_XX)."""
     tokens = _tokens(tokenizer)
     special = {"unk_token": _unknown(tokenizer, tokens), "pad_token": tokens.get(rules.pad)}
     special |= {name: token for name, token in (("bos_token", BOS), ("eos_token", EOS)) if token in tokens.values()}
-    return {"tokenizer_class": "PreTrainedTokenizerFast", **{k: v for k, v in special.items() if v is not None},
+    config = {"tokenizer_class": "PreTrainedTokenizerFast"}
+    if languages is not None:
+        framing = [p["SpecialToken"]["id"] for p in (tokenizer.get("post_processor") or {}).get("single", [])
+                   if p.get("SpecialToken", {}).get("id") in rules.languages]
+        defaults = {"src_lang": framing[0] if framing else None, "tgt_lang": tokens.get(rules.forced_bos)}
+        config = {"tokenizer_class": languages.name,
+                  **{k: languages.spell(code) for k, code in defaults.items() if code is not None}}
+    return {**config, **{k: v for k, v in special.items() if v is not None},
             "clean_up_tokenization_spaces": False, "model_max_length": 1_000_000}
 
 
@@ -181,20 +251,21 @@ def write_view(model_dir: ModelDir, output: Path, force: bool, parity: Callable[
     raises on a failure) and only then puts the directory in place. external_above: the weight bytes (encoder
     and decoder) from which the graphs keep their weights in external files (tests lower it); progress: a bar per
     graph written, and the check."""
-    model_type, tokenizer = check_expressible(model_dir)
+    made = check_expressible(model_dir)
     precision, cfg, rules = model_dir.precision, model_dir.config, model_dir.rules
     max_target = model_dir.limits["max_target_length"]
     with (staged_directory(output, force, keep=(model_dir.path,)) as staging,
           tqdm(total=len(STEMS) + 1, desc="hf layout", disable=not progress) as bar):
         (staging / ONNX_DIR).mkdir()
         files = _write_graphs(model_dir, staging, precision, external_above, bar)
-        texts = {"config.json": {**model_config(model_type, cfg, rules, max_target),
+        texts = {"config.json": {**model_config(made.model_type, cfg, rules, max_target),
                                  **_js_config(staging, files, precision)},
-                 "generation_config.json": generation_config(rules, max_target),
-                 "tokenizer_config.json": tokenizer_config(tokenizer, rules)}
+                 GENERATION_CONFIG: generation_config(rules, max_target),
+                 "tokenizer_config.json": tokenizer_config(made.tokenizer, rules, made.languages)}
+        texts[f"{ONNX_DIR}/{GENERATION_CONFIG}"] = texts[GENERATION_CONFIG]
         for name, data in texts.items():
             (staging / name).write_text(json.dumps(data, indent=2) + "\n")
-        (staging / "tokenizer.json").write_text(dumps(tokenizer))
+        (staging / "tokenizer.json").write_text(dumps(made.tokenizer))
         bar.set_postfix_str("checking every graph")
         lines = parity(staging)
         bar.update()
