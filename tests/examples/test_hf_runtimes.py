@@ -40,6 +40,10 @@ MARIAN_TEXTS = {"greedy": 50, "beam 4": 50, "beam 4, length penalty 0.6": 25}  #
 # M2M100 tokenizer, so Optimum's example reads tokenizer.json as it is, and cannot choose another)
 LANGUAGES = {"nllb": ("fra_Latn", "deu_Latn"), "m2m100": (None, "__de__"), "mbart-50": ("fr_XX", "de_DE")}
 LANGUAGE_CLASSES = {"nllb": "NllbTokenizerFast", "m2m100": "M2M100Tokenizer", "mbart-50": "MBart50TokenizerFast"}
+# Hugging Face families beside Marian, each under its own model_type: T5 (a SentencePiece Unigram, relative
+# positions, the decoder starting from <pad>) and BART (byte-level BPE, forced <s> first, forced </s> last)
+FAMILIES = {"t5-even": "t5", "bart": "bart"}
+FAMILY_TEXTS = 25  # of their 50 sample texts, for Optimum's saved search
 
 
 @pytest.fixture(scope="module")
@@ -80,6 +84,19 @@ def multilingual(tmp_path_factory) -> dict[str, tuple[Path, Path, list[str]]]:
 
 
 @pytest.fixture(scope="module")
+def families(tmp_path_factory) -> dict[str, tuple[Path, Path, list[str]]]:
+    """Per family: (its export, its layout, source texts)."""
+    made = {"t5-even": hf_text_models.made(tmp_path_factory, "t5-even"),
+            "bart": hf_language_models.made(tmp_path_factory, "bart")}
+    out = {}
+    for name, (hf, onnx_dir) in made.items():
+        view = tmp_path_factory.mktemp(name) / "view"
+        export_hf(onnx_dir, view, checkpoint=hf)
+        out[name] = (onnx_dir, view, hf_text_models.sample_texts())
+    return out
+
+
+@pytest.fixture(scope="module")
 def presets(tmp_path_factory) -> dict[str, tuple[Path, Path, list[str]]]:
     """Per variant preset: (its checkpoint, its layout, random word sources)."""
     rng = np.random.default_rng(0)
@@ -94,7 +111,7 @@ def presets(tmp_path_factory) -> dict[str, tuple[Path, Path, list[str]]]:
 
 
 @pytest.fixture(scope="module")
-def optimum(views, marian, multilingual, presets, tmp_path_factory) -> dict[str, list[tuple[list[int], str]]]:
+def optimum(views, marian, multilingual, families, presets, tmp_path_factory) -> dict[str, list[tuple[list[int], str]]]:
     """Every Optimum job of this file, run in one process: per job, each text's (ids, text). Each directory is
     named by a relative path, as people type one: Optimum then finds generation_config.json only beside the
     graphs (given an absolute path, it also looks above them)."""
@@ -106,7 +123,8 @@ def optimum(views, marian, multilingual, presets, tmp_path_factory) -> dict[str,
             "demo external": (views["external"], "", held_out(20), {}),
             **{f"marian {name}": (marian[1], "", marian[2][:MARIAN_TEXTS[name]], search)
                for name, search in MARIAN_SEARCHES.items()},
-            **{preset: (view, "", texts, {}) for preset, (_, view, texts) in presets.items()}}
+            **{preset: (view, "", texts, {}) for preset, (_, view, texts) in presets.items()},
+            **{family: (view, "", texts[:FAMILY_TEXTS], {}) for family, (_, view, texts) in families.items()}}
     spec = [{"model": os.path.relpath(view, here), "suffix": suffix, "texts": texts, "generate": search}
             for view, suffix, texts, search in jobs.values()]
     for family, (_, view, texts) in multilingual.items():  # generation_config.json's searches, the languages set
@@ -248,3 +266,15 @@ def test_optimum_decodes_multilingual_families_as_tfm_run(optimum, multilingual,
     source, target = LANGUAGES[family]
     ours = [*(("--source-lang", source) if source else ()), "--target-lang", target]
     assert generated(view, [ids for ids, _ in optimum[family]]) == tfm_run_ids(onnx_dir, texts, *ours)
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_other_families_decode_as_tfm_run_in_both_libraries(transformers_js, optimum, families, family):
+    """Under their own model_type: transformers.js greedy, and Optimum with the model's saved search, against
+    tfm-run (ids: these models' </s> is an ordinary word)."""
+    onnx_dir, view, texts = families[family]
+    assert json.loads((view / "config.json").read_text())["model_type"] == FAMILIES[family]
+    got = generated(view, js_ids(run_js(transformers_js, view, texts, "fp32", "--ids")))
+    assert got == tfm_run_ids(onnx_dir, texts, "--beam-size", "1")
+    got = generated(view, [ids for ids, _ in optimum[family]])
+    assert got == tfm_run_ids(onnx_dir, texts[:FAMILY_TEXTS])

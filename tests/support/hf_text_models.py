@@ -24,7 +24,9 @@ SIZES = dict(d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_h
 T5_SIZES = dict(d_model=32, d_kv=16, d_ff=48, num_layers=2, num_heads=4, relative_attention_num_buckets=8,
                 relative_attention_max_distance=20, decoder_start_token_id=0)
 # weights whose greedy and beam outputs end at many lengths (seed 3 gave the gated T5 only two at beam 4)
-SEEDS = {"marian": 3, "t5": 3, "t5-v1.1": 5}
+SEEDS = {"marian": 3, "t5": 3, "t5-v1.1": 5, "t5-even": 3}
+# t5-even: heads d_model / num_heads wide, as t5-small to t5-large have them (Optimum assumes it)
+EVEN_HEADS = {"d_kv": T5_SIZES["d_model"] // T5_SIZES["num_heads"]}
 
 
 def _train_spm(text: list[str], prefix: Path, size: int, **ids: int) -> Path:
@@ -69,7 +71,7 @@ def _t5_tokenizer(directory: Path) -> int:
 
 
 def random_model(kind: str, vocab_size: int):
-    """The kind's ("marian", "t5", "t5-v1.1") tiny model with random weights, seeded by SEEDS."""
+    """The kind's ("marian", "t5", "t5-v1.1", "t5-even") tiny model with random weights, seeded by SEEDS."""
     torch.manual_seed(SEEDS[kind])
     if kind == "marian":
         config = transformers.MarianConfig(**SIZES, vocab_size=vocab_size, pad_token_id=vocab_size - 1,
@@ -77,7 +79,8 @@ def random_model(kind: str, vocab_size: int):
                                            activation_function="swish", scale_embedding=True)
         return randomize(transformers.MarianMTModel(config), 2.0)
     gated = dict(feed_forward_proj="gated-gelu", tie_word_embeddings=False) if kind == "t5-v1.1" else {}
-    config = transformers.T5Config(**T5_SIZES, **gated, vocab_size=vocab_size)
+    sizes = {**T5_SIZES, **(EVEN_HEADS if kind == "t5-even" else {})}
+    config = transformers.T5Config(**sizes, **gated, vocab_size=vocab_size)
     return randomize(transformers.T5ForConditionalGeneration(config), 1.0)
 
 
