@@ -15,17 +15,26 @@ namespace {
 
 const char* kUsage =
     "usage: tfm_translate MODEL_DIR [options] [TEXT ...]   (no TEXT: one input per line on stdin)\n"
-    "  --beam N            beam size, 1 = greedy (default: the model's, else 1)\n"
+    "Options are tfm-run translate's, with its defaults:\n"
+    "  --beam-size N       1 = greedy (default: the model's, else 1)\n"
     "  --length-penalty A  rank hypotheses by log-probability / length ** A (default: the model's, else 1)\n"
     "  --n-best N          N lines per input, best first: score, log-probability, output (tab-separated;\n"
     "                      score = log-probability / length ** length penalty, length counting </s>)\n"
     "  --max-length N      generated tokens at most, </s> included (default: the model's limit)\n"
     "  --min-length N      </s> barred before N tokens\n"
+    "  --threads N         ONNX Runtime threads (default 0: all cores)\n"
+    "Its own:\n"
     "  --generate          decode with generate.onnx in one Run (a directory from `tfm-export generate`)\n"
     "  --ids               inputs and outputs are token ids, space-separated; an input as the encoder takes it\n"
     "                      (with its framing, e.g. <s> ... </s>): any model, with the app's own tokenizer\n"
     "  --no-fused          decoder_step_search even where the directory has decoder_step_search_fused\n"
-    "  --threads N         ONNX Runtime threads (default 0: all cores)\n";
+    "  --help, -h          this text\n"
+    "  --version           the model format it reads and ONNX Runtime's version\n";
+
+// A usage mistake: one line, the way to the options, exit 2.
+struct UsageError : std::invalid_argument {
+  using std::invalid_argument::invalid_argument;
+};
 
 struct Args {
   std::string model;
@@ -35,28 +44,26 @@ struct Args {
   std::optional<double> length_penalty;
   bool scored = false;  // --n-best given: score lines, even for one
   tfm::SessionSettings session;
-  bool generate = false, ids = false;
+  bool generate = false, ids = false, help = false, version = false;
 };
 
 int whole(const std::string& option, const std::string& value) {
   size_t used = 0;
   int n = -1;
   try { n = std::stoi(value, &used); } catch (const std::exception&) {}
-  if (used != value.size() || n < 0) throw std::invalid_argument(option + " takes a whole number, not '" + value + "'");
+  if (used != value.size() || n < 0) throw UsageError(option + " takes a whole number, not '" + value + "'");
   return n;
 }
 
 Args parse(int argc, char** argv) {
-  if (argc < 2) throw std::invalid_argument("no MODEL_DIR");
   Args a;
-  a.model = argv[1];
-  for (int i = 2; i < argc; ++i) {
+  for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     auto value = [&]() -> std::string {
-      if (i + 1 >= argc) throw std::invalid_argument(arg + " needs a value");
+      if (i + 1 >= argc) throw UsageError(arg + " needs a value");
       return argv[++i];
     };
-    if (arg == "--beam") a.beam = whole(arg, value());
+    if (arg == "--beam-size") a.beam = whole(arg, value());
     else if (arg == "--n-best") a.search.n_best = whole(arg, value()), a.scored = true;
     else if (arg == "--max-length") a.search.max_length = whole(arg, value());
     else if (arg == "--min-length") a.search.min_length = whole(arg, value());
@@ -65,13 +72,17 @@ Args parse(int argc, char** argv) {
       const std::string v = value();
       size_t used = 0;
       try { a.length_penalty = std::stod(v, &used); } catch (const std::exception&) {}
-      if (used != v.size() || !a.length_penalty) throw std::invalid_argument("--length-penalty takes a number");
+      if (used != v.size() || !a.length_penalty) throw UsageError("--length-penalty takes a number, not '" + v + "'");
     } else if (arg == "--generate") a.generate = true;
     else if (arg == "--ids") a.ids = true;
     else if (arg == "--no-fused") a.session.fused = false;
-    else if (arg.rfind("--", 0) == 0) throw std::invalid_argument("unknown option " + arg);
+    else if (arg == "--help" || arg == "-h") a.help = true;
+    else if (arg == "--version") a.version = true;
+    else if (arg.rfind("--", 0) == 0) throw UsageError("unknown option " + arg);
+    else if (a.model.empty()) a.model = arg;
     else a.texts.push_back(arg);
   }
+  if (a.model.empty() && !a.help && !a.version) throw UsageError("no MODEL_DIR");
   return a;
 }
 
@@ -139,9 +150,18 @@ int main(int argc, char** argv) {
   Args args;
   try {
     args = parse(argc, argv);
-  } catch (const std::exception& e) {
-    std::cerr << "error: " << e.what() << "\n" << kUsage;
+  } catch (const UsageError& e) {
+    std::cerr << "error: " << e.what() << " (tfm_translate --help lists the options)\n";
     return 2;
+  }
+  if (args.help) {
+    std::cout << kUsage;
+    return 0;
+  }
+  if (args.version) {
+    std::cout << "tfm_translate: reads " << tfm::contract::kFormat << " version " << tfm::contract::kFormatVersion
+              << " directories; ONNX Runtime " << Ort::GetVersionString() << "\n";
+    return 0;
   }
   try {
     const tfm::ModelDir model(args.model);

@@ -13,11 +13,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+import onnxruntime
 import pytest
 from support.common import DEMO_CKPT, REPO
 from support.cpp import SCORE_TOLERANCE, built_translator, run_cpp
 
 from tfm_export import Translator
+from tfm_export.artifacts.manifest import MODEL_FORMAT, MODEL_FORMAT_VERSION
 from tfm_export.bench.protocol import BenchSettings, measure
 from tfm_export.bench.runners import Artifacts
 from tfm_export.core.tokenizer import load_tokenizer, plain_word_tokenizer
@@ -26,8 +28,8 @@ from tfm_export.runtime.translator import DecodeOptions
 
 CPP_DIR = REPO / "examples" / "cpp"
 DEMO_MODES = {"greedy": ((), DecodeOptions()),
-              "beam 4": (("--beam", "4"), DecodeOptions(beam_size=4)),
-              "beam 4, length penalty 0.6": (("--beam", "4", "--length-penalty", "0.6"),
+              "beam 4": (("--beam-size", "4"), DecodeOptions(beam_size=4)),
+              "beam 4, length penalty 0.6": (("--beam-size", "4", "--length-penalty", "0.6"),
                                              DecodeOptions(beam_size=4, length_penalty=0.6))}
 DEMO_LINES = {"greedy": 1000, "beam 4": 1000, "beam 4, length penalty 0.6": 300}  # of the held-out numbers
 
@@ -105,7 +107,8 @@ def test_demo_nbest_ranks_and_scores_as_tfm_run_does(tfm_translate, demo_onnx):
     lines = [en for en, _ in demo_numbers.held_out_pairs()[:100]]
     for penalty in (0.6, 2.0):
         want = Translator.load(demo_onnx).translate(lines, DecodeOptions(beam_size=4, n_best=4, length_penalty=penalty))
-        out = run_cpp(tfm_translate, demo_onnx, lines, "--beam", "4", "--n-best", "4", "--length-penalty", str(penalty))
+        out = run_cpp(tfm_translate, demo_onnx, lines, "--beam-size", "4", "--n-best", "4", "--length-penalty",
+                      str(penalty))
         got = [line.split("\t") for line in out]
         for i, result in enumerate(want):
             found = got[4 * i:4 * i + 4]
@@ -177,6 +180,36 @@ def test_bad_input_is_one_line_and_exit_1(tfm_translate, demo_onnx, tmp_path, ca
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 1 and done.stdout == ""
     assert done.stderr.count("\n") == 1 and done.stderr.startswith("error: ") and words in done.stderr, done.stderr
+
+
+USAGE = {  # name -> (arguments after the model directory, the line's words)
+    "unknown option": (("--beam", "4"), "unknown option --beam"),
+    "missing value": (("--beam-size",), "--beam-size needs a value"),
+    "not a number": (("--max-length", "ten"), "--max-length takes a whole number, not 'ten'"),
+}
+
+
+@pytest.mark.parametrize("case", USAGE)
+def test_a_usage_mistake_is_one_line_and_exit_2(tfm_translate, demo_onnx, case):
+    arguments, words = USAGE[case]
+    done = subprocess.run([str(tfm_translate), str(demo_onnx), *arguments], input="forty-two\n",
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr == f"error: {words} (tfm_translate --help lists the options)\n"
+
+
+def test_help_and_version_answer_on_stdout(tfm_translate):
+    """tfm-run's option names in --help; --version names the manifest format the command reads (the Python side's
+    own) and the ONNX Runtime it runs on. Neither needs a model directory."""
+    helped = subprocess.run([str(tfm_translate), "--help"], capture_output=True, text=True, timeout=60)
+    assert helped.returncode == 0 and helped.stderr == ""
+    for option in ("--beam-size N", "--length-penalty A", "--n-best N", "--max-length N", "--threads N"):
+        assert f"\n  {option} " in helped.stdout
+    version = subprocess.run([str(tfm_translate), "--version"], capture_output=True, text=True, timeout=60)
+    major_minor = ".".join(onnxruntime.__version__.split(".")[:2])
+    assert version.returncode == 0
+    assert f"reads {MODEL_FORMAT} version {MODEL_FORMAT_VERSION} directories; ONNX Runtime {major_minor}" in \
+        version.stdout
 
 
 def test_a_source_too_long_is_named_by_its_line(tfm_translate, demo_onnx):

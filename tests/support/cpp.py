@@ -54,7 +54,7 @@ def run_cpp(binary: Path, model: Path, lines: list[str], *options: str) -> list[
 def cpp_nbest(binary: Path, model: Path, sources: list[list[int]], beam: int, n_best: int, *options: str
               ) -> list[list[tuple[tuple[int, ...], float, float]]]:
     """--ids --n-best: per source its n_best (ids, score, log-probability), best first."""
-    out = run_cpp(binary, model, [" ".join(map(str, s)) for s in sources], "--ids", "--beam", str(beam),
+    out = run_cpp(binary, model, [" ".join(map(str, s)) for s in sources], "--ids", "--beam-size", str(beam),
                   "--n-best", str(n_best), *options)
     rows = [(tuple(int(t) for t in ids.split()), float(score), float(log_prob))
             for score, log_prob, ids in (line.split("\t") for line in out)]

@@ -224,7 +224,7 @@ class CppDecoder:
     def _process(self, beam: int, length: int, forced: bool) -> subprocess.Popen[str]:
         key = (beam, length, forced)
         if key not in self.running:
-            command = self._command("--beam", str(beam), "--max-length", str(length),
+            command = self._command("--beam-size", str(beam), "--max-length", str(length),
                                     "--min-length", str(length if forced else 0))
             self.running[key] = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                                  stderr=subprocess.PIPE, text=True)
