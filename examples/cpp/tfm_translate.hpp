@@ -24,6 +24,7 @@
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "json.hpp"
@@ -119,7 +120,24 @@ struct SearchOptions {
 struct SessionSettings {
   int threads = 0;     // ONNX Runtime intra-op threads; 0: its default (all cores)
   bool fused = true;   // decoder_step_search_fused where the directory has it (ONNX Runtime kernels, same I/O)
+  std::string device = "cpu";  // one of kDevices: the execution provider every session asks for first
 };
+
+// --device's values and the execution provider each needs in the ONNX Runtime library
+inline const std::vector<std::pair<std::string, std::string>> kDevices = {
+    {"cpu", "CPUExecutionProvider"}, {"cuda", "CUDAExecutionProvider"}, {"tensorrt", "TensorrtExecutionProvider"}};
+
+// Refuses a device whose execution provider this ONNX Runtime library lacks: one line, never a CPU decode instead.
+inline void check_device(const std::string& device) {
+  for (const auto& [name, provider] : kDevices) {
+    if (name != device) continue;
+    for (const std::string& available : Ort::GetAvailableProviders())
+      if (available == provider) return;
+    throw Error("--device " + device + ": this ONNX Runtime library (" + Ort::GetVersionString() + ") has no " +
+                provider + "; build against a library with it (onnxruntime-gpu's, or JetPack's)");
+  }
+  throw Error("--device takes cpu, cuda or tensorrt, not '" + device + "'");  // the command line checked it
+}
 
 namespace detail {
 
@@ -187,6 +205,9 @@ inline Ort::SessionOptions session_options(const SessionSettings& settings, bool
   options.AddConfigEntry("session.intra_op.allow_spinning", "1");
   options.AddConfigEntry("session.force_spinning_stop", "1");
   if (fold_qdq) options.AddConfigEntry("session.disable_quant_qdq", "1");  // int8 static: Q/DQ as float ops
+  check_device(settings.device);
+  if (settings.device == "tensorrt") options.AppendExecutionProvider_TensorRT(OrtTensorRTProviderOptions{});
+  if (settings.device != "cpu") options.AppendExecutionProvider_CUDA(OrtCUDAProviderOptions{});
   return options;
 }
 

@@ -23,6 +23,8 @@ const char* kUsage =
     "  --max-length N      generated tokens at most, </s> included (default: the model's limit)\n"
     "  --min-length N      </s> barred before N tokens\n"
     "  --threads N         ONNX Runtime threads (default 0: all cores)\n"
+    "  --device D          cpu (default), cuda or tensorrt: ONNX Runtime's execution provider for it, which the\n"
+    "                      library must have (a CPU build refuses, in one line)\n"
     "Its own:\n"
     "  --generate          decode with generate.onnx in one Run (a directory from `tfm-export generate`)\n"
     "  --ids               inputs and outputs are token ids, space-separated; an input as the encoder takes it\n"
@@ -55,6 +57,12 @@ int whole(const std::string& option, const std::string& value) {
   return n;
 }
 
+std::string device(const std::string& value) {
+  for (const auto& known : tfm::kDevices)
+    if (known.first == value) return value;
+  throw UsageError("--device takes cpu, cuda or tensorrt, not '" + value + "'");
+}
+
 Args parse(int argc, char** argv) {
   Args a;
   for (int i = 1; i < argc; ++i) {
@@ -68,6 +76,7 @@ Args parse(int argc, char** argv) {
     else if (arg == "--max-length") a.search.max_length = whole(arg, value());
     else if (arg == "--min-length") a.search.min_length = whole(arg, value());
     else if (arg == "--threads") a.session.threads = whole(arg, value());
+    else if (arg == "--device") a.session.device = device(value());
     else if (arg == "--length-penalty") {
       const std::string v = value();
       size_t used = 0;
@@ -164,6 +173,7 @@ int main(int argc, char** argv) {
     return 0;
   }
   try {
+    tfm::check_device(args.session.device);  // before the model is read
     const tfm::ModelDir model(args.model);
     Ort::Env env(ORT_LOGGING_LEVEL_ERROR, "tfm_translate");
     std::unique_ptr<tfm::StepSearch> loop;

@@ -186,6 +186,7 @@ USAGE = {  # name -> (arguments after the model directory, the line's words)
     "unknown option": (("--beam", "4"), "unknown option --beam"),
     "missing value": (("--beam-size",), "--beam-size needs a value"),
     "not a number": (("--max-length", "ten"), "--max-length takes a whole number, not 'ten'"),
+    "unknown device": (("--device", "tpu"), "--device takes cpu, cuda or tensorrt, not 'tpu'"),
 }
 
 
@@ -196,6 +197,20 @@ def test_a_usage_mistake_is_one_line_and_exit_2(tfm_translate, demo_onnx, case):
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and done.stdout == ""
     assert done.stderr == f"error: {words} (tfm_translate --help lists the options)\n"
+
+
+@pytest.mark.parametrize(("device", "provider"), [("cuda", "CUDAExecutionProvider"),
+                                                  ("tensorrt", "TensorrtExecutionProvider")])
+def test_a_device_the_library_lacks_is_refused_not_run_on_the_cpu(tfm_translate, demo_onnx, device, provider):
+    """This machine's ONNX Runtime library is the CPU wheel's: --device cuda or tensorrt is one line and exit 1,
+    before any input is read or translated."""
+    if provider in onnxruntime.get_available_providers():
+        pytest.skip(f"this ONNX Runtime has {provider}: the refusal cannot happen here")
+    done = subprocess.run([str(tfm_translate), str(demo_onnx), "--device", device], input="forty-two\n",
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1 and done.stdout == ""
+    assert done.stderr.count("\n") == 1 and f"--device {device}: this ONNX Runtime library (" in done.stderr
+    assert f"has no {provider}" in done.stderr
 
 
 def test_help_and_version_answer_on_stdout(tfm_translate):
