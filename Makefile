@@ -107,8 +107,9 @@ lint: setup
 	$(VENV)/bin/ruff check tfm_export tests
 
 # The C++ example (examples/cpp, docs/embedding.md) against ONNX Runtime, nothing installed into the system: Debian's
-# headers fetched into build/onnxruntime through a private apt directory, the onnxruntime wheel's library beside
-# them, CMake in build/cpp. Prints the binary's path. The C++ tests (tests/examples/test_cpp_*.py) run the same script.
+# ONNX Runtime headers, nlohmann-json and OpenSSL fetched into build/ through private apt directories, the onnxruntime
+# wheel's library beside them, CMake in build/cpp. Prints the binary's path. The C++ tests
+# (tests/examples/test_cpp_*.py) run the same script.
 cpp: setup
 	@$(PY) scripts/build_cpp.py
 

@@ -1,12 +1,14 @@
 """`make cpp`: the C++ example (examples/cpp) built against ONNX Runtime with nothing installed into the system;
 prints the binary's path.
 
-ONNX Runtime's C/C++ headers come from Debian's `libonnxruntime-dev` (trixie; headers only are used): `apt-get
-download` in a private apt directory under build/, from the mirror this machine's own apt sources name, with only
-the suite changed, then `dpkg-deb -x`. The library is the onnxruntime wheel's of the Python running this script,
-copied beside the headers, so the binary runs the ONNX Runtime tfm-run runs (its C API is versioned: older
-headers work with a newer library). Everything is cached in build/: a second run only rebuilds what changed.
-Where the headers cannot be fetched (no apt, no network) it exits 3 with one line saying why.
+Its libraries come from Debian, with `apt-get download` in private apt directories under build/ (from the mirror
+this machine's own apt sources name), then `dpkg-deb -x`: ONNX Runtime's C/C++ headers from `libonnxruntime-dev`
+(trixie, the first release that packages it; headers only are used), and from this machine's own release
+nlohmann-json (`nlohmann-json3-dev`) and OpenSSL (`libssl-dev` with its `libssl3`, whose libcrypto does SHA-256;
+the binary loads it from there). The ONNX Runtime library is the onnxruntime wheel's of the Python
+running this script, copied beside the headers, so the binary runs the ONNX Runtime tfm-run runs (its C API is
+versioned: older headers work with a newer library). Everything is cached in build/: a second run only rebuilds
+what changed. Where the packages cannot be fetched (no apt, no network) it exits 3 with one line saying why.
 
     python scripts/build_cpp.py [--build-dir build]
 """
@@ -27,7 +29,9 @@ REPO = Path(__file__).resolve().parents[1]
 SOURCE = REPO / "examples" / "cpp"
 HEADERS_SUITE = "trixie"  # the first Debian release that packages ONNX Runtime (1.21)
 HEADERS_PACKAGE = "libonnxruntime-dev"
-UNAVAILABLE = 3  # exit status: the headers cannot be fetched here (the tests skip, saying why)
+# from this machine's own release (its libc and compiler are the ones these were built for)
+LIBRARY_PACKAGES = ("nlohmann-json3-dev", "libssl-dev", "libssl3")
+UNAVAILABLE = 3  # exit status: the packages cannot be fetched here (the tests skip, saying why)
 APT_SOURCES = Path("/etc/apt")
 APT_TIMEOUT_S = 300
 CXX_FLAGS = "-O2 -DNDEBUG"
@@ -35,7 +39,7 @@ JOBS = "2"
 
 
 class Unavailable(Exception):
-    """ONNX Runtime's headers cannot be fetched on this machine."""
+    """Debian's packages cannot be fetched on this machine."""
 
 
 def codename() -> str:
@@ -50,15 +54,15 @@ def codename() -> str:
     return found.group(1)
 
 
-def trixie_sources(release: str, apt_dir: Path = APT_SOURCES) -> str:
-    """The machine's own apt entries for its release's main suite, with the suite changed to trixie (deb822)."""
+def mirror_sources(release: str, suite: str, apt_dir: Path = APT_SOURCES) -> str:
+    """The machine's own apt entries for its release's main suite, with the suite changed to `suite` (deb822)."""
     stanzas = []
     for path in sorted((apt_dir / "sources.list.d").glob("*.sources")):
         for block in re.split(r"\n\s*\n", path.read_text(encoding="utf-8")):
             fields = dict(re.findall(r"^([\w-]+):\s*(.*)$", block, re.MULTILINE))
             if "deb" in fields.get("Types", "").split() and release in fields.get("Suites", "").split() \
                     and fields.get("Enabled", "yes") != "no":
-                stanzas.append({"Types": "deb", "URIs": fields["URIs"], "Suites": HEADERS_SUITE,
+                stanzas.append({"Types": "deb", "URIs": fields["URIs"], "Suites": suite,
                                 "Components": "main", **({"Signed-By": fields["Signed-By"]}
                                                          if "Signed-By" in fields else {})})
     one_line = [apt_dir / "sources.list", *sorted((apt_dir / "sources.list.d").glob("*.list"))]
@@ -67,7 +71,7 @@ def trixie_sources(release: str, apt_dir: Path = APT_SOURCES) -> str:
             found = re.match(r"^deb\s+(\[[^]]*\]\s+)?(\S+)\s+(\S+)\s", line)
             if found and found.group(3) == release:
                 options = dict(re.findall(r"([\w-]+)=([^\s\]]+)", found.group(1) or ""))
-                stanzas.append({"Types": "deb", "URIs": found.group(2), "Suites": HEADERS_SUITE,
+                stanzas.append({"Types": "deb", "URIs": found.group(2), "Suites": suite,
                                 "Components": "main", **({"Signed-By": options["signed-by"]}
                                                          if "signed-by" in options else {})})
     if not stanzas:
@@ -92,26 +96,36 @@ def apt(apt_dir: Path, *args: str) -> None:
         raise Unavailable(f"apt-get {args[0]} failed: {lines[0].strip()}")
 
 
+def fetch_packages(root: Path, suite: str, packages: tuple[str, ...]) -> Path:
+    """The packages of `suite` unpacked into root/deb (whole or absent: an interrupted fetch is fetched again)."""
+    unpacked = root / "deb"
+    if unpacked.is_dir():
+        return unpacked
+    for tool in ("apt-get", "dpkg-deb"):
+        if not shutil.which(tool):
+            raise Unavailable(f"{tool} not found: the C++ example's libraries come from Debian's packages")
+    apt_dir = root / "apt"
+    shutil.rmtree(apt_dir, ignore_errors=True)
+    for sub in ("sources.list.d", "preferences.d", "state", "lists/partial", "cache/archives/partial"):
+        (apt_dir / sub).mkdir(parents=True)
+    (apt_dir / "status").touch()
+    (apt_dir / "sources.list.d" / f"{suite}.sources").write_text(mirror_sources(codename(), suite))
+    apt(apt_dir, "update")
+    apt(apt_dir, "download", *packages)
+    partial = root / "deb.partial"
+    shutil.rmtree(partial, ignore_errors=True)
+    for package in packages:
+        subprocess.run(["dpkg-deb", "-x", str(next(apt_dir.glob(f"{package}_*.deb"))), str(partial)], check=True)
+    partial.rename(unpacked)
+    return unpacked
+
+
 def fetch_headers(ort_dir: Path) -> Path:
     """ONNX Runtime's headers in ort_dir/include, fetched once."""
     include = ort_dir / "include"
     if (include / "onnxruntime_cxx_api.h").is_file():
         return include
-    for tool in ("apt-get", "dpkg-deb"):
-        if not shutil.which(tool):
-            raise Unavailable(f"{tool} not found: ONNX Runtime's headers come from Debian's {HEADERS_PACKAGE}")
-    apt_dir = ort_dir / "apt"
-    shutil.rmtree(apt_dir, ignore_errors=True)
-    for sub in ("sources.list.d", "preferences.d", "state", "lists/partial", "cache/archives/partial"):
-        (apt_dir / sub).mkdir(parents=True)
-    (apt_dir / "status").touch()
-    (apt_dir / "sources.list.d" / f"{HEADERS_SUITE}.sources").write_text(trixie_sources(codename()))
-    apt(apt_dir, "update")
-    apt(apt_dir, "download", HEADERS_PACKAGE)
-    package = next(apt_dir.glob(f"{HEADERS_PACKAGE}_*.deb"))
-    unpacked = ort_dir / "deb"
-    shutil.rmtree(unpacked, ignore_errors=True)
-    subprocess.run(["dpkg-deb", "-x", str(package), str(unpacked)], check=True)
+    unpacked = fetch_packages(ort_dir, HEADERS_SUITE, (HEADERS_PACKAGE,))
     partial = ort_dir / "include.partial"
     shutil.rmtree(partial, ignore_errors=True)
     shutil.copytree(unpacked / "usr" / "include" / "onnxruntime", partial)
@@ -142,14 +156,15 @@ def copy_library(ort_dir: Path) -> Path:
     return lib
 
 
-def build(build_dir: Path, ort_dir: Path) -> Path:
-    """Configure once, then build what changed (the compiler's output only when it fails), and put the binary in
-    bin/ by a rename: a test or benchmark running it meanwhile never meets a half-linked file."""
+def build(build_dir: Path, ort_dir: Path, libraries: Path) -> Path:
+    """Configure, then build what changed (the compiler's output only when it fails), and put the binary in bin/
+    by a rename: a test or benchmark running it meanwhile never meets a half-linked file."""
     cpp = build_dir / "cpp"
     steps = [["cmake", "-S", str(SOURCE), "-B", str(cpp), "-DCMAKE_BUILD_TYPE=Release",
-              f"-DCMAKE_CXX_FLAGS_RELEASE={CXX_FLAGS}", f"-DONNXRUNTIME_ROOT={ort_dir}"],
+              f"-DCMAKE_CXX_FLAGS_RELEASE={CXX_FLAGS}", f"-DONNXRUNTIME_ROOT={ort_dir}",
+              f"-DLIBRARIES_ROOT={libraries}"],
              ["cmake", "--build", str(cpp), "-j", JOBS]]
-    for step in steps[(cpp / "CMakeCache.txt").is_file():]:
+    for step in steps:  # configuring again is quick, and takes new settings into a cached build
         done = subprocess.run(step, capture_output=True, text=True)
         if done.returncode:
             raise SystemExit(f"{' '.join(step[:2])} failed:\n{done.stdout}{done.stderr}")
@@ -172,11 +187,12 @@ def main() -> None:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
             fetch_headers(ort_dir)
+            libraries = fetch_packages(build_dir / "cpp-libraries", codename(), LIBRARY_PACKAGES)
         except Unavailable as exc:
-            print(f"ONNX Runtime's C++ headers are unavailable here: {exc}", file=sys.stderr)
+            print(f"the C++ example's Debian packages are unavailable here: {exc}", file=sys.stderr)
             raise SystemExit(UNAVAILABLE) from None
         copy_library(ort_dir)
-        print(build(build_dir, ort_dir))
+        print(build(build_dir, ort_dir, libraries / "usr"))
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
-// Translate with a tfm-export model directory from C++17 and the ONNX Runtime C++ API; copy this header, json.hpp
-// and sha256.hpp into an app. It follows docs/graph-contract.md:
+// Translate with a tfm-export model directory from C++17 and the ONNX Runtime C++ API; copy this header into an
+// app that has nlohmann-json and OpenSSL's libcrypto (SHA-256). It follows docs/graph-contract.md:
 //
 //   tfm::ModelDir        reads manifest.json and opens only the files it names, each a plain name inside the
 //                        directory whose sha256 matches the manifest's
@@ -27,8 +27,8 @@
 #include <utility>
 #include <vector>
 
-#include "json.hpp"
-#include "sha256.hpp"
+#include <nlohmann/json.hpp>
+#include <openssl/evp.h>
 
 namespace tfm {
 
@@ -141,15 +141,35 @@ inline void check_device(const std::string& device) {
 
 namespace detail {
 
-inline mini_json::Value read_json(const std::string& path) {
+inline nlohmann::json read_json(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw Error(path + ": cannot open");
-  std::stringstream buffer;
-  buffer << in.rdbuf();
-  return mini_json::parse(buffer.str());
+  return nlohmann::json::parse(in);
 }
 
-inline int64_t id_or_none(const mini_json::Value& v) { return v.is_null() ? -1 : v.as_int(); }
+inline int64_t id_or_none(const nlohmann::json& v) { return v.is_null() ? -1 : v.get<int64_t>(); }
+
+// A file's SHA-256 in hex, through OpenSSL's EVP interface, a chunk at a time.
+inline std::string file_sha256(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw Error(path + ": cannot open");
+  const std::unique_ptr<EVP_MD_CTX, decltype(&EVP_MD_CTX_free)> context(EVP_MD_CTX_new(), EVP_MD_CTX_free);
+  if (!context || EVP_DigestInit_ex(context.get(), EVP_sha256(), nullptr) != 1)
+    throw Error(path + ": OpenSSL could not start a SHA-256 digest");
+  std::vector<char> buffer(1 << 20);
+  while (in) {
+    in.read(buffer.data(), static_cast<std::streamsize>(buffer.size()));
+    if (EVP_DigestUpdate(context.get(), buffer.data(), static_cast<size_t>(in.gcount())) != 1)
+      throw Error(path + ": OpenSSL's SHA-256 digest failed");
+  }
+  unsigned char digest[EVP_MAX_MD_SIZE];
+  unsigned int size = 0;
+  if (EVP_DigestFinal_ex(context.get(), digest, &size) != 1) throw Error(path + ": OpenSSL's SHA-256 digest failed");
+  std::string hex;
+  char two[3];
+  for (unsigned int i = 0; i < size; ++i) std::snprintf(two, sizeof two, "%02x", digest[i]), hex += two;
+  return hex;
+}
 
 inline std::vector<std::string> names(const Ort::Session& session, bool inputs) {
   Ort::AllocatorWithDefaultOptions allocator;
@@ -236,9 +256,9 @@ class ModelDir {
   }
 
   const std::string& path() const { return dir_; }
-  const mini_json::Value& manifest() const { return manifest_; }
+  const nlohmann::json& manifest() const { return manifest_; }
   const TokenRules& rules() const { return rules_; }
-  bool has_graph(const std::string& name) const { return manifest_["graphs"].has(name); }
+  bool has_graph(const std::string& name) const { return manifest_.at("graphs").contains(name); }
   int layers() const { return layers_; }
   int heads() const { return heads_; }
   int d_k() const { return d_k_; }
@@ -249,8 +269,8 @@ class ModelDir {
   int source_vocab() const { return source_vocab_; }
   int target_vocab() const { return target_vocab_; }
   bool int8_static() const {
-    return manifest_["precision"].string == "int8" && manifest_.has("int8") && manifest_["int8"].has("mode") &&
-           manifest_["int8"]["mode"].string == "static";
+    return manifest_.at("precision") == "int8" && manifest_.contains("int8") && manifest_["int8"].contains("mode") &&
+           manifest_["int8"]["mode"] == "static";
   }
 
   // A file the manifest names: a plain file name whose real path is inside the directory, and whose sha256 is the
@@ -266,7 +286,7 @@ class ModelDir {
     if (error || !fs::is_regular_file(real)) throw Error(path.string() + ": missing or not a file");
     if (real.parent_path() != fs::canonical(dir_)) throw Error(path.string() + ": points outside " + dir_);
     if (sha256.empty()) throw Error(path.string() + ": the manifest records no sha256 for it");
-    if (sha256::file_hex(real.string()) != sha256)
+    if (detail::file_sha256(real.string()) != sha256)
       throw Error(path.string() + ": sha256 differs from " + contract::kManifest +
                   " (file changed or damaged); export the model again");
     return real.string();
@@ -275,75 +295,83 @@ class ModelDir {
   // A graph's file, and its external weights where it has them, checked.
   std::string graph(const std::string& name) const {
     if (!has_graph(name)) throw Error(dir_ + ": has no " + name + ".onnx; export the model again");
-    return graph_file(manifest_["graphs"][name]);
+    return graph_file(manifest_["graphs"][name]);  // has_graph checked both keys
   }
 
   // A manifest entry's graph file and its external weights: the file the entry names (every graph of a large model
   // shares one, hashed once here), else <file>.data where there is one.
-  std::string graph_file(const mini_json::Value& entry) const {
-    const std::string path = verified(entry["file"].string, entry["sha256"].string);
-    const std::string data = entry.has("data") ? entry["data"].string : entry["file"].string + ".data";
-    const auto& files = manifest_["files"];
-    if ((entry.has("data") || files.has(data) || std::filesystem::exists(std::filesystem::path(dir_) / data)) &&
-        checked_.insert(data).second)
-      verified(data, files.has(data) ? files[data].string : "");
+  std::string graph_file(const nlohmann::json& entry) const {
+    const auto file = entry.at("file").get<std::string>();
+    const std::string path = verified(file, entry.at("sha256").get<std::string>());
+    const std::string data = entry.contains("data") ? entry["data"].get<std::string>() : file + ".data";
+    if ((entry.contains("data") || files().contains(data) ||
+         std::filesystem::exists(std::filesystem::path(dir_) / data)) && checked_.insert(data).second)
+      verified(data, recorded(data));
     return path;
   }
 
   // The tokenizer file of one side ("source" or "target"), checked.
   std::string tokenizer(const std::string& side) const {
-    const std::string& name = manifest_["tokenizer"][side].string;
-    const auto& files = manifest_["files"];
-    return verified(name, files.has(name) ? files[name].string : "");
+    const auto name = manifest_.at("tokenizer").at(side).get<std::string>();
+    return verified(name, recorded(name));
   }
 
  private:
   std::string dir_;
-  mini_json::Value manifest_;
+  nlohmann::json manifest_;
   mutable std::set<std::string> checked_;  // external weight files already verified
   TokenRules rules_;
   int layers_ = 0, heads_ = 0, d_k_ = 0, d_v_ = 0, positions_ = 0, max_source_ = 0, max_target_ = 0;
   int source_vocab_ = 0, target_vocab_ = 0;
 
+  const nlohmann::json& files() const { return manifest_.at("files"); }
+
+  // The sha256 the manifest records for a file, "" where it records none.
+  std::string recorded(const std::string& name) const {
+    return files().contains(name) ? files()[name].get<std::string>() : "";
+  }
+
   void read_fields() {
     const auto& m = manifest_;
-    if (!m.has("format") || m["format"].string != contract::kFormat || !m.has("format_version") ||
-        m["format_version"].as_int() != contract::kFormatVersion)
+    if (!m.is_object() || m.value("format", "") != contract::kFormat || !m.contains("format_version") ||
+        m["format_version"] != contract::kFormatVersion)
       throw Error(dir_ + ": not a tfm-export model directory (its manifest's format is not " + contract::kFormat +
                   " version " + std::to_string(contract::kFormatVersion) + ")");
-    const auto& model = m["model"];
-    layers_ = static_cast<int>(model["n_layers"].as_int());
-    heads_ = static_cast<int>(model["n_head"].as_int());
-    d_k_ = static_cast<int>(model["d_k"].as_int());
-    d_v_ = static_cast<int>(model["d_v"].as_int());
-    positions_ = static_cast<int>(model["n_position"].as_int());
-    source_vocab_ = static_cast<int>(model["src_vocab_size"].as_int());
-    target_vocab_ = static_cast<int>(model["trg_vocab_size"].as_int());
-    max_source_ = std::min(positions_, static_cast<int>(m["limits"]["max_source_length"].as_int()));
-    max_target_ = std::min(positions_, static_cast<int>(m["limits"]["max_target_length"].as_int()));
-    if (!m.has("token_rules")) {  // the seed layout: <blank> 1 never generated, <s> 2 first, </s> 3 last
-      const auto& special = m["special_tokens"];
-      rules_.pad = special["pad"].as_int(), rules_.start = special["bos"].as_int();
-      rules_.eos = special["eos"].as_int(), rules_.banned = {rules_.pad};
+    const auto& model = m.at("model");
+    layers_ = static_cast<int>(model.at("n_layers").get<int64_t>());
+    heads_ = static_cast<int>(model.at("n_head").get<int64_t>());
+    d_k_ = static_cast<int>(model.at("d_k").get<int64_t>());
+    d_v_ = static_cast<int>(model.at("d_v").get<int64_t>());
+    positions_ = static_cast<int>(model.at("n_position").get<int64_t>());
+    source_vocab_ = static_cast<int>(model.at("src_vocab_size").get<int64_t>());
+    target_vocab_ = static_cast<int>(model.at("trg_vocab_size").get<int64_t>());
+    max_source_ = std::min(positions_, static_cast<int>(m.at("limits").at("max_source_length").get<int64_t>()));
+    max_target_ = std::min(positions_, static_cast<int>(m.at("limits").at("max_target_length").get<int64_t>()));
+    if (!m.contains("token_rules")) {  // the seed layout: <blank> 1 never generated, <s> 2 first, </s> 3 last
+      const auto& special = m.at("special_tokens");
+      rules_.pad = special.at("pad").get<int64_t>(), rules_.start = special.at("bos").get<int64_t>();
+      rules_.eos = special.at("eos").get<int64_t>(), rules_.banned = {rules_.pad};
       return;
     }
-    const auto& r = m["token_rules"];
+    const auto& r = m.at("token_rules");
     rules_.seed_layout = false;
-    rules_.pad = r["pad"].as_int(), rules_.start = r["start"].as_int(), rules_.eos = r["eos"].as_int();
+    rules_.pad = r.at("pad").get<int64_t>(), rules_.start = r.at("start").get<int64_t>();
+    rules_.eos = r.at("eos").get<int64_t>();
     rules_.banned.clear();
-    for (const auto& id : r["banned"].array) rules_.banned.push_back(id.as_int());
-    rules_.forced_bos = detail::id_or_none(r["forced_bos"]);
-    rules_.forced_eos = detail::id_or_none(r["forced_eos"]);
-    rules_.max_new_tokens = r["max_new_tokens"].is_null() ? 0 : r["max_new_tokens"].as_int();
-    rules_.transformers_rule = r["beam_rule"].string == "transformers";
-    if (r.has("early_stopping")) {
+    for (const auto& id : r.at("banned")) rules_.banned.push_back(id.get<int64_t>());
+    rules_.forced_bos = detail::id_or_none(r.at("forced_bos"));
+    rules_.forced_eos = detail::id_or_none(r.at("forced_eos"));
+    const auto& limit = r.at("max_new_tokens");
+    rules_.max_new_tokens = limit.is_null() ? 0 : limit.get<int64_t>();
+    rules_.transformers_rule = r.at("beam_rule") == "transformers";
+    if (r.contains("early_stopping")) {
       const auto& e = r["early_stopping"];
-      rules_.early_stopping = e.kind == mini_json::Value::Kind::String ? TokenRules::EarlyStopping::Never
-                              : e.boolean                               ? TokenRules::EarlyStopping::True
-                                                                        : TokenRules::EarlyStopping::False;
+      rules_.early_stopping = e.is_string()   ? TokenRules::EarlyStopping::Never
+                              : e.get<bool>() ? TokenRules::EarlyStopping::True
+                                              : TokenRules::EarlyStopping::False;
     }
-    if (r.has("num_beams")) rules_.num_beams = static_cast<int>(r["num_beams"].as_int());
-    if (r.has("length_penalty")) rules_.length_penalty = r["length_penalty"].number;
+    if (r.contains("num_beams")) rules_.num_beams = static_cast<int>(r.at("num_beams").get<int64_t>());
+    if (r.contains("length_penalty")) rules_.length_penalty = r["length_penalty"].get<double>();
   }
 };
 
@@ -354,9 +382,9 @@ inline SearchOptions resolved(const ModelDir& model, SearchOptions o, int widest
     o.max_length = static_cast<int>(std::min<int64_t>(limit, model.max_target()));
   }
   if (o.beam_size < 1 || o.beam_size > widest_beam)
-    throw Error("--beam " + std::to_string(o.beam_size) + " is outside 1.." + std::to_string(widest_beam));
+    throw Error("--beam-size " + std::to_string(o.beam_size) + " is outside 1.." + std::to_string(widest_beam));
   if (o.n_best < 1 || o.n_best > o.beam_size)
-    throw Error("--n-best " + std::to_string(o.n_best) + " needs --beam >= " + std::to_string(o.n_best));
+    throw Error("--n-best " + std::to_string(o.n_best) + " needs --beam-size >= " + std::to_string(o.n_best));
   if (o.max_length < 1 || o.max_length > model.max_target())
     throw Error("--max-length " + std::to_string(o.max_length) + " is outside 1.." +
                 std::to_string(model.max_target()) + " (the model's positions)");
@@ -728,7 +756,7 @@ class GenerateSearch {
   GenerateSearch(Ort::Env& env, const ModelDir& model, const SessionSettings& settings = {})
       : model_(model), session_(nullptr) {
     const auto& m = model.manifest();
-    if (!m.has(contract::kGenerate))
+    if (!m.contains(contract::kGenerate))
       throw Error(model.path() + ": has no generate.onnx; make one with `tfm-export generate --model " + model.path() +
                   " --output DIR` and give that directory");
     if (!model.rules().seed_layout) throw Error(model.path() + ": generate.onnx is made for the seed's token layout");

@@ -11,32 +11,32 @@
 #include <string>
 #include <vector>
 
-#include "json.hpp"
+#include <nlohmann/json.hpp>
 
 class Tokenizer {
  public:
   explicit Tokenizer(const std::string& path) {
     std::ifstream in(path);
     if (!in) throw std::runtime_error(path + ": cannot open tokenizer");
-    std::stringstream buffer;
-    buffer << in.rdbuf();
-    json_ = mini_json::parse(buffer.str());
-    const auto& model = json_["model"];
-    if (model["type"].string != "WordLevel") throw std::runtime_error(path + ": unsupported model type");
-    for (const auto& [token, id] : model["vocab"].object) {
-      vocab_[token] = id.as_int();
-      if (static_cast<size_t>(id.as_int()) >= tokens_.size()) tokens_.resize(id.as_int() + 1);
-      tokens_[id.as_int()] = token;
+    json_ = nlohmann::json::parse(in);
+    const auto& model = json_.at("model");
+    if (model.at("type") != "WordLevel") throw std::runtime_error(path + ": unsupported model type");
+    for (const auto& [token, value] : model.at("vocab").items()) {
+      const auto id = value.get<int64_t>();
+      vocab_[token] = id;
+      if (static_cast<size_t>(id) >= tokens_.size()) tokens_.resize(id + 1);
+      tokens_[id] = token;
     }
-    unk_ = vocab_.at(model["unk_token"].string);
-    for (const auto& t : json_["added_tokens"].array) if (t["special"].boolean) special_.insert(t["id"].as_int());
+    unk_ = vocab_.at(model.at("unk_token").get<std::string>());
+    for (const auto& t : json_.at("added_tokens"))
+      if (t.at("special").get<bool>()) special_.insert(t.at("id").get<int64_t>());
   }
 
   std::vector<int64_t> encode(const std::string& text) const {
     for (unsigned char c : text) if (c >= 0x80) throw std::runtime_error("non-ASCII input needs ICU normalization");
-    std::string normalized = normalize(json_["normalizer"], text);
+    std::string normalized = normalize(json_.at("normalizer"), text);
     std::vector<std::string> pieces;
-    if (!normalized.empty()) pieces = pre_tokenize(json_["pre_tokenizer"], {normalized});
+    if (!normalized.empty()) pieces = pre_tokenize(json_.at("pre_tokenizer"), {normalized});
     std::vector<int64_t> ids;
     for (const auto& piece : pieces) {
       auto it = vocab_.find(piece);
@@ -48,20 +48,21 @@ class Tokenizer {
   std::string decode(const std::vector<int64_t>& ids) const {
     std::vector<std::string> pieces;
     for (int64_t id : ids) if (!special_.count(id)) pieces.push_back(tokens_.at(id));
-    const auto& dec = json_["decoder"];
+    const auto& dec = json_.at("decoder");
     std::string out;
     if (dec.is_null()) {
       for (size_t i = 0; i < pieces.size(); ++i) out += (i ? " " : "") + pieces[i];
       return out;
     }
-    if (dec["type"].string != "Metaspace") throw std::runtime_error("unsupported decoder " + dec["type"].string);
+    const auto type = dec.at("type").get<std::string>();
+    if (type != "Metaspace") throw std::runtime_error("unsupported decoder " + type);
     for (const auto& p : pieces) out += p;
-    out = replace_all(out, dec["replacement"].string, " ");
+    out = replace_all(out, dec.at("replacement").get<std::string>(), " ");
     return out.rfind(' ', 0) == 0 ? out.substr(1) : out;
   }
 
  private:
-  mini_json::Value json_;
+  nlohmann::json json_;
   std::map<std::string, int64_t> vocab_;
   std::vector<std::string> tokens_;
   std::set<int64_t> special_;
@@ -72,32 +73,35 @@ class Tokenizer {
     return s;
   }
 
-  static std::string normalize(const mini_json::Value& spec, std::string s) {
+  static std::string text(const nlohmann::json& spec, const std::string& key) { return spec.at(key).get<std::string>(); }
+  static bool flag(const nlohmann::json& spec, const std::string& key) { return spec.at(key).get<bool>(); }
+
+  static std::string normalize(const nlohmann::json& spec, std::string s) {
     if (spec.is_null()) return s;
-    const std::string& type = spec["type"].string;
-    if (type == "Sequence") { for (const auto& step : spec["normalizers"].array) s = normalize(step, s); return s; }
+    const std::string type = text(spec, "type");
+    if (type == "Sequence") { for (const auto& step : spec.at("normalizers")) s = normalize(step, s); return s; }
     if (type == "NFKC") return s;  // identity on ASCII, which encode() checks
     if (type == "Lowercase") { for (auto& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c))); return s; }
     if (type == "Strip") {
-      size_t b = spec["strip_left"].boolean ? s.find_first_not_of(" \t\n\r\f\v") : 0;
+      size_t b = flag(spec, "strip_left") ? s.find_first_not_of(" \t\n\r\f\v") : 0;
       if (b == std::string::npos) return "";
-      size_t e = spec["strip_right"].boolean ? s.find_last_not_of(" \t\n\r\f\v") + 1 : s.size();
+      size_t e = flag(spec, "strip_right") ? s.find_last_not_of(" \t\n\r\f\v") + 1 : s.size();
       return s.substr(b, e - b);
     }
     if (type == "Replace") {
-      const auto& pattern = spec["pattern"];
-      if (pattern.has("Regex")) return std::regex_replace(s, std::regex(pattern["Regex"].string), spec["content"].string);
-      return replace_all(s, pattern["String"].string, spec["content"].string);
+      const auto& pattern = spec.at("pattern");
+      if (pattern.contains("Regex")) return std::regex_replace(s, std::regex(text(pattern, "Regex")), text(spec, "content"));
+      return replace_all(s, text(pattern, "String"), text(spec, "content"));
     }
     throw std::runtime_error("unsupported normalizer " + type);
   }
 
-  static std::vector<std::string> pre_tokenize(const mini_json::Value& spec, std::vector<std::string> pieces) {
+  static std::vector<std::string> pre_tokenize(const nlohmann::json& spec, std::vector<std::string> pieces) {
     if (spec.is_null()) return pieces;
-    const std::string& type = spec["type"].string;
+    const std::string type = text(spec, "type");
     std::vector<std::string> out;
     if (type == "Sequence") {
-      for (const auto& step : spec["pretokenizers"].array) pieces = pre_tokenize(step, pieces);
+      for (const auto& step : spec.at("pretokenizers")) pieces = pre_tokenize(step, pieces);
       return pieces;
     }
     if (type == "WhitespaceSplit") {
@@ -105,7 +109,7 @@ class Tokenizer {
       return out;
     }
     if (type == "Metaspace") {
-      const std::string& mark = spec["replacement"].string;
+      const std::string mark = text(spec, "replacement");
       for (const auto& p : pieces) {
         std::string s = replace_all(p, " ", mark);
         if (s.rfind(mark, 0) != 0) s = mark + s;
@@ -117,8 +121,8 @@ class Tokenizer {
       }
       return out;
     }
-    if (type == "Split" && spec["behavior"].string == "Isolated" && !spec["invert"].boolean) {
-      std::regex pattern(spec["pattern"]["Regex"].string);
+    if (type == "Split" && text(spec, "behavior") == "Isolated" && !flag(spec, "invert")) {
+      std::regex pattern(text(spec.at("pattern"), "Regex"));
       for (const auto& p : pieces) {
         size_t last = 0;
         for (auto it = std::sregex_iterator(p.begin(), p.end(), pattern); it != std::sregex_iterator(); ++it) {

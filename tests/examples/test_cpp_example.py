@@ -34,18 +34,10 @@ DEMO_MODES = {"greedy": ((), DecodeOptions()),
 DEMO_LINES = {"greedy": 1000, "beam 4": 1000, "beam 4, length penalty 0.6": 300}  # of the held-out numbers
 
 
-def build(tmp: Path, *cmake_args: str) -> Path:
-    if not shutil.which("cmake") or not (shutil.which("g++") or shutil.which("c++")):
-        pytest.skip("cmake and a C++17 compiler are needed")
-    subprocess.run(["cmake", "-S", str(CPP_DIR), "-B", str(tmp), "-DCMAKE_BUILD_TYPE=Release", *cmake_args],
-                   check=True, capture_output=True, timeout=300)
-    subprocess.run(["cmake", "--build", str(tmp), "-j", "2"], check=True, capture_output=True, timeout=600)
-    return tmp
-
-
 @pytest.fixture(scope="module")
-def tokenize_check(tmp_path_factory) -> Path:
-    return build(tmp_path_factory.mktemp("cpp")) / "tokenize_check"
+def tokenize_check() -> Path:
+    """Built beside the translator by `make cpp`'s script, with the nlohmann-json it fetches from Debian."""
+    return built_translator().parent.parent / "tokenize_check"
 
 
 @pytest.fixture(scope="module")
@@ -245,8 +237,9 @@ def _build_script():
 
 
 def test_the_headers_come_from_this_machines_own_mirror_with_only_the_suite_changed(tmp_path):
-    """make cpp's apt source: each of the machine's entries for its release's main suite, in either format, with
-    trixie as the suite and its keyring kept; other suites and disabled entries are left out; none is one line."""
+    """make cpp's apt sources: each of the machine's entries for its release's main suite, in either format, with
+    the suite asked for (trixie for ONNX Runtime's headers) and its keyring kept; other suites and disabled entries
+    are left out; none is one line."""
     script = _build_script()
     (tmp_path / "sources.list.d").mkdir()
     (tmp_path / "sources.list.d" / "debian.sources").write_text(
@@ -256,9 +249,9 @@ def test_the_headers_come_from_this_machines_own_mirror_with_only_the_suite_chan
         "Types: deb\nURIs: http://off.example/debian\nSuites: bookworm\nEnabled: no\n")
     (tmp_path / "sources.list").write_text("deb [arch=amd64 signed-by=/k.gpg] http://other.example/debian bookworm "
                                            "main contrib\ndeb http://other.example/debian bookworm-backports main\n")
-    assert script.trixie_sources("bookworm", tmp_path) == (
+    assert script.mirror_sources("bookworm", "trixie", tmp_path) == (
         "Types: deb\nURIs: http://mirror.example/debian\nSuites: trixie\nComponents: main\n"
         "Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg\n\n"
         "Types: deb\nURIs: http://other.example/debian\nSuites: trixie\nComponents: main\nSigned-By: /k.gpg\n")
     with pytest.raises(script.Unavailable, match="no apt source for Debian bookworm"):
-        script.trixie_sources("bookworm", tmp_path / "sources.list.d")
+        script.mirror_sources("bookworm", "trixie", tmp_path / "sources.list.d")

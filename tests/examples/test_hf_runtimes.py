@@ -18,6 +18,7 @@ import torch
 from click.testing import CliRunner
 from support import hf_language_models, hf_text_models
 from support.common import DEMO_CKPT, REPO, npm_example
+from support.hf_oracle import sample_texts
 from support.variant_cases import exported_case
 
 from tfm_export.artifacts.model_dir import ModelDir
@@ -72,27 +73,26 @@ def marian(tmp_path_factory) -> tuple[Path, Path, list[str]]:
 
 @pytest.fixture(scope="module")
 def multilingual(tmp_path_factory) -> dict[str, tuple[Path, Path, list[str]]]:
-    """Per family: (its export, its layout, source texts): the languages tests' random models, saved with beam
-    search, length penalties and early stopping as their generation defaults."""
-    made = {}
-    for family in LANGUAGES:
-        hf, onnx_dir = hf_language_models.made(tmp_path_factory, family)
-        view = tmp_path_factory.mktemp(family) / "view"
-        export_hf(onnx_dir, view, checkpoint=hf)
-        made[family] = (onnx_dir, view, hf_language_models.sample_texts())
-    return made
+    """The languages tests' random models, saved with beam search, length penalties and early stopping as their
+    generation defaults."""
+    return laid_out(tmp_path_factory, {family: hf_language_models.made(tmp_path_factory, family)
+                                       for family in LANGUAGES})
 
 
 @pytest.fixture(scope="module")
 def families(tmp_path_factory) -> dict[str, tuple[Path, Path, list[str]]]:
-    """Per family: (its export, its layout, source texts)."""
-    made = {"t5-even": hf_text_models.made(tmp_path_factory, "t5-even"),
-            "bart": hf_language_models.made(tmp_path_factory, "bart")}
+    return laid_out(tmp_path_factory, {"t5-even": hf_text_models.made(tmp_path_factory, "t5-even"),
+                                       "bart": hf_language_models.made(tmp_path_factory, "bart")})
+
+
+def laid_out(tmp_path_factory, made: dict[str, tuple[Path, Path]]) -> dict[str, tuple[Path, Path, list[str]]]:
+    """Per name, from its (Hugging Face directory, export): (the export, its layout held to PyTorch, the Hugging
+    Face tests' 50 sample texts)."""
     out = {}
     for name, (hf, onnx_dir) in made.items():
         view = tmp_path_factory.mktemp(name) / "view"
         export_hf(onnx_dir, view, checkpoint=hf)
-        out[name] = (onnx_dir, view, hf_text_models.sample_texts())
+        out[name] = (onnx_dir, view, sample_texts())
     return out
 
 

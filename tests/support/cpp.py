@@ -17,14 +17,14 @@ from tfm_export import Translator
 from tfm_export.runtime.translator import DecodeOptions
 
 BUILD_SCRIPT = REPO / "scripts" / "build_cpp.py"
-HEADERS_UNAVAILABLE = 3  # build_cpp.py's exit status where ONNX Runtime's headers cannot be fetched
+PACKAGES_UNAVAILABLE = 3  # build_cpp.py's exit status where Debian's packages cannot be fetched
 SCORE_TOLERANCE = 1e-4
 
 
 @cache
 def _build() -> tuple[Path | None, str]:
     done = subprocess.run([sys.executable, str(BUILD_SCRIPT)], capture_output=True, text=True, timeout=1200)
-    if done.returncode == HEADERS_UNAVAILABLE:
+    if done.returncode == PACKAGES_UNAVAILABLE:
         return None, done.stderr.strip().splitlines()[-1]
     assert done.returncode == 0, done.stdout + done.stderr
     return Path(done.stdout.splitlines()[-1]), ""  # `make cpp` prints the binary's path last
@@ -32,7 +32,7 @@ def _build() -> tuple[Path | None, str]:
 
 def built_translator() -> Path:
     """The C++ translator, built once per test process (cached in build/, and a file lock keeps two workers from
-    building at once); skipped, saying why, only where ONNX Runtime's headers cannot be fetched (no apt, no
+    building at once); skipped, saying why, only where Debian's packages cannot be fetched (no apt, no
     network)."""
     if not shutil.which("cmake") or not (shutil.which("g++") or shutil.which("c++")):
         pytest.skip("cmake and a C++17 compiler are needed")
