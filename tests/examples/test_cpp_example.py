@@ -160,6 +160,10 @@ BAD = {  # name -> (what is done to a copy of the demo directory, input lines, o
     "path outside": (lambda m: _edit_manifest(m, lambda d: d["graphs"]["encoder"].update(file="../encoder.onnx")),
                      ["forty-two"], (), "is not a plain file name"),
     "bad ids": (lambda m: None, ["2 x 3"], ("--ids",), "'x' is not a token id"),
+    "manifest field missing": (lambda m: _edit_manifest(m, lambda d: d["model"].pop("n_layers")), ["forty-two"], (),
+                               "key 'n_layers' not found; export the model again"),
+    "manifest field mistyped": (lambda m: _edit_manifest(m, lambda d: d["model"].update(n_head="four")),
+                                ["forty-two"], (), "type must be number, but is string; export the model again"),
 }
 
 
