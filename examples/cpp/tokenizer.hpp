@@ -45,6 +45,8 @@ class Tokenizer {
     return ids;
   }
 
+  const std::string& token(int64_t id) const { return tokens_.at(id); }
+
   std::string decode(const std::vector<int64_t>& ids) const {
     std::vector<std::string> pieces;
     for (int64_t id : ids) if (!special_.count(id)) pieces.push_back(tokens_.at(id));

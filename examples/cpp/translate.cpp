@@ -1,12 +1,18 @@
-// tfm_translate: the command line over tfm_translate.hpp. One input per line (TEXT arguments, else stdin, each
-// line answered as it arrives), one output line per input, or N lines with --n-best N.
+// tfm_translate: the command line over tfm_translate.hpp, with tfm-run translate's options and output formats. One
+// input per line (TEXT arguments, else stdin, each line answered as it arrives), one output line per input (text
+// or jsonl), or N lines SCORE<TAB>OUTPUT with --n-best N.
 #include <cctype>
+#include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <iostream>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <string>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "tfm_translate.hpp"
 #include "tokenizer.hpp"
@@ -18,8 +24,12 @@ const char* kUsage =
     "Options are tfm-run translate's, with its defaults:\n"
     "  --beam-size N       1 = greedy (default: the model's, else 1)\n"
     "  --length-penalty A  rank hypotheses by log-probability / length ** A (default: the model's, else 1)\n"
-    "  --n-best N          N lines per input, best first: score, log-probability, output (tab-separated;\n"
-    "                      score = log-probability / length ** length penalty, length counting </s>)\n"
+    "  --n-best N          N best hypotheses per input, best first, scored by what ranks them (log-probability\n"
+    "                      / length ** length penalty, </s> counted): text gives N lines SCORE<TAB>OUTPUT per\n"
+    "                      input, jsonl an n_best list and n_best_count; entries the beams did not finish are\n"
+    "                      empty, with score -inf (text) or null (jsonl). Default 1\n"
+    "  --format F          text (default) or jsonl: per input source, translation, tokens, ids, score (summed\n"
+    "                      log-probability), time_ms (its decode) and truncated (cut before </s>)\n"
     "  --max-length N      generated tokens at most, </s> included (default: the model's limit)\n"
     "  --min-length N      </s> barred before N tokens\n"
     "  --threads N         ONNX Runtime threads (default 0: all cores)\n"
@@ -44,7 +54,7 @@ struct Args {
   tfm::SearchOptions search;
   std::optional<int> beam;
   std::optional<double> length_penalty;
-  bool scored = false;  // --n-best given: score lines, even for one
+  bool jsonl = false;
   tfm::SessionSettings session;
   bool generate = false, ids = false, help = false, version = false;
 };
@@ -55,6 +65,11 @@ int whole(const std::string& option, const std::string& value) {
   try { n = std::stoi(value, &used); } catch (const std::exception&) {}
   if (used != value.size() || n < 0) throw UsageError(option + " takes a whole number, not '" + value + "'");
   return n;
+}
+
+bool format(const std::string& value) {
+  if (value != "text" && value != "jsonl") throw UsageError("--format takes text or jsonl, not '" + value + "'");
+  return value == "jsonl";
 }
 
 std::string device(const std::string& value) {
@@ -72,7 +87,8 @@ Args parse(int argc, char** argv) {
       return argv[++i];
     };
     if (arg == "--beam-size") a.beam = whole(arg, value());
-    else if (arg == "--n-best") a.search.n_best = whole(arg, value()), a.scored = true;
+    else if (arg == "--n-best") a.search.n_best = whole(arg, value());
+    else if (arg == "--format") a.jsonl = format(value());
     else if (arg == "--max-length") a.search.max_length = whole(arg, value());
     else if (arg == "--min-length") a.search.min_length = whole(arg, value());
     else if (arg == "--threads") a.session.threads = whole(arg, value());
@@ -142,15 +158,56 @@ class Io {
 
   std::string output(const std::vector<int64_t>& tokens) const { return target_ ? target_->decode(tokens) : join(tokens); }
 
+  // Each id's token (none with --ids: no tokenizer)
+  std::vector<std::string> pieces(const std::vector<int64_t>& tokens) const {
+    std::vector<std::string> out;
+    if (target_)
+      for (int64_t id : tokens) out.push_back(target_->token(id));
+    return out;
+  }
+
  private:
   const tfm::ModelDir& model_;
   std::unique_ptr<Tokenizer> source_, target_;
 };
 
-std::string number(double value) {
+// Scores as tfm-run prints them: text with six decimals, JSON rounded to six (null where there is no hypothesis)
+std::string text_score(double value) {
+  if (std::isinf(value)) return value < 0 ? "-inf" : "inf";
   char text[32];
-  std::snprintf(text, sizeof text, "%.9g", value);
+  std::snprintf(text, sizeof text, "%.6f", value);
   return text;
+}
+
+nlohmann::ordered_json json_score(double value) {
+  return std::isfinite(value) ? nlohmann::ordered_json(std::round(value * 1e6) / 1e6) : nlohmann::ordered_json(nullptr);
+}
+
+// One input's output, as tfm-run translate formats it (its JSON keys in its order; only the spacing differs).
+// `found` holds the hypotheses best first; `n_best` entries are shown above 1, the missing ones as -inf/null.
+std::string formatted(const std::string& source, const std::vector<tfm::Hypothesis>& found, const Io& io,
+                      const tfm::SearchOptions& options, bool jsonl, double milliseconds) {
+  const tfm::Hypothesis best = found.empty() ? tfm::Hypothesis{} : found[0];
+  const double lost = -std::numeric_limits<double>::infinity();
+  auto score = [&](int n) { return n < static_cast<int>(found.size()) ? found[n].normalized(options.length_penalty) : lost; };
+  auto output = [&](int n) { return n < static_cast<int>(found.size()) ? io.output(found[n].tokens) : std::string(); };
+  if (!jsonl) {
+    if (options.n_best == 1) return io.output(best.tokens);
+    std::string lines;
+    for (int n = 0; n < options.n_best; ++n) lines += (n ? "\n" : "") + text_score(score(n)) + "\t" + output(n);
+    return lines;
+  }
+  nlohmann::ordered_json row = {{"source", source}, {"translation", io.output(best.tokens)},
+                        {"tokens", io.pieces(best.tokens)}, {"ids", best.tokens}, {"score", json_score(best.score)},
+                        {"time_ms", std::round(milliseconds * 1e3) / 1e3}, {"truncated", !best.finished}};
+  if (options.n_best > 1) {
+    row["n_best"] = nlohmann::ordered_json::array();
+    for (int n = 0; n < options.n_best; ++n)
+      row["n_best"].push_back({{"translation", output(n)}, {"score", json_score(score(n))},
+                               {"log_prob", json_score(n < static_cast<int>(found.size()) ? found[n].score : lost)}});
+    row["n_best_count"] = found.size();
+  }
+  return row.dump();
 }
 
 }  // namespace
@@ -190,7 +247,8 @@ int main(int argc, char** argv) {
     size_t count = 0;
     auto answer = [&](const std::string& line) {
       ++count;
-      std::vector<tfm::Hypothesis> found;
+      std::vector<tfm::Hypothesis> found{{}};  // a blank line: one empty hypothesis, the model untouched
+      const auto started = std::chrono::steady_clock::now();
       if (!blank(line)) {
         try {
           const std::vector<int64_t> source = io.source(line);
@@ -198,21 +256,9 @@ int main(int argc, char** argv) {
         } catch (const tfm::Error& e) {  // named as tfm-run names it: the input's line, counted from 1
           throw tfm::Error("line " + std::to_string(count) + ": " + e.what());
         }
-      } else {
-        found.push_back({});  // a blank line: an empty output, the model untouched
       }
-      if (!args.scored) {
-        std::cout << (found.empty() ? "" : io.output(found[0].tokens)) << '\n';
-      } else {
-        for (int n = 0; n < options.n_best; ++n) {  // fewer hypotheses than asked: -inf lines fill up
-          if (n < static_cast<int>(found.size()))
-            std::cout << number(found[n].normalized(options.length_penalty)) << '\t' << number(found[n].score) << '\t'
-                      << io.output(found[n].tokens) << '\n';
-          else
-            std::cout << "-inf\t-inf\t\n";
-        }
-      }
-      std::cout.flush();
+      const std::chrono::duration<double, std::milli> took = std::chrono::steady_clock::now() - started;
+      std::cout << formatted(line, found, io, options, args.jsonl, blank(line) ? 0.0 : took.count()) << std::endl;
     };
     for (const auto& text : args.texts) answer(text);
     if (args.texts.empty())

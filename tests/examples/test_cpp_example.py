@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime
 import pytest
+from click.testing import CliRunner
 from support.common import DEMO_CKPT, REPO
 from support.cpp import SCORE_TOLERANCE, built_translator, run_cpp
 
@@ -22,6 +23,7 @@ from tfm_export import Translator
 from tfm_export.artifacts.manifest import MODEL_FORMAT, MODEL_FORMAT_VERSION
 from tfm_export.bench.protocol import BenchSettings, measure
 from tfm_export.bench.runners import Artifacts
+from tfm_export.cli.run_cli import main as run_main
 from tfm_export.core.tokenizer import load_tokenizer, plain_word_tokenizer
 from tfm_export.demo import numbers as demo_numbers
 from tfm_export.runtime.translator import DecodeOptions
@@ -95,7 +97,7 @@ def test_the_external_layout_translates_as_tfm_run_does(tfm_translate, demo_exte
 
 def test_demo_nbest_ranks_and_scores_as_tfm_run_does(tfm_translate, demo_onnx):
     """Beam 4's 4 best of 100 held-out numbers, which end at different lengths, so the length penalty decides
-    their order: the same texts in the same order, and the same scores."""
+    their order: tfm-run's SCORE<TAB>TRANSLATION lines, the same texts in the same order, and the same scores."""
     lines = [en for en, _ in demo_numbers.held_out_pairs()[:100]]
     for penalty in (0.6, 2.0):
         want = Translator.load(demo_onnx).translate(lines, DecodeOptions(beam_size=4, n_best=4, length_penalty=penalty))
@@ -104,9 +106,40 @@ def test_demo_nbest_ranks_and_scores_as_tfm_run_does(tfm_translate, demo_onnx):
         got = [line.split("\t") for line in out]
         for i, result in enumerate(want):
             found = got[4 * i:4 * i + 4]
-            assert [text for _, _, text in found] == [a.text for a in result.n_best], (penalty, lines[i])
-            np.testing.assert_allclose([(float(s), float(p)) for s, p, _ in found],
-                                       [(a.score, a.log_prob) for a in result.n_best], atol=SCORE_TOLERANCE)
+            assert [text for _, text in found] == [a.text for a in result.n_best], (penalty, lines[i])
+            np.testing.assert_allclose([float(s) for s, _ in found], [a.score for a in result.n_best],
+                                       atol=SCORE_TOLERANCE)
+
+
+def test_jsonl_is_tfm_runs_jsonl(tfm_translate, demo_onnx):
+    """--format jsonl, with and without --n-best, blank lines among the inputs: each line's keys in tfm-run's
+    order and its values tfm-run's (scores within SCORE_TOLERANCE; time_ms is each decode's own)."""
+    lines = [en for en, _ in demo_numbers.held_out_pairs()[:40]]
+    lines[7:7] = [""]
+    for options in ((), ("--beam-size", "4", "--n-best", "3", "--length-penalty", "0.6")):
+        want = tfm_run_jsonl(demo_onnx, lines, *options)
+        got = [json.loads(line) for line in run_cpp(tfm_translate, demo_onnx, lines, "--format", "jsonl", *options)]
+        assert len(got) == len(want)
+        for mine, theirs in zip(got, want, strict=True):
+            assert list(mine) == list(theirs)
+            assert _scores(mine) == pytest.approx(_scores(theirs), abs=SCORE_TOLERANCE)
+            assert _without_scores(mine) == _without_scores(theirs)
+
+
+def tfm_run_jsonl(model: Path, lines: list[str], *options: str) -> list[dict]:
+    result = CliRunner().invoke(run_main, ["translate", "--model", str(model), "--format", "jsonl", *options],
+                                input="\n".join(lines) + "\n")
+    assert result.exit_code == 0, result.output
+    return [json.loads(line) for line in result.output.splitlines()]
+
+
+def _scores(row: dict) -> list[float | None]:
+    return [row["score"], *(x for entry in row.get("n_best", []) for x in (entry["score"], entry["log_prob"]))]
+
+
+def _without_scores(row: dict) -> dict:
+    entries = [{**entry, "score": None, "log_prob": None} for entry in row.get("n_best", [])]
+    return {**row, "score": None, "time_ms": None, **({"n_best": entries} if entries else {})}
 
 
 def test_the_bench_times_the_cpp_loop_beside_tfm_run(tfm_translate, demo_onnx, monkeypatch):

@@ -3,6 +3,7 @@ over lines, and its n-best read back; its ids and scores held to tfm-run's (the 
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -52,14 +53,15 @@ def run_cpp(binary: Path, model: Path, lines: list[str], *options: str) -> list[
 
 
 def cpp_nbest(binary: Path, model: Path, sources: list[list[int]], beam: int, n_best: int, *options: str
-              ) -> list[list[tuple[tuple[int, ...], float, float]]]:
-    """--ids --n-best: per source its n_best (ids, score, log-probability), best first."""
+              ) -> list[list[tuple[tuple[int, ...], float | None, float]]]:
+    """--ids --format jsonl: per source its n_best (ids, score, log-probability), best first; with one
+    hypothesis, its score is not printed (None)."""
     out = run_cpp(binary, model, [" ".join(map(str, s)) for s in sources], "--ids", "--beam-size", str(beam),
-                  "--n-best", str(n_best), *options)
-    rows = [(tuple(int(t) for t in ids.split()), float(score), float(log_prob))
-            for score, log_prob, ids in (line.split("\t") for line in out)]
-    assert len(rows) == len(sources) * n_best
-    return [rows[i * n_best:(i + 1) * n_best] for i in range(len(sources))]
+                  "--n-best", str(n_best), "--format", "jsonl", *options)
+    rows = [json.loads(line) for line in out]
+    assert len(rows) == len(sources)
+    return [[(tuple(int(t) for t in e["translation"].split()), e["score"], e["log_prob"]) for e in row["n_best"]]
+            if n_best > 1 else [(tuple(row["ids"]), None, row["score"])] for row in rows]
 
 
 def assert_same_ids_and_scores(binary: Path, model: Path, sources: list[list[int]], max_length: int) -> None:
@@ -75,5 +77,7 @@ def assert_same_ids_and_scores(binary: Path, model: Path, sources: list[list[int
                         "--max-length", str(max_length))
         for source, hypotheses, found in zip(sources, want, got, strict=True):
             assert [ids for ids, _, _ in found] == [h.tokens for h in hypotheses], (beam, source)
-            np.testing.assert_allclose([(s, p) for _, s, p in found],
-                                       [(h.normalized_score, h.score) for h in hypotheses], atol=SCORE_TOLERANCE)
+            np.testing.assert_allclose([p for _, _, p in found], [h.score for h in hypotheses], atol=SCORE_TOLERANCE)
+            if n_best > 1:  # one hypothesis has no score printed: jsonl gives its log-probability
+                np.testing.assert_allclose([s for _, s, _ in found], [h.normalized_score for h in hypotheses],
+                                           atol=SCORE_TOLERANCE)
