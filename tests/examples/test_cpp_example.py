@@ -34,6 +34,7 @@ DEMO_MODES = {"greedy": ((), DecodeOptions()),
               "beam 4, length penalty 0.6": (("--beam-size", "4", "--length-penalty", "0.6"),
                                              DecodeOptions(beam_size=4, length_penalty=0.6))}
 DEMO_LINES = {"greedy": 1000, "beam 4": 1000, "beam 4, length penalty 0.6": 300}  # of the held-out numbers
+GENERATE_LINES = 300
 
 
 @pytest.fixture(scope="module")
@@ -73,13 +74,14 @@ def test_cpp_tokenizer_matches_python_on_a_plain_vocabulary(tokenize_check, tmp_
 
 @pytest.mark.parametrize("mode", DEMO_MODES)
 def test_demo_heldout_numbers_translate_as_tfm_run_does(tfm_translate, demo_generate, mode):
-    """The held-out numbers (all 1,000 greedy and beam 4; 300 with a length penalty, the suite's time) and a blank
-    line, through decoder_step_search and through generate.onnx: the text `tfm-run translate` gives, line for
-    line."""
+    """The held-out numbers (all 1,000 greedy and beam 4; 300 with a length penalty) and a blank line through
+    decoder_step_search, and the last 300 lines through generate.onnx (the suite's time): the text `tfm-run
+    translate` gives, line for line."""
     flags, options = DEMO_MODES[mode]
     lines = [en for en, _ in demo_numbers.held_out_pairs()[:DEMO_LINES[mode]]] + [""]
     want = [r.text for r in Translator.load(demo_generate).translate(lines, options)]
-    for graph in ((), ("--generate",)):
+    for graph, count in (((), len(lines)), (("--generate",), GENERATE_LINES)):
+        lines, want = lines[-count:], want[-count:]  # the blank line kept
         got = run_cpp(tfm_translate, demo_generate, lines, *flags, *graph)
         differ = [i for i, (g, w) in enumerate(zip(got, want, strict=True)) if g != w]
         assert not differ, f"{mode} {graph}: {len(differ)} lines differ, first {lines[differ[0]]!r}: " \
@@ -88,8 +90,8 @@ def test_demo_heldout_numbers_translate_as_tfm_run_does(tfm_translate, demo_gene
 
 def test_the_external_layout_translates_as_tfm_run_does(tfm_translate, demo_external):
     """Every graph's weights in one shared file (the layout of models past 2 GB), checked once and found by ONNX
-    Runtime beside the graphs: 300 held-out numbers, greedy and beam 4, as tfm-run gives them."""
-    lines = [en for en, _ in demo_numbers.held_out_pairs()[:300]]
+    Runtime beside the graphs: 100 held-out numbers in each mode, as tfm-run gives them."""
+    lines = [en for en, _ in demo_numbers.held_out_pairs()[:100]]
     for flags, options in DEMO_MODES.values():
         want = [r.text for r in Translator.load(demo_external).translate(lines, options)]
         assert run_cpp(tfm_translate, demo_external, lines, *flags) == want
@@ -114,7 +116,7 @@ def test_demo_nbest_ranks_and_scores_as_tfm_run_does(tfm_translate, demo_onnx):
 def test_jsonl_is_tfm_runs_jsonl(tfm_translate, demo_onnx):
     """--format jsonl, with and without --n-best, blank lines among the inputs: each line's keys in tfm-run's
     order and its values tfm-run's (scores within SCORE_TOLERANCE; time_ms is each decode's own)."""
-    lines = [en for en, _ in demo_numbers.held_out_pairs()[:40]]
+    lines = [en for en, _ in demo_numbers.held_out_pairs()[:20]]
     lines[7:7] = [""]
     for options in ((), ("--beam-size", "4", "--n-best", "3", "--length-penalty", "0.6")):
         want = tfm_run_jsonl(demo_onnx, lines, *options)
