@@ -248,8 +248,9 @@ int main(int argc, char** argv) {
     auto answer = [&](const std::string& line) {
       ++count;
       std::vector<tfm::Hypothesis> found{{}};  // a blank line: one empty hypothesis, the model untouched
+      const bool empty = blank(line);
       const auto started = std::chrono::steady_clock::now();
-      if (!blank(line)) {
+      if (!empty) {
         try {
           const std::vector<int64_t> source = io.source(line);
           found = generate ? generate->search(source, options) : loop->search(source, options);
@@ -258,7 +259,7 @@ int main(int argc, char** argv) {
         }
       }
       const std::chrono::duration<double, std::milli> took = std::chrono::steady_clock::now() - started;
-      std::cout << formatted(line, found, io, options, args.jsonl, blank(line) ? 0.0 : took.count()) << std::endl;
+      std::cout << formatted(line, found, io, options, args.jsonl, empty ? 0.0 : took.count()) << std::endl;
     };
     for (const auto& text : args.texts) answer(text);
     if (args.texts.empty())

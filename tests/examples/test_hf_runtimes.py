@@ -253,9 +253,8 @@ def test_transformers_js_translates_multilingual_families_as_tfm_run(transformer
                                                               hf_language_models.hf_language(default_source))
     js_languages = [*(("--src-lang", hf_language_models.hf_language(source)) if source else ()),
                     "--tgt-lang", hf_language_models.hf_language(target)]
-    ours = [*(("--source-lang", source) if source else ()), "--target-lang", target]
     got = generated(view, js_ids(run_js(transformers_js, view, texts, "fp32", "--ids", *js_languages)))
-    assert got == tfm_run_ids(onnx_dir, texts, "--beam-size", "1", *ours)
+    assert got == tfm_run_ids(onnx_dir, texts, "--beam-size", "1", *tfm_run_languages(family))
 
 
 @pytest.mark.parametrize("family", list(LANGUAGES))
@@ -263,9 +262,13 @@ def test_optimum_decodes_multilingual_families_as_tfm_run(optimum, multilingual,
     """With generation_config.json's own search (beam 4 or 5, early stopping, mBART-50's length penalty 0.6) and
     the target forced as generate() forces it."""
     onnx_dir, view, texts = multilingual[family]
+    got = generated(view, [ids for ids, _ in optimum[family]])
+    assert got == tfm_run_ids(onnx_dir, texts[:FAMILY_TEXTS], *tfm_run_languages(family))
+
+
+def tfm_run_languages(family: str) -> list[str]:
     source, target = LANGUAGES[family]
-    ours = [*(("--source-lang", source) if source else ()), "--target-lang", target]
-    assert generated(view, [ids for ids, _ in optimum[family]]) == tfm_run_ids(onnx_dir, texts[:FAMILY_TEXTS], *ours)
+    return [*(("--source-lang", source) if source else ()), "--target-lang", target]
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))

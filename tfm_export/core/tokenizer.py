@@ -69,6 +69,12 @@ def _native_stderr_held() -> Iterator[None]:
 SEED_FRAMING = processors.TemplateProcessing(single=f"{BOS} $A {EOS}", special_tokens=[(BOS, BOS_ID), (EOS, EOS_ID)])
 
 
+def template_codes(post_processor: dict, codes: Collection[str]) -> list[str]:
+    """Which of `codes` a post-processor's JSON puts around a single text, in order (none unless a template)."""
+    return [piece["SpecialToken"]["id"] for piece in post_processor.get("single", [])
+            if piece.get("SpecialToken", {}).get("id") in codes]
+
+
 class TextTokenizer:
     """A `tokenizers.Tokenizer`: in the seed layout (special tokens at the seed's ids, sources framed <s> ... </s>),
     or, with seed_layout=False, a pretrained model's own (its ids, its post-processor's framing)."""
@@ -112,8 +118,7 @@ class TextTokenizer:
 
     def framing_codes(self, codes: Collection[str]) -> list[str]:
         """Which of `codes` the source framing puts around the text (NLLB's eng_Latn, mBART's en_XX)."""
-        return [piece["SpecialToken"]["id"] for piece in self._template().get("single", [])
-                if piece.get("SpecialToken", {}).get("id") in codes]
+        return template_codes(self._template(), codes)
 
     def with_code(self, code: str, codes: Collection[str]) -> TextTokenizer:
         """A copy whose sources are framed with `code`: in place of the framing's code among `codes` if it has

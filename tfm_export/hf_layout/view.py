@@ -27,7 +27,7 @@ from ..core.errors import TfmExportError
 from ..core.files import file_sha256
 from ..core.graph_spec import Graph
 from ..core.token_rules import TokenRules
-from ..core.tokenizer import BOS, EOS, Vocabulary
+from ..core.tokenizer import BOS, EOS, Vocabulary, template_codes
 from ..graphs.hf_graphs import encoder_model, first_step_decoder, merged_decoder, with_past_decoder
 from ..graphs.onnx_io import EXTERNAL_DATA_BYTES, load_graph, weight_bytes
 from ..model.checkpoint import HUGGINGFACE
@@ -221,8 +221,7 @@ def tokenizer_config(tokenizer: dict[str, Any], rules: TokenRules, languages: La
     special |= {name: token for name, token in (("bos_token", BOS), ("eos_token", EOS)) if token in tokens.values()}
     config = {"tokenizer_class": "PreTrainedTokenizerFast"}
     if languages is not None:
-        framing = [p["SpecialToken"]["id"] for p in (tokenizer.get("post_processor") or {}).get("single", [])
-                   if p.get("SpecialToken", {}).get("id") in rules.languages]
+        framing = template_codes(tokenizer.get("post_processor") or {}, rules.languages)
         defaults = {"src_lang": framing[0] if framing else None, "tgt_lang": tokens.get(rules.forced_bos)}
         config = {"tokenizer_class": languages.name,
                   **{k: languages.spell(code) for k, code in defaults.items() if code is not None}}
