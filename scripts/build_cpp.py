@@ -4,8 +4,9 @@ prints the binary's path.
 Its libraries come from Debian, with `apt-get download` in private apt directories under build/ (from the mirror
 this machine's own apt sources name), then `dpkg-deb -x`: ONNX Runtime's C/C++ headers from `libonnxruntime-dev`
 (trixie, the first release that packages it; headers only are used), and from this machine's own release
-nlohmann-json (`nlohmann-json3-dev`) and OpenSSL (`libssl-dev` with its `libssl3`, whose libcrypto does SHA-256;
-the binary loads it from there). The ONNX Runtime library is the onnxruntime wheel's of the Python
+nlohmann-json (`nlohmann-json3-dev`), OpenSSL (`libssl-dev` with its `libssl3`, whose libcrypto does SHA-256),
+SentencePiece (`libsentencepiece-dev`, `libsentencepiece0`) and ICU (`libicu-dev`, `libicu72`); the binary loads
+their libraries from there. The ONNX Runtime library is the onnxruntime wheel's of the Python
 running this script, copied beside the headers, so the binary runs the ONNX Runtime tfm-run runs (its C API is
 versioned: older headers work with a newer library). Everything is cached in build/: a second run only rebuilds
 what changed. Where the packages cannot be fetched (no apt, no network) it exits 3 with one line saying why.
@@ -30,7 +31,9 @@ SOURCE = REPO / "examples" / "cpp"
 HEADERS_SUITE = "trixie"  # the first Debian release that packages ONNX Runtime (1.21)
 HEADERS_PACKAGE = "libonnxruntime-dev"
 # from this machine's own release (its libc and compiler are the ones these were built for)
-LIBRARY_PACKAGES = ("nlohmann-json3-dev", "libssl-dev", "libssl3")
+LIBRARY_PACKAGES = ("nlohmann-json3-dev", "libssl-dev", "libssl3", "libsentencepiece-dev", "libsentencepiece0",
+                    "libicu-dev", "libicu72")
+PACKAGES_LISTED = "packages"  # in an unpacked directory: the packages it holds
 UNAVAILABLE = 3  # exit status: the packages cannot be fetched here (the tests skip, saying why)
 APT_SOURCES = Path("/etc/apt")
 APT_TIMEOUT_S = 300
@@ -97,9 +100,11 @@ def apt(apt_dir: Path, *args: str) -> None:
 
 
 def fetch_packages(root: Path, suite: str, packages: tuple[str, ...]) -> Path:
-    """The packages of `suite` unpacked into root/deb (whole or absent: an interrupted fetch is fetched again)."""
+    """The packages of `suite` unpacked into root/deb (whole or absent: an interrupted fetch is fetched again; a
+    list of packages that changed is fetched anew)."""
     unpacked = root / "deb"
-    if unpacked.is_dir():
+    listed = unpacked / PACKAGES_LISTED
+    if listed.is_file() and listed.read_text() == " ".join(packages):
         return unpacked
     for tool in ("apt-get", "dpkg-deb"):
         if not shutil.which(tool):
@@ -116,6 +121,8 @@ def fetch_packages(root: Path, suite: str, packages: tuple[str, ...]) -> Path:
     shutil.rmtree(partial, ignore_errors=True)
     for package in packages:
         subprocess.run(["dpkg-deb", "-x", str(next(apt_dir.glob(f"{package}_*.deb"))), str(partial)], check=True)
+    (partial / PACKAGES_LISTED).write_text(" ".join(packages))
+    shutil.rmtree(unpacked, ignore_errors=True)
     partial.rename(unpacked)
     return unpacked
 

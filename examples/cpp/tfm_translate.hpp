@@ -9,7 +9,7 @@
 //   tfm::GenerateSearch  generate.onnx (`tfm-export generate`): the whole search in one Run
 //
 // Both take one source as the encoder takes it (ids with their framing, `<s> ... </s>` in the seed layout) and
-// return hypotheses of target ids; text is the app's business (tokenizer.hpp does the demo's).
+// return hypotheses of target ids; text goes through tokenizer.hpp.
 #pragma once
 #include <onnxruntime_cxx_api.h>
 
@@ -35,6 +35,8 @@ namespace tfm {
 // The graph contract's names: the only place this example spells them.
 namespace contract {
 inline const std::string kManifest = "manifest.json", kFormat = "tfm-export-model";
+inline const std::string kSentencePiece = "sentencepiece";  // the manifest's entry: {"file", "input"}
+inline const std::vector<std::string> kSentencePieceInputs = {"text", "words"};
 inline const int kFormatVersion = 2;
 inline const std::string kEncoder = "encoder", kSearch = "decoder_step_search",
                          kSearchFused = "decoder_step_search_fused", kGenerate = "generate";
@@ -95,6 +97,9 @@ struct TokenRules {
   int num_beams = 1;
   double length_penalty = 1.0;
   bool seed_layout = true;
+  std::vector<std::string> languages;  // the model's language codes (eng_Latn, __fr__, >>fra<<), if multilingual
+  std::string language_rule;           // where a target language's code goes: forced_bos, decoder_start or
+                                       // source_prefix (before the source text); "" without languages
 };
 
 // One result of a search.
@@ -316,6 +321,25 @@ class ModelDir {
     return verified(name, recorded(name));
   }
 
+  // The source tokenizer's SentencePiece model (checked) and whether it reads texts whole (else word by word);
+  // "" where the manifest names none.
+  std::pair<std::string, bool> sentencepiece() const {
+    if (!manifest_.contains(contract::kSentencePiece)) return {"", true};
+    const auto& entry = manifest_[contract::kSentencePiece];
+    const auto input = entry.at("input").get<std::string>();
+    if (std::find(contract::kSentencePieceInputs.begin(), contract::kSentencePieceInputs.end(), input) ==
+        contract::kSentencePieceInputs.end())
+      throw Error(dir_ + "/" + contract::kManifest + ": sentencepiece.input '" + input + "' is not one this reads");
+    const auto name = entry.at("file").get<std::string>();
+    return {verified(name, recorded(name)), input == contract::kSentencePieceInputs[0]};
+  }
+
+  // Translate into the language of `code` (the target tokenizer's id): where the model's language_rule puts it.
+  void choose_target(int64_t code) {
+    if (rules_.language_rule == "forced_bos") rules_.forced_bos = code;
+    else if (rules_.language_rule == "decoder_start") rules_.start = code;
+  }
+
  private:
   std::string dir_;
   nlohmann::json manifest_;
@@ -372,6 +396,9 @@ class ModelDir {
     }
     if (r.contains("num_beams")) rules_.num_beams = static_cast<int>(r.at("num_beams").get<int64_t>());
     if (r.contains("length_penalty")) rules_.length_penalty = r["length_penalty"].get<double>();
+    if (r.contains("languages")) rules_.languages = r["languages"].get<std::vector<std::string>>();
+    if (r.contains("language_rule") && r["language_rule"].is_string())
+      rules_.language_rule = r["language_rule"].get<std::string>();
   }
 };
 

@@ -35,6 +35,10 @@ const char* kUsage =
     "  --threads N         ONNX Runtime threads (default 0: all cores)\n"
     "  --device D          cpu (default), cuda or tensorrt: ONNX Runtime's execution provider for it, which the\n"
     "                      library must have (a CPU build refuses, in one line)\n"
+    "  --source-lang CODE  multilingual models: the source language's code (eng_Latn, __fr__, en_XX), framing\n"
+    "                      each source in place of the model's saved one\n"
+    "  --target-lang CODE  multilingual models: the language to translate into (where the model puts it: its\n"
+    "                      first generated token, its decoder's start, or before the source as >>fra<<)\n"
     "Its own:\n"
     "  --generate          decode with generate.onnx in one Run (a directory from `tfm-export generate`)\n"
     "  --ids               inputs and outputs are token ids, space-separated; an input as the encoder takes it\n"
@@ -42,6 +46,8 @@ const char* kUsage =
     "  --no-fused          decoder_step_search even where the directory has decoder_step_search_fused\n"
     "  --help, -h          this text\n"
     "  --version           the model format it reads and ONNX Runtime's version\n";
+
+const size_t kShownCodes = 8;  // language codes an error lists before "..."
 
 // A usage mistake: one line, the way to the options, exit 2.
 struct UsageError : std::invalid_argument {
@@ -56,6 +62,7 @@ struct Args {
   std::optional<double> length_penalty;
   bool jsonl = false;
   tfm::SessionSettings session;
+  std::optional<std::string> source_lang, target_lang;
   bool generate = false, ids = false, help = false, version = false;
 };
 
@@ -93,6 +100,8 @@ Args parse(int argc, char** argv) {
     else if (arg == "--min-length") a.search.min_length = whole(arg, value());
     else if (arg == "--threads") a.session.threads = whole(arg, value());
     else if (arg == "--device") a.session.device = device(value());
+    else if (arg == "--source-lang") a.source_lang = value();
+    else if (arg == "--target-lang") a.target_lang = value();
     else if (arg == "--length-penalty") {
       const std::string v = value();
       size_t used = 0;
@@ -108,12 +117,9 @@ Args parse(int argc, char** argv) {
     else a.texts.push_back(arg);
   }
   if (a.model.empty() && !a.help && !a.version) throw UsageError("no MODEL_DIR");
+  if (a.ids && (a.source_lang || a.target_lang))
+    throw UsageError("--source-lang/--target-lang choose codes of text input; with --ids, put the codes in the ids");
   return a;
-}
-
-bool blank(const std::string& line) {
-  for (unsigned char c : line) if (!std::isspace(c)) return false;
-  return true;
 }
 
 std::vector<int64_t> parse_ids(const std::string& line) {
@@ -135,25 +141,21 @@ std::string join(const std::vector<int64_t>& ids) {
   return out;
 }
 
-// Text in and out for the seed layout (the model directory's WordLevel tokenizer, <s> ... </s> framing); ids for
-// any model.
+// Text in and out through the directory's tokenizers (tokenizer.hpp), the languages chosen as tfm-run chooses them;
+// ids for any model with --ids.
 class Io {
  public:
-  Io(const tfm::ModelDir& model, bool ids) : model_(model) {
-    if (ids) return;
-    if (!model.rules().seed_layout)
-      throw tfm::Error(model.path() + ": this example tokenizes the seed layout's WordLevel tokenizers only; give "
-                       "token ids from the model's own tokenizer with --ids");
-    source_ = std::make_unique<Tokenizer>(model.tokenizer("source"));
-    target_ = std::make_unique<Tokenizer>(model.tokenizer("target"));
+  Io(tfm::ModelDir& model, const Args& args) : model_(model) {
+    if (args.ids) return;
+    const auto [spm, whole_text] = model.sentencepiece();
+    const auto spm_file = spm.empty() ? std::nullopt : std::optional<tfm::SentencePieceFile>({spm, whole_text});
+    source_ = std::make_unique<tfm::Tokenizer>(model.tokenizer("source"), spm_file);
+    target_ = std::make_unique<tfm::Tokenizer>(model.tokenizer("target"), std::nullopt, false);
+    choose_languages(args.source_lang, args.target_lang);
   }
 
   std::vector<int64_t> source(const std::string& line) const {
-    if (!source_) return parse_ids(line);
-    std::vector<int64_t> ids = source_->encode(line);
-    ids.insert(ids.begin(), model_.rules().start);
-    ids.push_back(model_.rules().eos);
-    return ids;
+    return source_ ? source_->framed(source_->encode(line)) : parse_ids(line);
   }
 
   std::string output(const std::vector<int64_t>& tokens) const { return target_ ? target_->decode(tokens) : join(tokens); }
@@ -167,8 +169,44 @@ class Io {
   }
 
  private:
-  const tfm::ModelDir& model_;
-  std::unique_ptr<Tokenizer> source_, target_;
+  tfm::ModelDir& model_;
+  std::unique_ptr<tfm::Tokenizer> source_, target_;
+
+  // tfm-run's rules: a code must be one of the model's; the source's replaces the framing's; the target's goes
+  // where the model's language_rule says. A model that needs a target and names none is refused.
+  void choose_languages(const std::optional<std::string>& source, const std::optional<std::string>& target) {
+    const auto& rules = model_.rules();
+    const auto& codes = rules.languages;
+    if (!source && !target) {
+      if (rules.language_rule == "forced_bos" && rules.forced_bos < 0)
+        throw tfm::Error("this model translates into " + std::to_string(codes.size()) +
+                         " languages and its generation config names none; pass --target-lang (" + sample(codes) + ")");
+      return;
+    }
+    if (codes.empty()) throw tfm::Error("--source-lang/--target-lang: this model takes no language codes; drop them");
+    for (const auto& [name, code] : {std::pair{"--source-lang", source}, std::pair{"--target-lang", target}})
+      if (code && std::find(codes.begin(), codes.end(), *code) == codes.end())
+        throw tfm::Error(std::string(name) + " '" + *code + "' is not one of the model's " +
+                         std::to_string(codes.size()) + " language codes (" + sample(codes) + ")");
+    if (source) {
+      if (source_->framing_codes(codes).empty())
+        throw tfm::Error("--source-lang: this model's sources carry no language code (it reads any language it "
+                         "knows); drop it");
+      source_->frame_with(*source, codes);
+    }
+    if (target) {
+      if (rules.language_rule == "source_prefix") source_->frame_with(*target, {});
+      const auto id = target_->id(*target);
+      if (!id) throw tfm::Error(model_.path() + ": the target tokenizer has no token " + *target);
+      model_.choose_target(*id);
+    }
+  }
+
+  static std::string sample(const std::vector<std::string>& codes) {
+    std::string out;
+    for (size_t i = 0; i < codes.size() && i < kShownCodes; ++i) out += (i ? ", " : "") + codes[i];
+    return out + (codes.size() > kShownCodes ? ", ..." : "");
+  }
 };
 
 // Scores as tfm-run prints them: text with six decimals, JSON rounded to six (null where there is no hypothesis)
@@ -231,13 +269,13 @@ int main(int argc, char** argv) {
   }
   try {
     tfm::check_device(args.session.device);  // before the model is read
-    const tfm::ModelDir model(args.model);
+    tfm::ModelDir model(args.model);
+    const Io io(model, args);  // the languages first: a target language changes the model's rules
     Ort::Env env(ORT_LOGGING_LEVEL_ERROR, "tfm_translate");
     std::unique_ptr<tfm::StepSearch> loop;
     std::unique_ptr<tfm::GenerateSearch> generate;
     if (args.generate) generate = std::make_unique<tfm::GenerateSearch>(env, model, args.session);
     else loop = std::make_unique<tfm::StepSearch>(env, model, args.session);
-    const Io io(model, args.ids);
     tfm::SearchOptions options = args.search;
     options.beam_size = args.beam.value_or(model.rules().num_beams);
     options.length_penalty = args.length_penalty.value_or(model.rules().length_penalty);
@@ -248,7 +286,7 @@ int main(int argc, char** argv) {
     auto answer = [&](const std::string& line) {
       ++count;
       std::vector<tfm::Hypothesis> found{{}};  // a blank line: one empty hypothesis, the model untouched
-      const bool empty = blank(line);
+      const bool empty = tfm::text::blank(line);
       const auto started = std::chrono::steady_clock::now();
       if (!empty) {
         try {
@@ -261,9 +299,19 @@ int main(int argc, char** argv) {
       const std::chrono::duration<double, std::milli> took = std::chrono::steady_clock::now() - started;
       std::cout << formatted(line, found, io, options, args.jsonl, empty ? 0.0 : took.count()) << std::endl;
     };
-    for (const auto& text : args.texts) answer(text);
+    for (size_t i = 0; i < args.texts.size(); ++i) {
+      if (tfm::text::invalid_utf8(args.texts[i]) != std::string::npos)
+        throw tfm::Error("TEXT argument " + std::to_string(i + 1) + " is not valid UTF-8");
+      answer(args.texts[i]);
+    }
     if (args.texts.empty())
-      for (std::string line; std::getline(std::cin, line);) answer(line);
+      for (std::string line; std::getline(std::cin, line);) {  // as tfm-run reads lines: \n ends one, a \r before
+        if (!line.empty() && line.back() == '\r') line.pop_back();  // it is dropped, and so is a first line's BOM
+        if (count == 0 && line.rfind("\xEF\xBB\xBF", 0) == 0) line.erase(0, 3);
+        if (tfm::text::invalid_utf8(line) != std::string::npos)
+          throw tfm::Error("<stdin>: line " + std::to_string(count + 1) + " is not valid UTF-8; convert the file to UTF-8");
+        answer(line);
+      }
     if (count == 0) throw tfm::Error("empty input: no TEXT arguments and no lines on stdin");
   } catch (const std::exception& e) {
     std::cerr << "error: " << e.what() << '\n';

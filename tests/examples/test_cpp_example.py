@@ -53,8 +53,14 @@ def test_cpp_tokenizer_matches_python_on_the_demo_tokenizer(tokenize_check):
     tok = load_tokenizer(path)
     lines = [text for n in demo_numbers.held_out_numbers()[:100]
              for text in (demo_numbers.english(n), demo_numbers.french(n))]
-    lines += ["", "   ", "  Forty-Two ,  ONE", "unknown words here", "quatre-vingt-dix-neuf"]
+    lines += ["", "   ", "  Forty-Two ,  ONE", "unknown words here", "quatre-vingt-dix-neuf", *UNICODE_LINES]
     assert cpp_tokenize(tokenize_check, path, lines) == [(tok.encode(s), tok.decode(tok.encode(s))) for s in lines]
+
+
+# what NFKC, lowercasing and Unicode's whitespace change: full-width letters, ligatures, numerals, Greek capitals
+# (sigma lowercased alone, as Rust does), dotted I, non-breaking and other spaces, vertical tab, NEL, separators
+UNICODE_LINES = ["ＦＯＲＴＹ－ＴＷＯ", "ﬁve ﬂ Ⅻ ①", "ΣΊΣΥΦΟΣ ὈΔΥΣΣΕΎΣ", "İstanbul ǅ", "forty\u00a0two\u2003one",
+                 "one\u000btwo\u0085three\u2028four\u3000five", "\u200bzero\u200bwidth", "café naïve 東京 🙂"]
 
 
 def cpp_tokenize(binary: Path, tokenizer_json: Path, lines: list[str]) -> list[tuple[list[int], str]]:

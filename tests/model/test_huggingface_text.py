@@ -18,10 +18,13 @@ from support.hf_judge import Reference, assert_agrees, text_inputs
 from support.hf_oracle import HOSTILE, generate, repository_lines, sample_texts, translate
 from support.hf_text_models import made, marian_tokenizer, random_model
 
+from tfm_export.artifacts.manifest import MANIFEST
+from tfm_export.artifacts.model_dir import SENTENCEPIECE
 from tfm_export.bench.artifacts import build_fp32, open_model
 from tfm_export.bench.runners import open_decoder, unavailable
 from tfm_export.cli.export_cli import main as export_main
 from tfm_export.cli.run_cli import main as run_main
+from tfm_export.core.files import file_sha256
 from tfm_export.model.loading import load_checkpoint
 from tfm_export.verify.fp32 import graph_backends
 
@@ -163,6 +166,9 @@ def test_quantized_directories_report_agreement(exported, precision, tmp_path) -
     result = CliRunner().invoke(export_main, ["quantize", "--model", str(output), "--output", str(quantized),
                                               *options])
     assert result.exit_code == 0, result.output
+    manifest = json.loads((quantized / MANIFEST).read_text())  # the C++ command's tokenizer comes along, hashed
+    spm = manifest[SENTENCEPIECE]["file"]
+    assert file_sha256(quantized / spm) == manifest["files"][spm] == file_sha256(output / spm)
     result = CliRunner().invoke(export_main, ["verify", "--model", str(quantized), "--input", str(texts)])
     rates = {decode: _agreement(result.output, decode) for decode in ("greedy", "beam 4")}
     if result.exit_code:

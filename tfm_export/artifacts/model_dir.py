@@ -24,7 +24,7 @@ from ..core.files import contained_file, file_sha256
 from ..core.graph_spec import RETIRED_GRAPHS, Graph, variant_specs
 from ..core.machine import HASH_THREADS
 from ..core.token_rules import SEED_RULES, TokenRules, is_token_id
-from ..core.tokenizer import SPECIAL_IDS, Vocabulary, load_tokenizer
+from ..core.tokenizer import SENTENCEPIECE_INPUTS, SPECIAL_IDS, Vocabulary, load_tokenizer
 from .manifest import (
     ENGINE_FORMAT,
     MANIFEST,
@@ -41,6 +41,7 @@ from .manifest import (
 )
 
 TOKEN_RULES = "token_rules"  # a pretrained model's ids and generation defaults; absent: the seed's layout
+SENTENCEPIECE = "sentencepiece"  # the source tokenizer's SentencePiece model, for the C++ command; absent: none
 # A graph entry's list of initializers it shares with the encoder (same name and bytes), kept in its external
 # weights file so that a runtime reads them once and gives both sessions the same memory: the tied embedding table.
 SHARED = "shared_initializers"
@@ -71,7 +72,8 @@ MODEL_DIR = DirectoryKind(
             "source_checkpoint.sha256": is_sha256,
             # optional, checked where present (verify checks `parent` itself, saying what it must hold)
             "source_checkpoint.file": is_text, "source_checkpoint.model_type": is_text, "int8": is_object,
-            "optimizations_not_applied": is_object})
+            "optimizations_not_applied": is_object, "sentencepiece.file": is_text,
+            "sentencepiece.input": lambda v: v in SENTENCEPIECE_INPUTS})
 
 
 def read_manifest(directory: Path) -> dict[str, Any]:
@@ -260,13 +262,17 @@ def tokenizer_paths(directory: Path, manifest: dict[str, Any]) -> list[Path]:
     return [source] if source == target else [source, target]
 
 
+def tokenizer_names(manifest: dict[str, Any]) -> list[str]:
+    """Every tokenizer file a manifest names, each once: the source's and target's, and the SentencePiece model."""
+    spm = manifest.get(SENTENCEPIECE)
+    return list(dict.fromkeys([*manifest["tokenizer"].values(), *([spm["file"]] if spm else [])]))
+
+
 def copy_tokenizers(directory: Path, manifest: dict[str, Any], target: Path) -> list[str]:
-    """The directory's tokenizer files (checked) copied into `target`; returns their names."""
-    names = []
-    for side in ("source", "target"):
-        path = tokenizer_file(directory, manifest, side)
-        shutil.copyfile(path, target / path.name)
-        names.append(path.name)
+    """The directory's tokenizer files (checked against their sha256) copied into `target`; returns their names."""
+    names = tokenizer_names(manifest)
+    for name in names:
+        shutil.copyfile(verified_file(directory, name, manifest["files"].get(name), "tokenizer file"), target / name)
     return names
 
 
@@ -348,7 +354,7 @@ class ModelDir(ReadDirectory):
 
     @property
     def tokenizer_files(self) -> tuple[str, ...]:
-        return tuple(self.manifest["tokenizer"].values())
+        return tuple(tokenizer_names(self.manifest))
 
     def graph_path(self, graph: str) -> Path:
         return graph_path(self.path, self.manifest, _name(graph))

@@ -29,7 +29,24 @@ SPECIAL_IDS = {"unk": UNK_ID, "pad": PAD_ID, "bos": BOS_ID, "eos": EOS_ID}  # as
 MAX_VOCABULARY_BYTES = 512 << 20  # the largest real tokenizers JSON files are tens of megabytes
 FIRST_TOKEN_ID = len(SPECIAL_TOKENS)  # the first ordinary (non-special) token id
 TOKENIZER_FILE = "tokenizer.json"
+SENTENCEPIECE_FILE = "sentencepiece.model"  # the source tokenizer's SentencePiece model (manifest key "sentencepiece")
+SENTENCEPIECE_INPUTS = ("text", "words")  # what it is given: each text whole, or each word of the tokenizer's rules
 REMAKE_TOKENIZER = "export the model again"
+
+
+@dataclass(frozen=True)
+class SentencePieceModel:
+    """The SentencePiece model whose segmentation a source tokenizer reproduces, kept for tokenizers outside Python
+    (the C++ command reads it with libsentencepiece and maps its pieces to ids through the tokenizer's table).
+    whole_text: it takes each text as it comes, with its own normalizer and whitespace rules (the model
+    directory's own file); otherwise it segments each word the tokenizer's normalizer and pre-tokenizer give (a
+    model written from the tokenizer's Unigram table)."""
+
+    proto: bytes
+    whole_text: bool
+
+    def manifest_entry(self) -> dict[str, str]:
+        return {"file": SENTENCEPIECE_FILE, "input": SENTENCEPIECE_INPUTS[0 if self.whole_text else 1]}
 
 
 def tokenizer_files(shared: bool) -> dict[str, str]:
@@ -79,8 +96,10 @@ class TextTokenizer:
     """A `tokenizers.Tokenizer`: in the seed layout (special tokens at the seed's ids, sources framed <s> ... </s>),
     or, with seed_layout=False, a pretrained model's own (its ids, its post-processor's framing)."""
 
-    def __init__(self, tokenizer: Tokenizer, origin: str = "<memory>", seed_layout: bool = True) -> None:
+    def __init__(self, tokenizer: Tokenizer, origin: str = "<memory>", seed_layout: bool = True,
+                 sentencepiece: SentencePieceModel | None = None) -> None:
         self.tokenizer, self.origin, self.seed_layout = tokenizer, origin, seed_layout
+        self.sentencepiece = sentencepiece
         if not seed_layout:
             return
         for expected_id, token in enumerate(SPECIAL_TOKENS):

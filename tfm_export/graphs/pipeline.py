@@ -13,13 +13,13 @@ from tqdm import tqdm
 
 from .. import __version__
 from ..artifacts.manifest import MODEL_FORMAT, MODEL_FORMAT_VERSION, write_manifest
-from ..artifacts.model_dir import TOKEN_RULES, file_hashes
+from ..artifacts.model_dir import SENTENCEPIECE, TOKEN_RULES, file_hashes
 from ..artifacts.staging import staged_directory
 from ..core.errors import TfmExportError
 from ..core.graph_spec import DEFAULT_OPSET, LOGITS, Graph, GraphVariant, graph_specs, variant_specs
 from ..core.memory import release_file_pages
 from ..core.token_rules import SEED_RULES
-from ..core.tokenizer import SPECIAL_IDS, tokenizer_files
+from ..core.tokenizer import SENTENCEPIECE_FILE, SPECIAL_IDS, tokenizer_files
 from ..model.checkpoint import Checkpoint, checkpoint_files
 from ..runtime.backends import each_graph_decoder
 from ..runtime.backends.search_step import prepack_new
@@ -77,6 +77,7 @@ def build_manifest(ckpt: Checkpoint, opset: int, hashes: dict[Graph | GraphVaria
                    "note": "source length counts <s> and </s>; past + new decoder tokens (with <s>) "
                            "must stay <= max_target_length"},
         "tokenizer": tokenizer_files(ckpt.vocab.shared),
+        **({SENTENCEPIECE: spm.manifest_entry()} if (spm := ckpt.vocab.source.sentencepiece) else {}),
         "graphs": {g.value: {**specs[g].to_dict(), "sha256": sha256} for g, sha256 in hashes.items()},
         "files": files,
         # its name, not its path: the directory is shipped and served on machines where that path means nothing
@@ -153,10 +154,13 @@ def export_model_dir(ckpt: Checkpoint, output: Path, opset: int = DEFAULT_OPSET,
         tokenizers = tokenizer_files(ckpt.vocab.shared)
         for side, name in tokenizers.items():
             getattr(ckpt.vocab, side).save(staging / name)
+        if ckpt.vocab.source.sentencepiece:
+            (staging / SENTENCEPIECE_FILE).write_bytes(ckpt.vocab.source.sentencepiece.proto)
         applied = ["tied weights stored once"]
         if optimize and not external:
             applied.insert(0, "onnxscript optimizer: constant folding, dead code elimination")
-        files = file_hashes(staging, tokenizers.values()) | weights
+        files = file_hashes(staging, [*tokenizers.values(), *([SENTENCEPIECE_FILE] if ckpt.vocab.source.sentencepiece
+                                                              else [])]) | weights
         manifest = build_manifest(ckpt, opset, saver.hashes, dict(sorted(files.items())), applied)
         saver.describe(manifest)
         if optimize and external:

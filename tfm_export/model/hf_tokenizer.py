@@ -17,7 +17,10 @@ matches. Scores stay SentencePiece's. The target tokenizer, which only decodes, 
 
 from __future__ import annotations
 
+import base64
 import dataclasses
+import json
+import logging
 import re
 from pathlib import Path
 from typing import Any
@@ -26,10 +29,12 @@ from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalize
 
 from ..core.config import ModelConfig
 from ..core.errors import VocabularyError, first_line
-from ..core.extras import require_extra
+from ..core.extras import missing, require_extra
 from ..core.files import contained_file, read_json
 from ..core.token_rules import TokenRules
-from ..core.tokenizer import TOKENIZER_FILE, TextTokenizer, Vocabulary, load_tokenizer
+from ..core.tokenizer import TOKENIZER_FILE, SentencePieceModel, TextTokenizer, Vocabulary, load_tokenizer
+
+log = logging.getLogger(__name__)
 
 MARIAN_SOURCE_SPM, MARIAN_TARGET_SPM = "source.spm", "target.spm"
 MARIAN_VOCAB, MARIAN_TARGET_VOCAB = "vocab.json", "target_vocab.json"  # the second only with separate_vocabs
@@ -53,6 +58,7 @@ def tokenizer_json(directory: Path, config: ModelConfig) -> Vocabulary | None:
         return None
     path = contained_file(directory, TOKENIZER_FILE, VocabularyError, "tokenizer", LINKED)
     tok = load_tokenizer(path, max(config.src_vocab_size, config.trg_vocab_size), seed_layout=False)
+    tok.sentencepiece = unigram_sentencepiece(tok)
     return Vocabulary(tok, tok)
 
 
@@ -74,7 +80,9 @@ def _marian(directory: Path, hf: dict[str, Any], config: ModelConfig) -> Vocabul
     source_ids = _vocab_json(inside(MARIAN_VOCAB, "Marian vocabulary"), config.src_vocab_size)
     target_ids = (_vocab_json(inside(MARIAN_TARGET_VOCAB, "Marian target vocabulary"), config.trg_vocab_size)
                   if separate else source_ids)
-    source = _spm_tokenizer(inside(MARIAN_SOURCE_SPM, "source SentencePiece model"), source_ids, encodes=True)
+    source_spm = inside(MARIAN_SOURCE_SPM, "source SentencePiece model")
+    source = _spm_tokenizer(source_spm, source_ids, encodes=True)
+    source.sentencepiece = SentencePieceModel(source_spm.read_bytes(), whole_text=True)
     target = _spm_tokenizer(inside(MARIAN_TARGET_SPM, "target SentencePiece model"), target_ids, encodes=False)
     return Vocabulary(source, target)
 
@@ -211,7 +219,7 @@ def _m2m100(directory: Path, config: ModelConfig) -> Vocabulary:
     eos = hf_tok.eos_token
     tok.post_processor = processors.TemplateProcessing(single=f"{source_code} $A {eos}", special_tokens=[
         (source_code, ids[source_code]), (eos, ids[eos])])
-    source = TextTokenizer(tok, str(path), seed_layout=False)
+    source = TextTokenizer(tok, str(path), seed_layout=False, sentencepiece=SentencePieceModel(path.read_bytes(), True))
     target = Tokenizer.from_str(tok.to_str())  # decodes: a generated language code is skipped, as special
     target.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in codes])
     return Vocabulary(source, TextTokenizer(target, str(path), seed_layout=False))
@@ -250,11 +258,44 @@ def converted_vocabulary(directory: Path, config: ModelConfig) -> Vocabulary:
                               f"it only in Python), so tfm-export cannot write a {TOKENIZER_FILE} that reproduces it; "
                               "please report the model")
     tok = TextTokenizer(Tokenizer.from_str(backend.to_str()), str(directory), seed_layout=False)
+    tok.sentencepiece = unigram_sentencepiece(tok)
     if tok.vocab_size > max(config.src_vocab_size, config.trg_vocab_size):
         raise VocabularyError(f"{directory}: the tokenizer has {tok.vocab_size} tokens, more than the model's "
                               "embedding table; pass the tokenizer the model was trained with")
     return Vocabulary(tok, tok)
 
+
+def unigram_sentencepiece(tok: TextTokenizer) -> SentencePieceModel | None:
+    """A SentencePiece model of a Unigram tokenizer's table (its pieces, scores and unknown piece; the normalizer's
+    precompiled charsmap where it has one), for tokenizers outside Python, which give it each word the tokenizer's
+    own normalizer and pre-tokenizer make; SentencePiece's Viterbi search is the one `tokenizers` reproduces.
+    None for other models, and without the hf extra (its protobuf classes write the file)."""
+    data = json.loads(tok.tokenizer.to_str())
+    model = data["model"]
+    if model["type"] != "Unigram" or model.get("unk_id") is None or model.get("byte_fallback"):
+        return None
+    if missing("hf"):
+        log.info("no SentencePiece model for the C++ command: the hf extra writes it (pip install '.[hf]')")
+        return None
+    from transformers.utils import sentencepiece_model_pb2_new as sentencepiece_model
+    proto = sentencepiece_model.ModelProto()
+    for i, (piece, score) in enumerate(model["vocab"]):
+        proto.pieces.add(piece=piece, score=score, type=UNKNOWN if i == model["unk_id"] else NORMAL)
+    proto.trainer_spec.MergeFrom(sentencepiece_model.TrainerSpec(
+        model_type=UNIGRAM, vocab_size=len(model["vocab"]), unk_id=model["unk_id"], bos_id=-1, eos_id=-1, pad_id=-1,
+        unk_piece=model["vocab"][model["unk_id"]][0]))
+    charsmap = _precompiled(data.get("normalizer"))
+    proto.normalizer_spec.MergeFrom(sentencepiece_model.NormalizerSpec(
+        name="precompiled" if charsmap else "identity", precompiled_charsmap=charsmap, add_dummy_prefix=False,
+        remove_extra_whitespaces=False, escape_whitespaces=False))
+    return SentencePieceModel(proto.SerializeToString(), whole_text=False)
+
+
+def _precompiled(normalizer: dict | None) -> bytes:
+    """The charsmap of a Precompiled normalizer (alone or in a Sequence), b"" where there is none."""
+    steps = (normalizer or {}).get("normalizers", [normalizer] if normalizer else [])
+    found = [step["precompiled_charsmap"] for step in steps if step.get("type") == "Precompiled"]
+    return base64.b64decode(found[0]) if found else b""
 
 
 def with_languages(rules: TokenRules, pattern: str, tokenizer: TextTokenizer, rule: str | None = None) -> TokenRules:

@@ -25,6 +25,7 @@ from ..artifacts.engine_dir import RTX, TARGET_NAMES, TENSORRT, plan_name, read_
 from ..artifacts.manifest import ENGINE_FORMAT, ENGINE_FORMAT_VERSION, write_manifest
 from ..artifacts.model_dir import (
     PRECISIONS,
+    SENTENCEPIECE,
     TOKEN_RULES,
     ModelDir,
     copy_tokenizers,
@@ -192,7 +193,8 @@ def _engine_manifest(parent: dict[str, Any], model_dir: Path, source: ModelDir, 
         "format": ENGINE_FORMAT, "format_version": ENGINE_FORMAT_VERSION, "tool": "tfm-export",
         "tool_version": __version__, "model": parent["model"], "special_tokens": parent["special_tokens"],
         **({TOKEN_RULES: parent[TOKEN_RULES]} if TOKEN_RULES in parent else {}),
-        "tokenizer": parent["tokenizer"], "precision": plan.precision,
+        "tokenizer": parent["tokenizer"], **({SENTENCEPIECE: parent[SENTENCEPIECE]} if SENTENCEPIECE in parent else {}),
+        "precision": plan.precision,
         "limits": {"max_batch": limits.max_batch, "max_source_length": limits.max_source_length,
                    "max_target_length": limits.max_target_length},
         "tensorrt": {**platform.to_dict(), "precision_source": plan.precision_source,
