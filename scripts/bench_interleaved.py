@@ -161,12 +161,16 @@ def first_output_s(command: list[str]) -> float:
 
 def first_latencies(fp32: Path, ct2: Path, sentence: str, ct2_tokens: str, rounds: int, threads: int,
                     ct2_threads: list[int], length: int = 64) -> dict[str, list[float]]:
-    """`tfm-run translate` on the fp32 directory (the sentence) and CTranslate2's Python API in a fresh
-    interpreter (its tokens) at each of its thread counts, alternating; all at most `length` tokens (random
-    weights rarely stop earlier)."""
-    ours = [str(Path(sys.executable).with_name("tfm-run")), "translate", "--model", str(fp32),
-            "--max-length", str(length), "--threads", str(threads), "--beam-size", "1", sentence]
-    commands = {"tfm-run translate (fp32)": ours}
+    """`tfm-run translate` and the C++ command (where `make cpp` built it) on the fp32 directory (the sentence), and
+    CTranslate2's Python API in a fresh interpreter (its tokens) at each of its thread counts, alternating; all at
+    most `length` tokens (random weights rarely stop earlier)."""
+    from tfm_export.bench.runners import cpp_binary
+    from tfm_export.bench.targets import CPP_FIRST_LINE
+    options = ["--max-length", str(length), "--threads", str(threads), "--beam-size", "1"]
+    commands = {"tfm-run translate (fp32)": [str(Path(sys.executable).with_name("tfm-run")), "translate", "--model",
+                                             str(fp32), *options, sentence]}
+    if cpp_binary().is_file():
+        commands[CPP_FIRST_LINE] = [str(cpp_binary()), str(fp32), *options, sentence]
     for n in ct2_threads:
         commands[f"ctranslate2 (float32, Python API, {n} thread{'s' * (n > 1)})"] = [
             sys.executable, "-c", FIRST_CT2, str(ct2), ct2_tokens, str(length), str(n)]

@@ -476,14 +476,53 @@ class StepSearch {
   // The widest beam the graph's own candidates serve (2 x beam per row).
   int widest_beam() const { return top_k_ / 2; }
 
-  // One source (ids as the encoder takes them) -> its best hypotheses, best first (n_best of them; greedy: one).
-  std::vector<Hypothesis> search(const std::vector<int64_t>& source, const SearchOptions& options) {
+  // Sources (ids as the encoder takes them), decoded together as rows of one Run per step: each one's best
+  // hypotheses, best first (n_best of them; greedy: one). An input whose search is done leaves the batch (its rows,
+  // its source mask and its encoder keys and values), as in tfm-run.
+  std::vector<std::vector<Hypothesis>> search(const std::vector<std::vector<int64_t>>& sources,
+                                              const SearchOptions& options) {
     const SearchOptions o = resolved(model_, options, widest_beam());
-    check_source(model_, source);
-    encode(source);
-    begin(o.beam_size);
-    if (o.beam_size == 1) return greedy(o);
-    return rules_.transformers_rule ? transformers_beam(o) : beam(o);
+    for (const auto& source : sources) check_source(model_, source);
+    const int k = o.beam_size;
+    const bool generate_rule = k > 1 && rules_.transformers_rule;
+    encode(sources);
+    begin(static_cast<int>(sources.size()) * k);
+    std::vector<Input> inputs(sources.size());
+    std::vector<int> active;  // the inputs still searching: active[j] owns rows j * k .. j * k + k - 1
+    for (size_t i = 0; i < sources.size(); ++i) {
+      inputs[i].b = start(k, generate_rule ? -1e9f : -std::numeric_limits<float>::infinity());  // generate()'s -1e9
+      active.push_back(static_cast<int>(i));
+    }
+    for (int t = 0; t < o.max_length && !active.empty(); ++t) {
+      std::vector<int64_t> tokens;
+      for (int i : active) tokens.insert(tokens.end(), inputs[i].b.tokens.begin(), inputs[i].b.tokens.end());
+      step(tokens, t, o);
+      std::vector<int> rows, kept, still;  // the next step's rows (this step's indices), sources and inputs
+      for (size_t j = 0; j < active.size(); ++j) {
+        Input& in = inputs[active[j]];
+        const int first = static_cast<int>(j) * k;
+        const Next next = k == 1 ? greedy(in, first, t, o) : generate_rule ? transformers_beam(in, first, t, o)
+                                                                           : beam(in, first, t, o);
+        if (in.done) continue;
+        follow(in.b, next);
+        for (int r : next.rows) rows.push_back(first + r);
+        kept.push_back(static_cast<int>(j)), still.push_back(active[j]);
+      }
+      gather(rows, kept);
+      active.swap(still);
+    }
+    std::vector<std::vector<Hypothesis>> found;
+    for (auto& in : inputs) {
+      if (k > 1 && !generate_rule) in.finished = best(in.finished, o.length_penalty, o.n_best);
+      if (static_cast<int>(in.finished.size()) > o.n_best) in.finished.resize(o.n_best);
+      found.push_back(in.finished);
+    }
+    return found;
+  }
+
+  // One source -> its best hypotheses.
+  std::vector<Hypothesis> search(const std::vector<int64_t>& source, const SearchOptions& options) {
+    return search(std::vector<std::vector<int64_t>>{source}, options).front();
   }
 
  private:
@@ -493,40 +532,69 @@ class StepSearch {
     float value;  // beam score + log-probability, in float32 as tfm-run sums it
   };
 
+  // Beam search's rows of one input: each one's tokens so far, its next input and its score.
+  struct Beams {
+    std::vector<std::vector<int64_t>> history;
+    std::vector<int64_t> tokens;
+    std::vector<float> scores;
+  };
+
+  // One input's search: its rows, what it has finished, and whether it is done.
+  struct Input {
+    Beams b;
+    std::vector<Hypothesis> finished;
+    bool done = false;
+  };
+
+  // What an input's rows go on with: row i from its row rows[i], with tokens[i] at scores[i].
+  struct Next {
+    std::vector<int> rows;
+    std::vector<int64_t> tokens;
+    std::vector<float> scores;
+  };
+
   const ModelDir& model_;
   const TokenRules rules_;
   Ort::Session encoder_, decoder_;
   Ort::MemoryInfo memory_ = Ort::MemoryInfo::CreateCpu(OrtDeviceAllocator, OrtMemTypeCPU);
   int top_k_ = 0;
 
-  // One decode's state: everything bound to the decoder session, and the buffers behind it.
-  std::vector<int64_t> mask_;                 // (1, S): the source mask
-  std::vector<Ort::Value> cross_;             // per layer the encoder's key, value (1, H, S, d)
+  // One batch's state: everything bound to the decoder session, and the buffers behind it.
+  std::vector<int64_t> mask_;                 // (sources, S): the source mask
+  std::vector<std::vector<float>> cross_;     // per layer the encoder's key, value (sources, H, S, d)
   std::vector<std::vector<float>> cache_;     // per layer decoder key, value (rows, H, capacity, d)
   std::vector<int64_t> ids_, top_ids_;        // (rows, 1) the step's tokens; (rows, K)
   std::vector<float> bias_, logits_, top_logprobs_;  // (V,) the decoding rules' bias; (rows, 1, V); (rows, K)
   int64_t cache_length_ = 0, forced_ = -1;    // scalars: filled positions, the forced token (-1: none)
   int32_t total_length_ = 1;                  // the fused step's: positions after this step (cache_length_ + 1)
   bool fused_ = false;
-  int rows_ = 0, capacity_ = 0;
+  int rows_ = 0, sources_ = 0, source_length_ = 0, capacity_ = 0;
   std::unique_ptr<Ort::IoBinding> binding_;
   std::vector<Ort::Value> bound_;             // what is bound: the session reads and writes their memory
 
-  void encode(const std::vector<int64_t>& source) {
-    std::vector<int64_t> ids = source;
-    const int64_t shape[] = {1, static_cast<int64_t>(source.size())};
-    mask_.assign(source.size(), 0);
-    for (size_t i = 0; i < source.size(); ++i) mask_[i] = source[i] != rules_.pad;
+  // The encoder over the sources, padded to the longest; its keys and values kept in buffers this code owns.
+  void encode(const std::vector<std::vector<int64_t>>& sources) {
+    sources_ = static_cast<int>(sources.size()), source_length_ = 0;
+    for (const auto& source : sources) source_length_ = std::max(source_length_, static_cast<int>(source.size()));
+    std::vector<int64_t> ids(static_cast<size_t>(sources_) * source_length_, rules_.pad);
+    for (int i = 0; i < sources_; ++i) std::copy(sources[i].begin(), sources[i].end(), ids.begin() + i * source_length_);
+    mask_.assign(ids.size(), 0);
+    for (size_t i = 0; i < ids.size(); ++i) mask_[i] = ids[i] != rules_.pad;
+    const int64_t shape[] = {sources_, source_length_};
     Ort::Value inputs[] = {Ort::Value::CreateTensor<int64_t>(memory_, ids.data(), ids.size(), shape, 2),
                            Ort::Value::CreateTensor<int64_t>(memory_, mask_.data(), mask_.size(), shape, 2)};
     const char* input_names[] = {contract::kEncoderInputs[0].c_str(), contract::kEncoderInputs[1].c_str()};
     const std::vector<std::string> outputs = contract::encoder_cache_outputs(model_.layers());
     std::vector<const char*> output_names;
     for (const auto& name : outputs) output_names.push_back(name.c_str());
-    cross_ = encoder_.Run(Ort::RunOptions{nullptr}, input_names, inputs, 2, output_names.data(), outputs.size());
+    auto values = encoder_.Run(Ort::RunOptions{nullptr}, input_names, inputs, 2, output_names.data(), outputs.size());
+    cross_.clear();
+    for (auto& value : values) {
+      const float* data = value.GetTensorData<float>();
+      cross_.emplace_back(data, data + value.GetTensorTypeAndShapeInfo().GetElementCount());
+    }
   }
-
-  // Fresh buffers for `rows` rows of the source (beam search's rows before the first step).
+  // Fresh buffers for `rows` rows (every source's beams before the first step).
   void begin(int rows) {
     rows_ = rows, capacity_ = 0, cache_length_ = 0;
     cache_.assign(2 * model_.layers(), {});
@@ -559,7 +627,7 @@ class StepSearch {
   void bind() {
     binding_ = std::make_unique<Ort::IoBinding>(decoder_);
     bound_.clear();
-    const int64_t rows = rows_, sources = 1, source_length = static_cast<int64_t>(mask_.size());
+    const int64_t rows = rows_, sources = sources_, source_length = source_length_;
     const int64_t vocab = model_.target_vocab(), k = top_k_;
     const std::vector<std::string> inputs = contract::search_inputs(model_.layers(), fused_);
     const std::vector<std::string> outputs = contract::search_outputs(model_.layers());
@@ -582,7 +650,10 @@ class StepSearch {
         Ort::Value value = Ort::Value::CreateTensor<float>(memory_, buffer.data(), buffer.size(), shape, 4);
         binding_->BindOutput(outputs[3 + 2 * layer + role].c_str(), value);
         input(inputs[past + 4 * layer + role], std::move(value));
-        binding_->BindInput(inputs[past + 4 * layer + 2 + role].c_str(), cross_[2 * layer + role]);
+        auto& cross = cross_[2 * layer + role];
+        const int64_t cross_shape[] = {sources, model_.heads(), source_length, head_size(role)};
+        input(inputs[past + 4 * layer + 2 + role],
+              Ort::Value::CreateTensor<float>(memory_, cross.data(), cross.size(), cross_shape, 4));
       }
     }
     const int64_t top_shape[] = {rows, k};
@@ -626,33 +697,59 @@ class StepSearch {
     }
   }
 
-  std::vector<Hypothesis> greedy(const SearchOptions& o) {
-    Hypothesis found;
-    float score = 0.0f;  // summed in float32, as tfm-run sums it
-    std::vector<int64_t> token = {rules_.start};
-    found.finished = false;
-    for (int t = 0; t < o.max_length; ++t) {
-      step(token, t, o);
-      token[0] = top_ids_[0];  // the first of equal maxima
-      score += top_logprobs_[0];
-      if (token[0] == rules_.eos) {
-        found.finished = true;
-        break;
-      }
-      found.tokens.push_back(token[0]);
+  // The next step's rows (rows[i]: this step's index of new row i) and sources (kept: the inputs still
+  // searching, by this step's index). Where inputs left, every buffer is gathered into a smaller one and bound again.
+  void gather(const std::vector<int>& rows, const std::vector<int>& kept) {
+    if (static_cast<int>(rows.size()) == rows_) return reorder(rows);  // no input left: each kept its k rows
+    for (size_t t = 0; t < cache_.size(); ++t) {
+      const size_t line = static_cast<size_t>(capacity_) * head_size(t), row = model_.heads() * line;
+      const size_t filled = static_cast<size_t>(cache_length_) * head_size(t);
+      std::vector<float> fewer(rows.size() * row, 0.0f);  // unused positions are read: they must be finite
+      for (size_t i = 0; i < rows.size(); ++i)
+        for (int h = 0; h < model_.heads(); ++h)
+          std::copy_n(cache_[t].begin() + rows[i] * row + h * line, filled, fewer.begin() + i * row + h * line);
+      cache_[t].swap(fewer);
     }
-    found.score = score;
-    return {found};
+    const size_t per_source = static_cast<size_t>(source_length_);
+    std::vector<int64_t> mask(kept.size() * per_source);
+    for (size_t i = 0; i < kept.size(); ++i)
+      std::copy_n(mask_.begin() + kept[i] * per_source, per_source, mask.begin() + i * per_source);
+    mask_.swap(mask);
+    for (auto& buffer : cross_) {
+      const size_t block = buffer.size() / sources_;
+      std::vector<float> fewer(kept.size() * block);
+      for (size_t i = 0; i < kept.size(); ++i) std::copy_n(buffer.begin() + kept[i] * block, block, fewer.begin() + i * block);
+      buffer.swap(fewer);
+    }
+    rows_ = static_cast<int>(rows.size()), sources_ = static_cast<int>(kept.size());
+    ids_.assign(rows_, 0);
+    logits_.assign(static_cast<size_t>(rows_) * model_.target_vocab(), 0.0f);
+    top_logprobs_.assign(static_cast<size_t>(rows_) * top_k_, 0.0f);
+    top_ids_.assign(static_cast<size_t>(rows_) * top_k_, 0);
+    if (rows_ > 0) bind();
   }
 
-  // The `count` best candidates score + log-probability over every beam's own best, best first, ties to the lower
-  // (beam, token): an input's count best are among its rows' count best.
-  std::vector<Candidate> merged(const std::vector<float>& scores, int count) const {
+  // Greedy: an input's one row goes on with its best token until </s> or the length limit.
+  Next greedy(Input& in, int first, int t, const SearchOptions& o) {
+    const int64_t token = top_ids_[first * top_k_];  // the first of equal maxima
+    const float score = in.b.scores[0] + top_logprobs_[first * top_k_];  // summed in float32, as tfm-run sums it
+    if (token == rules_.eos || t + 1 == o.max_length) {
+      Hypothesis h{in.b.history[0], score, token == rules_.eos};
+      if (!h.finished) h.tokens.push_back(token);
+      in.finished = {h}, in.done = true;
+      return {};
+    }
+    return {{0}, {token}, {score}};
+  }
+
+  // The `count` best candidates score + log-probability over an input's beams (its rows from `first`), best first,
+  // ties to the lower (beam, token): an input's count best are among its rows' count best.
+  std::vector<Candidate> merged(int first, const std::vector<float>& scores, int count) const {
     const int each = std::min(count, top_k_);
     std::vector<Candidate> all;
-    for (int b = 0; b < rows_; ++b)
+    for (int b = 0; b < static_cast<int>(scores.size()); ++b)
       for (int j = 0; j < each; ++j)
-        all.push_back({b, top_ids_[b * top_k_ + j], scores[b] + top_logprobs_[b * top_k_ + j]});
+        all.push_back({b, top_ids_[(first + b) * top_k_ + j], scores[b] + top_logprobs_[(first + b) * top_k_ + j]});
     std::sort(all.begin(), all.end(), [](const Candidate& a, const Candidate& b) {
       if (a.value != b.value) return a.value > b.value;
       return a.beam != b.beam ? a.beam < b.beam : a.token < b.token;
@@ -661,13 +758,6 @@ class StepSearch {
     return all;
   }
 
-  // Beam search's rows: each one's tokens so far, its next input and its score.
-  struct Beams {
-    std::vector<std::vector<int64_t>> history;
-    std::vector<int64_t> tokens;
-    std::vector<float> scores;
-  };
-
   // k rows with one live beam, so the first step picks no duplicates: the others score `others`.
   Beams start(int k, float others) const {
     Beams b{std::vector<std::vector<int64_t>>(k), std::vector<int64_t>(k, rules_.start), std::vector<float>(k, others)};
@@ -675,92 +765,81 @@ class StepSearch {
     return b;
   }
 
-  // Row i goes on from row rows[i] with tokens[i] at scores[i]: the token histories and the cache rows follow.
-  void advance(Beams& b, const std::vector<int>& rows, const std::vector<int64_t>& tokens,
-               const std::vector<float>& scores) {
-    std::vector<std::vector<int64_t>> history(rows.size());
-    for (size_t i = 0; i < rows.size(); ++i) {
-      history[i] = b.history[rows[i]];
-      history[i].push_back(tokens[i]);
+  // The rows go on as `next` says: the token histories follow (the cache rows follow in gather).
+  static void follow(Beams& b, const Next& next) {
+    std::vector<std::vector<int64_t>> history(next.rows.size());
+    for (size_t i = 0; i < next.rows.size(); ++i) {
+      history[i] = b.history[next.rows[i]];
+      history[i].push_back(next.tokens[i]);
     }
-    b.history.swap(history), b.tokens = tokens, b.scores = scores;
-    reorder(rows);
+    b.history.swap(history), b.tokens = next.tokens, b.scores = next.scores;
   }
 
   // tfm-run's beam search (the reference decoders' rule): of the 2k best candidates, a </s> among the k best is a
   // finished hypothesis; the first k others go on. The input is done when its best candidate is </s> (no live
   // beam can score higher), or at the length limit, where its live beams become hypotheses too.
-  std::vector<Hypothesis> beam(const SearchOptions& o) {
+  Next beam(Input& in, int first, int t, const SearchOptions& o) {
     const int k = o.beam_size;
     const float none = -std::numeric_limits<float>::infinity();
-    Beams b = start(k, none);
-    std::vector<Hypothesis> finished;
-    for (int t = 0; t < o.max_length; ++t) {
-      step(b.tokens, t, o);
-      const std::vector<Candidate> c = merged(b.scores, 2 * k);
-      std::vector<int> picked;  // ranks of the continuations: the first k non-</s> candidates above -inf
-      for (size_t r = 0; r < c.size() && static_cast<int>(picked.size()) < k; ++r) {
-        if (c[r].value == none) break;
-        if (c[r].token != rules_.eos) picked.push_back(static_cast<int>(r));
-        else if (static_cast<int>(r) < k) finished.push_back({b.history[c[r].beam], c[r].value, true});
-      }
-      const bool done = c[0].token == rules_.eos && c[0].value != none, last = t + 1 == o.max_length;
-      if (last && !done)
-        for (int r : picked) {
-          Hypothesis cut{b.history[c[r].beam], c[r].value, false};
-          cut.tokens.push_back(c[r].token);
-          finished.push_back(cut);
-        }
-      if (done || picked.empty() || last) break;
-      std::vector<int> rows(k);
-      std::vector<int64_t> tokens(k);
-      std::vector<float> scores(k);
-      for (int i = 0; i < k; ++i) {  // fewer than k continuations: copies of the first at -inf fill the rows
-        const bool real = i < static_cast<int>(picked.size());
-        const Candidate& from = c[picked[real ? i : 0]];
-        rows[i] = from.beam, tokens[i] = real ? from.token : rules_.pad, scores[i] = real ? from.value : none;
-      }
-      advance(b, rows, tokens, scores);
+    const Beams& b = in.b;
+    const std::vector<Candidate> c = merged(first, b.scores, 2 * k);
+    std::vector<int> picked;  // ranks of the continuations: the first k non-</s> candidates above -inf
+    for (size_t r = 0; r < c.size() && static_cast<int>(picked.size()) < k; ++r) {
+      if (c[r].value == none) break;
+      if (c[r].token != rules_.eos) picked.push_back(static_cast<int>(r));
+      else if (static_cast<int>(r) < k) in.finished.push_back({b.history[c[r].beam], c[r].value, true});
     }
-    return best(finished, o.length_penalty, o.n_best);
+    const bool done = c[0].token == rules_.eos && c[0].value != none, last = t + 1 == o.max_length;
+    if (last && !done)
+      for (int r : picked) {
+        Hypothesis cut{b.history[c[r].beam], c[r].value, false};
+        cut.tokens.push_back(c[r].token);
+        in.finished.push_back(cut);
+      }
+    if (done || picked.empty() || last) {
+      in.done = true;
+      return {};
+    }
+    Next next{std::vector<int>(k), std::vector<int64_t>(k), std::vector<float>(k)};
+    for (int i = 0; i < k; ++i) {  // fewer than k continuations: copies of the first at -inf fill the rows
+      const bool real = i < static_cast<int>(picked.size());
+      const Candidate& from = c[picked[real ? i : 0]];
+      next.rows[i] = from.beam, next.tokens[i] = real ? from.token : rules_.pad, next.scores[i] = real ? from.value : none;
+    }
+    return next;
   }
 
   // Beam search as transformers' generate() runs it, for pretrained models whose outputs must match it: a </s>
   // among the k best of the 2k candidates is kept as finished (the k best finished by normalized score); the k
   // best others go on; when the input is done follows the model's early_stopping; at the length limit the k best
   // candidates end as they are.
-  std::vector<Hypothesis> transformers_beam(const SearchOptions& o) {
+  Next transformers_beam(Input& in, int first, int t, const SearchOptions& o) {
     const int k = o.beam_size;
-    Beams b = start(k, -1e9f);  // generate() starts the other beams at -1e9, not -inf
-    std::vector<Hypothesis> finished;
-    for (int t = 0; t < o.max_length; ++t) {
-      step(b.tokens, t, o);
-      const std::vector<Candidate> c = merged(b.scores, 2 * k);
-      const bool last = t + 1 == o.max_length;
-      std::vector<double> key(c.size());  // ended candidates sink by 1e9 (in float64, as NumPy computes it)
-      for (size_t r = 0; r < c.size(); ++r) {
-        const bool ends = c[r].token == rules_.eos || last;
-        key[r] = static_cast<double>(c[r].value) - (ends ? 1e9 : 0.0);
-        if (!ends || static_cast<int>(r) >= k) continue;
-        const bool done = c[r].token == rules_.eos;
-        Hypothesis h{b.history[c[r].beam], c[r].value, done};
-        if (!done) h.tokens.push_back(c[r].token);
-        finished.push_back(h);
-        finished = best(finished, o.length_penalty, k);
-      }
-      std::vector<int> going(c.size());
-      for (size_t r = 0; r < c.size(); ++r) going[r] = static_cast<int>(r);
-      std::stable_sort(going.begin(), going.end(), [&](int x, int y) { return key[x] > key[y]; });
-      std::vector<int> rows(k);
-      std::vector<int64_t> tokens(k);
-      std::vector<float> scores(k);
-      for (int i = 0; i < k; ++i)
-        rows[i] = c[going[i]].beam, tokens[i] = c[going[i]].token, scores[i] = static_cast<float>(key[going[i]]);
-      if (last || !may_improve(finished, scores[0], k, t + 1, o)) break;
-      advance(b, rows, tokens, scores);
+    const Beams& b = in.b;
+    const std::vector<Candidate> c = merged(first, b.scores, 2 * k);
+    const bool last = t + 1 == o.max_length;
+    std::vector<double> key(c.size());  // ended candidates sink by 1e9 (in float64, as NumPy computes it)
+    for (size_t r = 0; r < c.size(); ++r) {
+      const bool ends = c[r].token == rules_.eos || last;
+      key[r] = static_cast<double>(c[r].value) - (ends ? 1e9 : 0.0);
+      if (!ends || static_cast<int>(r) >= k) continue;
+      const bool done = c[r].token == rules_.eos;
+      Hypothesis h{b.history[c[r].beam], c[r].value, done};
+      if (!done) h.tokens.push_back(c[r].token);
+      in.finished.push_back(h);
+      in.finished = best(in.finished, o.length_penalty, k);
     }
-    if (static_cast<int>(finished.size()) > o.n_best) finished.resize(o.n_best);
-    return finished;
+    std::vector<int> going(c.size());
+    for (size_t r = 0; r < c.size(); ++r) going[r] = static_cast<int>(r);
+    std::stable_sort(going.begin(), going.end(), [&](int x, int y) { return key[x] > key[y]; });
+    Next next{std::vector<int>(k), std::vector<int64_t>(k), std::vector<float>(k)};
+    for (int i = 0; i < k; ++i)
+      next.rows[i] = c[going[i]].beam, next.tokens[i] = c[going[i]].token, next.scores[i] = static_cast<float>(key[going[i]]);
+    if (last || !may_improve(in.finished, next.scores[0], k, t + 1, o)) {
+      in.done = true;
+      return {};
+    }
+    return next;
   }
 
   // Whether generate() searches on: fewer than k finished, or (unless early_stopping is true) the best live score,

@@ -1,8 +1,15 @@
 // tfm_translate: the command line over tfm_translate.hpp, with tfm-run translate's options and output formats. One
-// input per line (TEXT arguments, else stdin, each line answered as it arrives), one output line per input (text
-// or jsonl), or N lines SCORE<TAB>OUTPUT with --n-best N.
+// input per line (TEXT arguments, else stdin in chunks of what has arrived, each sorted by length and decoded
+// --batch-size inputs at a time, as tfm-run does), one output line per input in input order (text or jsonl), or N
+// lines SCORE<TAB>OUTPUT with --n-best N.
+#include <poll.h>
+#include <unistd.h>
+
+#include <algorithm>
 #include <cctype>
+#include <cerrno>
 #include <chrono>
+#include <cstring>
 #include <cmath>
 #include <cstdio>
 #include <iostream>
@@ -32,6 +39,8 @@ const char* kUsage =
     "                      log-probability), time_ms (its decode) and truncated (cut before </s>)\n"
     "  --max-length N      generated tokens at most, </s> included (default: the model's limit)\n"
     "  --min-length N      </s> barred before N tokens\n"
+    "  --batch-size N      inputs decoded together, as rows of one Run (default 32); each chunk of what has\n"
+    "                      arrived (at most 8 batches) is sorted by length first, and printed in input order\n"
     "  --threads N         ONNX Runtime threads (default 0: all cores)\n"
     "  --device D          cpu (default), cuda or tensorrt: ONNX Runtime's execution provider for it, which the\n"
     "                      library must have (a CPU build refuses, in one line)\n"
@@ -63,6 +72,7 @@ struct Args {
   bool jsonl = false;
   tfm::SessionSettings session;
   std::optional<std::string> source_lang, target_lang;
+  int batch_size = 32;
   bool generate = false, ids = false, help = false, version = false;
 };
 
@@ -99,6 +109,10 @@ Args parse(int argc, char** argv) {
     else if (arg == "--max-length") a.search.max_length = whole(arg, value());
     else if (arg == "--min-length") a.search.min_length = whole(arg, value());
     else if (arg == "--threads") a.session.threads = whole(arg, value());
+    else if (arg == "--batch-size") {
+      a.batch_size = whole(arg, value());
+      if (a.batch_size < 1) throw UsageError("--batch-size takes a whole number of at least 1");
+    }
     else if (arg == "--device") a.session.device = device(value());
     else if (arg == "--source-lang") a.source_lang = value();
     else if (arg == "--target-lang") a.target_lang = value();
@@ -209,6 +223,55 @@ class Io {
   }
 };
 
+// Lines of stdin, split at \n as tfm-run splits them, in chunks of what has arrived (at most `most` lines each):
+// lines are decoded as soon as the input has no more for the moment, so a pipe fed a line at a time gets each
+// answer at once (tfm-run waits 50 ms for more), and a file or a busy pipe is read in full chunks.
+class LineChunks {
+ public:
+  explicit LineChunks(size_t most) : most_(most) {}
+
+  // The next chunk of raw lines; empty at the end of the input.
+  std::vector<std::string> next() {
+    for (;;) {
+      if (lines_.size() >= most_ || (ended_ && !lines_.empty())) return take();
+      if (ended_) return {};
+      pollfd stdin_fd{0, POLLIN, 0};
+      const int ready = poll(&stdin_fd, 1, lines_.empty() ? -1 : 0);  // with lines waiting, only what is there
+      if (ready < 0 && errno == EINTR) continue;
+      if (ready < 0) throw tfm::Error(std::string("<stdin>: cannot read input (") + std::strerror(errno) + ")");
+      if (ready == 0) return take();
+      char buffer[1 << 16];
+      const ssize_t got = read(0, buffer, sizeof buffer);
+      if (got < 0 && errno == EINTR) continue;
+      if (got < 0) throw tfm::Error(std::string("<stdin>: cannot read input (") + std::strerror(errno) + ")");
+      if (got == 0) {
+        ended_ = true;
+        if (!partial_.empty()) lines_.push_back(partial_);
+        continue;
+      }
+      for (ssize_t i = 0; i < got; ++i) {
+        if (buffer[i] != '\n') partial_ += buffer[i];
+        else lines_.push_back(partial_), partial_.clear();
+      }
+    }
+  }
+
+ private:
+  size_t most_;
+  std::vector<std::string> lines_;
+  std::string partial_;
+  bool ended_ = false;
+
+  std::vector<std::string> take() {
+    const size_t count = std::min(most_, lines_.size());
+    std::vector<std::string> chunk(lines_.begin(), lines_.begin() + count);
+    lines_.erase(lines_.begin(), lines_.begin() + count);
+    return chunk;
+  }
+};
+
+const size_t kChunkBatches = 8;  // tfm-run's CHUNK_BATCHES: a chunk is sorted by length over this many batches
+
 // Scores as tfm-run prints them: text with six decimals, JSON rounded to six (null where there is no hypothesis)
 std::string text_score(double value) {
   if (std::isinf(value)) return value < 0 ? "-inf" : "inf";
@@ -282,36 +345,67 @@ int main(int argc, char** argv) {
     const int widest = generate ? generate->widest_beam() : loop->widest_beam();
     options = tfm::resolved(model, options, widest);  // options out of range fail before any input is read
 
-    size_t count = 0;
-    auto answer = [&](const std::string& line) {
-      ++count;
-      std::vector<tfm::Hypothesis> found{{}};  // a blank line: one empty hypothesis, the model untouched
-      const bool empty = tfm::text::blank(line);
-      const auto started = std::chrono::steady_clock::now();
-      if (!empty) {
+    // One chunk of lines (the first is line `first` of the whole input): every source read and checked first,
+    // then decoded in batches of sources of similar length, each line printed once it and all before it are done.
+    auto translate = [&](const std::vector<std::string>& lines, size_t first) {
+      std::vector<std::vector<int64_t>> sources(lines.size());
+      std::vector<size_t> order;  // the lines to decode, shortest first
+      for (size_t i = 0; i < lines.size(); ++i) {
+        if (tfm::text::blank(lines[i])) continue;
         try {
-          const std::vector<int64_t> source = io.source(line);
-          found = generate ? generate->search(source, options) : loop->search(source, options);
+          sources[i] = io.source(lines[i]);
+          tfm::check_source(model, sources[i]);
         } catch (const tfm::Error& e) {  // named as tfm-run names it: the input's line, counted from 1
-          throw tfm::Error("line " + std::to_string(count) + ": " + e.what());
+          throw tfm::Error("line " + std::to_string(first + i) + ": " + e.what());
         }
+        order.push_back(i);
       }
-      const std::chrono::duration<double, std::milli> took = std::chrono::steady_clock::now() - started;
-      std::cout << formatted(line, found, io, options, args.jsonl, empty ? 0.0 : took.count()) << std::endl;
+      std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return sources[a].size() < sources[b].size(); });
+      std::vector<std::optional<std::vector<tfm::Hypothesis>>> found(lines.size());
+      std::vector<double> milliseconds(lines.size(), 0.0);
+      for (size_t i = 0; i < lines.size(); ++i)
+        if (sources[i].empty()) found[i] = std::vector<tfm::Hypothesis>{{}};  // blank: one empty hypothesis
+      size_t printed = 0;
+      auto print_ready = [&]() {
+        for (; printed < lines.size() && found[printed]; ++printed)
+          std::cout << formatted(lines[printed], *found[printed], io, options, args.jsonl, milliseconds[printed]) << std::endl;
+      };
+      print_ready();
+      for (size_t start = 0; start < order.size(); start += args.batch_size) {
+        const std::vector<size_t> batch(order.begin() + start, order.begin() + std::min(order.size(), start + args.batch_size));
+        std::vector<std::vector<int64_t>> rows;
+        for (size_t i : batch) rows.push_back(sources[i]);
+        const auto started = std::chrono::steady_clock::now();
+        std::vector<std::vector<tfm::Hypothesis>> results;
+        if (generate)  // generate.onnx takes one source per Run here
+          for (const auto& source : rows) results.push_back(generate->search(source, options));
+        else
+          results = loop->search(rows, options);
+        const std::chrono::duration<double, std::milli> took = std::chrono::steady_clock::now() - started;
+        for (size_t j = 0; j < batch.size(); ++j)
+          found[batch[j]] = results[j], milliseconds[batch[j]] = took.count() / batch.size();
+        print_ready();
+      }
     };
-    for (size_t i = 0; i < args.texts.size(); ++i) {
+    for (size_t i = 0; i < args.texts.size(); ++i)
       if (tfm::text::invalid_utf8(args.texts[i]) != std::string::npos)
         throw tfm::Error("TEXT argument " + std::to_string(i + 1) + " is not valid UTF-8");
-      answer(args.texts[i]);
+    if (!args.texts.empty()) {
+      translate(args.texts, 1);
+      return 0;
     }
-    if (args.texts.empty())
-      for (std::string line; std::getline(std::cin, line);) {  // as tfm-run reads lines: \n ends one, a \r before
-        if (!line.empty() && line.back() == '\r') line.pop_back();  // it is dropped, and so is a first line's BOM
-        if (count == 0 && line.rfind("\xEF\xBB\xBF", 0) == 0) line.erase(0, 3);
+    size_t count = 0;  // lines read so far
+    LineChunks chunks(static_cast<size_t>(args.batch_size) * kChunkBatches);
+    for (auto lines = chunks.next(); !lines.empty(); lines = chunks.next()) {
+      for (auto& line : lines) {  // as tfm-run reads lines: a \r before the \n is dropped, and so is a first BOM
+        ++count;
+        if (!line.empty() && line.back() == '\r') line.pop_back();
+        if (count == 1 && line.rfind("\xEF\xBB\xBF", 0) == 0) line.erase(0, 3);
         if (tfm::text::invalid_utf8(line) != std::string::npos)
-          throw tfm::Error("<stdin>: line " + std::to_string(count + 1) + " is not valid UTF-8; convert the file to UTF-8");
-        answer(line);
+          throw tfm::Error("<stdin>: line " + std::to_string(count) + " is not valid UTF-8; convert the file to UTF-8");
       }
+      translate(lines, count - lines.size() + 1);
+    }
     if (count == 0) throw tfm::Error("empty input: no TEXT arguments and no lines on stdin");
   } catch (const std::exception& e) {
     std::cerr << "error: " << e.what() << '\n';

@@ -220,6 +220,31 @@ def test_bench_targets_are_met_only_where_every_cell_and_round_median_is():
     assert demo["peak RSS ort-int8-dynamic <= ct2-int8 (demo)"].endswith("reported |")
 
 
+def test_the_cpp_commands_targets_count_on_the_demo_only():
+    """The C++ command's first line against CTranslate2's fastest thread count, and its batch-32 cells against
+    tfm-run's: targets on the demo (met only where every batch-32 cell is), reported on the base config."""
+    from tfm_export.bench.targets import CPP_FIRST_LINE, targets
+    rates = {"ort-fp32": [100] * 3, "cpp": [99, 120, 101], "ct2-fp32": [80] * 3, "ort-int8-dynamic": [150] * 3,
+             "ct2-int8": [100] * 3}
+    report = _report(rates, dict.fromkeys(rates, 800))
+    for r in report["rounds"]:  # a batch-32 cell beside the batch-1 one
+        for name, rate in (("ort-fp32", 1000), ("cpp", 1100), ("ct2-fp32", 800), ("ort-int8-dynamic", 1500),
+                           ("ct2-int8", 1000)):
+            r["results"][name]["cells"]["len 64, beam 1, batch 32"] = {"tokens_per_s": rate}
+    report["first_output_s"] = {CPP_FIRST_LINE: [0.09, 0.08, 0.10], "ctranslate2 (float32, Python API, 2 threads)":
+                                [0.12, 0.11, 0.13], "ctranslate2 (float32, Python API, 1 thread)": [0.10, 0.10, 0.10]}
+    rows = {line.split(" | ")[0].lstrip("| "): line for line in targets({"demo": report}).splitlines()[2:]}
+    first = rows["the C++ command's first line before CTranslate2's best (demo)"]
+    assert "0.090 vs 0.100 s (ctranslate2 (float32, Python API, 1 thread))" in first and first.endswith("yes |")
+    batch = rows["cpp >= ort-fp32 at batch 32 (demo)"]
+    assert "lowest 1.100x (len 64, beam 1, batch 32)" in batch and batch.endswith("yes |")  # batch 1 is not judged
+    report["first_output_s"][CPP_FIRST_LINE] = [0.11] * 3
+    slow = {line.split(" | ")[0].lstrip("| "): line for line in targets({"demo": report}).splitlines()[2:]}
+    assert slow["the C++ command's first line before CTranslate2's best (demo)"].endswith("**no** |")
+    base = {line.split(" | ")[0].lstrip("| "): line for line in targets({"base": report}).splitlines()[2:]}
+    assert base["cpp >= ort-fp32 at batch 32 (base)"].endswith("reported |")
+
+
 def test_an_anchor_measured_at_two_settings_is_judged_at_its_best_in_each_round():
     """`make bench` runs CTranslate2 at --threads and at one thread: each round's ratio takes the faster of the two
     (here one setting in rounds 1 and 3, the other in round 2, so neither alone gives the verdict), the peak the
@@ -337,9 +362,11 @@ def test_make_bench_script_runs_every_kind_of_backend_it_names(tmp_path):
     assert result.returncode == 0, result.stderr[-2000:]
     written = json.loads(report.read_text())
     results = written["rounds"][0]["results"]
+    from tfm_export.bench.runners import cpp_binary
+    from tfm_export.bench.targets import CPP_FIRST_LINE
     assert set(written["first_output_s"]) == {  # CTranslate2's first line at each of its settings' thread counts
         "tfm-run translate (fp32)", "ctranslate2 (float32, Python API, 2 threads)",
-        "ctranslate2 (float32, Python API, 1 thread)"}
+        "ctranslate2 (float32, Python API, 1 thread)", *([CPP_FIRST_LINE] if cpp_binary().is_file() else [])}
     assert {name: results[name]["cells"]["len 16, beam 2, batch 2"]["tokens_per_s"] > 0 for name in results} == \
         dict.fromkeys(("ort-fp32", "ct2-fp32", "ort-fp32-contract", "ct2-fp32+threads=2"), True)
     assert all(results[name]["agreement"] == 1.0 for name in ("ct2-fp32", "ort-fp32-contract", "ct2-fp32+threads=2"))

@@ -34,6 +34,7 @@ DEMO_MODES = {"greedy": ((), DecodeOptions()),
               "beam 4, length penalty 0.6": (("--beam-size", "4", "--length-penalty", "0.6"),
                                              DecodeOptions(beam_size=4, length_penalty=0.6))}
 DEMO_LINES = {"greedy": 1000, "beam 4": 1000, "beam 4, length penalty 0.6": 300}  # of the held-out numbers
+DEMO_BATCHES = {"greedy": (1, 32), "beam 4": (1, 32), "beam 4, length penalty 0.6": (32,)}  # the step loop's
 GENERATE_LINES = 300
 
 
@@ -80,13 +81,15 @@ def test_cpp_tokenizer_matches_python_on_a_plain_vocabulary(tokenize_check, tmp_
 
 @pytest.mark.parametrize("mode", DEMO_MODES)
 def test_demo_heldout_numbers_translate_as_tfm_run_does(tfm_translate, demo_generate, mode):
-    """The held-out numbers (all 1,000 greedy and beam 4; 300 with a length penalty) and a blank line through
-    decoder_step_search, and the last 300 lines through generate.onnx (the suite's time): the text `tfm-run
-    translate` gives, line for line."""
+    """The held-out numbers (all 1,000 greedy and beam 4, in batches of 1 and 32; 300 with a length penalty, in
+    batches of 32) and a blank line through decoder_step_search, and the last 300 lines through generate.onnx (the
+    suite's time): the text `tfm-run translate` gives, line for line."""
     flags, options = DEMO_MODES[mode]
     lines = [en for en, _ in demo_numbers.held_out_pairs()[:DEMO_LINES[mode]]] + [""]
     want = [r.text for r in Translator.load(demo_generate).translate(lines, options)]
-    for graph, count in (((), len(lines)), (("--generate",), GENERATE_LINES)):
+    runs = [(("--batch-size", str(batch)), len(lines)) for batch in DEMO_BATCHES[mode]]
+    runs.append((("--generate",), GENERATE_LINES))
+    for graph, count in runs:
         lines, want = lines[-count:], want[-count:]  # the blank line kept
         got = run_cpp(tfm_translate, demo_generate, lines, *flags, *graph)
         differ = [i for i, (g, w) in enumerate(zip(got, want, strict=True)) if g != w]
@@ -265,10 +268,11 @@ def test_help_and_version_answer_on_stdout(tfm_translate):
 
 
 def test_a_source_too_long_is_named_by_its_line(tfm_translate, demo_onnx):
-    """As tfm-run names it: the lines before it are answered, then one line says which input was too long."""
+    """As tfm-run names it and when: every line of what has arrived is read before any is decoded, so a line
+    after it in the same chunk is not translated, and one line says which input was too long."""
     done = subprocess.run([str(tfm_translate), str(demo_onnx)], input="forty-two\n" + "one " * 300 + "\n",
                           capture_output=True, text=True, timeout=60)
-    assert done.returncode == 1 and len(done.stdout.splitlines()) == 1, done
+    assert done.returncode == 1 and done.stdout == "", done
     assert done.stderr.count("\n") == 1 and done.stderr.startswith("error: line 2: source of 302 tokens"), done.stderr
 
 

@@ -7,7 +7,8 @@ same, words split on Unicode's whitespace). On 200 generated sentences with non-
 
 SentencePiece and `tokenizers` search the same Unigram lattice, but where two segmentations score exactly the same
 (the same pieces in another order: '000' as 0+00 or 00+0) each library keeps its own: such a difference is judged
-a tie by its score, and anything else fails."""
+a tie by its score, and anything else fails. Both decode in batches of 32, of sentences sorted by length (tfm-run
+takes the texts as arguments, the C++ command from a file on stdin: the same batches)."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ import pytest
 from click.testing import CliRunner
 from support import hf_language_models, hf_text_models
 from support.common import REPO
-from support.cpp import SCORE_TOLERANCE, built_translator
+from support.cpp import SCORE_TOLERANCE, built_translator, run_cpp
 from support.hf_oracle import repository_lines
 from tokenizers import Tokenizer
 
@@ -127,13 +128,6 @@ def tfm_run(model: Path, texts: list[str], *options: str) -> list[dict]:
     return [json.loads(line) for line in result.stdout.splitlines()]
 
 
-def cpp(binary: Path, model: Path, texts: list[str], *options: str) -> list[str]:
-    done = subprocess.run([str(binary), str(model), "--threads", "1", *options], input="\n".join(texts) + "\n",
-                          capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr
-    return done.stdout.split("\n")[:-1]
-
-
 def test_sources_tokenize_as_python_does(tokenize_check, case):
     model, _ = case
     texts = generated_sentences()
@@ -146,10 +140,11 @@ def test_text_translates_as_tfm_run_does(tfm_translate, tokenize_check, case):
     model, languages = case
     texts = generated_sentences()
     texts = [texts[i] for i in source_ids_agree(tokenize_check, model, texts)]
-    assert cpp(tfm_translate, model, texts, *languages) == [r["translation"] for r in tfm_run(model, texts, *languages)]
+    want = [r["translation"] for r in tfm_run(model, texts, *languages)]
+    assert run_cpp(tfm_translate, model, texts, *languages) == want
     beam = ("--beam-size", "4", "--n-best", "2", "--length-penalty", "0.7", *languages)
     want = tfm_run(model, texts, *beam)
-    got = [json.loads(line) for line in cpp(tfm_translate, model, texts, *beam, "--format", "jsonl")]
+    got = [json.loads(line) for line in run_cpp(tfm_translate, model, texts, *beam, "--format", "jsonl")]
     assert [[h["translation"] for h in r["n_best"]] for r in got] == [[h["translation"] for h in r["n_best"]]
                                                                       for r in want]
     assert [r["ids"] for r in got] == [r["ids"] for r in want]
@@ -169,10 +164,10 @@ def m2m100(tmp_path_factory) -> Path:
     return hf_language_models.made(tmp_path_factory, "m2m100")[1]
 
 
-def _one_line_error(binary: Path, model: Path, stdin: bytes, *options: str | bytes, answered: int = 0) -> str:
-    """The command's one-line error, after `answered` lines translated (each line is answered as it is read)."""
+def _one_line_error(binary: Path, model: Path, stdin: bytes, *options: str | bytes) -> str:
+    """The command's one-line error, nothing translated: every line of what has arrived is read before any is."""
     done = subprocess.run([str(binary), str(model), *options], input=stdin, capture_output=True, timeout=60)
-    assert done.returncode == 1 and done.stdout.count(b"\n") == answered, done
+    assert done.returncode == 1 and done.stdout == b"", done
     error = done.stderr.decode()
     assert error.count("\n") == 1 and error.startswith("error: "), error
     return error
@@ -208,9 +203,9 @@ def test_language_mistakes_are_one_line_as_tfm_run_says_them(tfm_translate, requ
 
 def test_invalid_utf8_is_one_line_naming_the_line(tfm_translate, marian):
     assert "<stdin>: line 2 is not valid UTF-8; convert the file to UTF-8" in \
-        _one_line_error(tfm_translate, marian, b"hello\nbad \xff byte\n", answered=1)
+        _one_line_error(tfm_translate, marian, b"hello\nbad \xff byte\n")
     assert "TEXT argument 2 is not valid UTF-8" in \
-        _one_line_error(tfm_translate, marian, b"", b"fine", b"\xed\xa0\x80 a surrogate", answered=1)
+        _one_line_error(tfm_translate, marian, b"", b"fine", b"\xed\xa0\x80 a surrogate")
 
 
 def test_a_tokenizer_without_a_sentencepiece_model_points_to_ids(tfm_translate, tmp_path_factory):

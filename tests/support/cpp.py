@@ -7,6 +7,7 @@ import json
 import shutil
 import subprocess
 import sys
+import tempfile
 from functools import cache
 from pathlib import Path
 
@@ -45,9 +46,13 @@ def built_translator() -> Path:
 
 
 def run_cpp(binary: Path, model: Path, lines: list[str], *options: str) -> list[str]:
-    """The translator over `lines` on stdin, one thread (the tests' workers share the cores): its output lines."""
-    done = subprocess.run([str(binary), str(model), "--threads", "1", *options], input="\n".join(lines) + "\n",
-                          capture_output=True, text=True, timeout=600)
+    """The translator over `lines` on stdin, one thread (the tests' workers share the cores): its output lines.
+    Stdin is a file, so its chunks (and so its batches) do not depend on when a pipe's writes arrive."""
+    with tempfile.TemporaryFile("w+", encoding="utf-8") as stdin:
+        stdin.write("\n".join(lines) + "\n")
+        stdin.seek(0)
+        done = subprocess.run([str(binary), str(model), "--threads", "1", *options], stdin=stdin,
+                              capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
     return done.stdout.split("\n")[:-1]
 
@@ -65,16 +70,16 @@ def cpp_nbest(binary: Path, model: Path, sources: list[list[int]], beam: int, n_
 
 
 def assert_same_ids_and_scores(binary: Path, model: Path, sources: list[list[int]], max_length: int) -> None:
-    """Greedy, and beam 4 with the 3 best at length penalty 0.6, one source per call in both (C++ decodes one at a
-    time; ONNX Runtime may round a batch of one differently from a padded batch): identical ids, and scores and
-    log-probabilities within SCORE_TOLERANCE."""
+    """Greedy, and beam 4 with the 3 best at length penalty 0.6, one source per batch in both (ONNX Runtime may
+    round a batch of one differently from a padded batch): identical ids, and scores and log-probabilities within
+    SCORE_TOLERANCE."""
     translator = Translator.load(model)
     for beam, n_best, penalty in ((1, 1, 1.0), (4, 3, 0.6)):
         options = DecodeOptions(beam_size=beam, n_best=n_best, length_penalty=penalty, max_length=max_length,
                                 batch_size=1)
         want = translator.translate_ids(sources, options)
         got = cpp_nbest(binary, model, sources, beam, n_best, "--length-penalty", str(penalty),
-                        "--max-length", str(max_length))
+                        "--max-length", str(max_length), "--batch-size", "1")
         for source, hypotheses, found in zip(sources, want, got, strict=True):
             assert [ids for ids, _, _ in found] == [h.tokens for h in hypotheses], (beam, source)
             np.testing.assert_allclose([p for _, _, p in found], [h.score for h in hypotheses], atol=SCORE_TOLERANCE)

@@ -39,7 +39,7 @@ TIMED_BACKENDS = {
     "hf-generate": "transformers' own generate(), eager fp32 (a Hugging Face model directory's weights)",
     "hf-generate-fp16": "transformers' own generate(), eager fp16 on CUDA (a Hugging Face model directory's weights)",
     "cpp": "the C++ example's loop (examples/cpp, `make cpp`): ONNX Runtime fp32, decoder_step_search in place, "
-           "one input at a time",
+           "a call's inputs as one batch",
 }
 DEVICES = ("cpu", "cuda")
 GPU_ONLY = {"ort-fp16": "fp16 is for GPUs; time it with --device cuda",
@@ -183,26 +183,27 @@ def _cpp_unavailable(artifacts: Artifacts) -> str | None:
 
 
 class CppDecoder:
-    """The C++ binary in --ids mode, one process per decoding setting, kept running: it answers each input line as it
-    arrives, so a timed call costs decoding, not the process's start and model load. `warm` starts the timed
-    setting's process and decodes one input with it before the timing; `close` ends them all. Opening runs the
-    binary once with no input, which opens the model and stops (the load time the bench reports)."""
+    """The C++ binary in --ids mode, one process per decoding setting and batch size, kept running: it decodes what
+    has arrived on stdin as soon as no more is coming (a call's sources, written at once, are one batch), so a timed
+    call costs decoding, not the process's start and model load. `warm` starts the timed setting's process and
+    decodes with it before the timing; `close` ends them all. Opening runs the binary once with no input, which
+    opens the model and stops (the load time the bench reports)."""
 
     def __init__(self, model: Path, threads: int) -> None:
         self.model, self.threads = model, threads
-        self.running: dict[tuple[int, int, bool], subprocess.Popen[str]] = {}
+        self.running: dict[tuple[int, int, bool, int], subprocess.Popen[str]] = {}
         opened = subprocess.run(self._command(), input="", capture_output=True, text=True)
         if "empty input" not in opened.stderr:
             raise TfmExportError(f"the C++ translator cannot open {model}: {opened.stderr.strip()}")
 
     def __call__(self, sources: Sequence[Sequence[int]], beam: int, length: int, forced: bool
                  ) -> list[tuple[int, ...]]:
-        child = self._process(beam, length, forced)
+        child = self._process(beam, length, forced, len(sources))
         assert child.stdin is not None and child.stdout is not None and child.stderr is not None
+        child.stdin.write("".join(" ".join(map(str, ids)) + "\n" for ids in sources))
+        child.stdin.flush()
         out = []
-        for ids in sources:
-            child.stdin.write(" ".join(map(str, ids)) + "\n")
-            child.stdin.flush()
+        for _ in sources:
             line = child.stdout.readline()
             if not line:
                 raise TfmExportError(f"the C++ translator stopped: {child.stderr.read().strip()}")
@@ -210,7 +211,7 @@ class CppDecoder:
         return out
 
     def warm(self, sources: Sequence[Sequence[int]], beam: int, length: int, forced: bool) -> None:
-        self(sources[:1], beam, length, forced)
+        self(sources, beam, length, forced)
 
     def pids(self) -> list[int]:
         return [child.pid for child in self.running.values()]
@@ -221,11 +222,11 @@ class CppDecoder:
                 child.stdin.close()
             child.wait()
 
-    def _process(self, beam: int, length: int, forced: bool) -> subprocess.Popen[str]:
-        key = (beam, length, forced)
+    def _process(self, beam: int, length: int, forced: bool, batch: int) -> subprocess.Popen[str]:
+        key = (beam, length, forced, batch)
         if key not in self.running:
             command = self._command("--beam-size", str(beam), "--max-length", str(length),
-                                    "--min-length", str(length if forced else 0))
+                                    "--min-length", str(length if forced else 0), "--batch-size", str(batch))
             self.running[key] = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                                  stderr=subprocess.PIPE, text=True)
         return self.running[key]

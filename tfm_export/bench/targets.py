@@ -17,6 +17,8 @@ FLOOR_RATIO = 1.3  # batch-1 fp32 greedy time per token / the memory-bandwidth f
 TARGET_MODEL = "base"  # the model whose memory and floor are targets; the others' are reported
 PAIRS = (("ort-fp32", "ct2-fp32"), ("ort-int8-dynamic", "ct2-int8"))
 CELL = "len {length}, beam {beam}, batch {batch}"
+CPP_FIRST_LINE = "tfm_translate, the C++ command (fp32)"  # its first-line entry in a report
+CPP_TARGET_MODEL, CPP_TARGET_BATCH = "demo", 32  # its first line before CTranslate2's; no slower than tfm-run here
 
 
 def cell_name(length: int, beam: int, batch: int) -> str:
@@ -134,6 +136,27 @@ def _model_rows(model: str, report: dict) -> list[tuple[str, str, bool | None]]:
     if first:
         rows.append((f"first translation reported beside CTranslate2's ({model})",
                      "; ".join(f"{n} {v:.2f} s" for n, v in first.items()), None))
+    return rows + _cpp_rows(model, report, first)
+
+
+def _cpp_rows(model: str, report: dict, first: dict[str, float]) -> list[tuple[str, str, bool | None]]:
+    """The C++ command against CTranslate2's first line (at its best thread count) and tfm-run's batches."""
+    rows = []
+    target = model == CPP_TARGET_MODEL
+    anchors = {n: v for n, v in first.items() if n.startswith("ctranslate2")}
+    if CPP_FIRST_LINE in first and anchors:
+        best = min(anchors, key=anchors.get)
+        rows.append((f"the C++ command's first line before CTranslate2's best ({model})",
+                     f"{first[CPP_FIRST_LINE]:.3f} vs {anchors[best]:.3f} s ({best})",
+                     first[CPP_FIRST_LINE] < anchors[best] if target else None))
+    names = report["rounds"][0]["results"]
+    if "cpp" in names and "ort-fp32" in names:
+        ratios = {c: v for c, v in cell_ratios(report, "cpp", "ort-fp32").items()
+                  if cell_sizes(c)[2] == CPP_TARGET_BATCH}
+        if ratios:
+            worst = min(ratios, key=ratios.get)
+            rows.append((f"cpp >= ort-fp32 at batch {CPP_TARGET_BATCH} ({model})",
+                         f"lowest {cut(ratios[worst])}x ({worst})", ratios[worst] >= 1.0 if target else None))
     return rows
 
 
