@@ -31,6 +31,20 @@ from tokenizers import Tokenizer
 from tfm_export.artifacts.manifest import MANIFEST, MODEL_FORMAT, MODEL_FORMAT_VERSION
 from tfm_export.artifacts.model_dir import SENTENCEPIECE
 from tfm_export.cli.run_cli import main as run_main
+from tfm_export.core.graph_spec import (
+    ATTENTION_MASK,
+    CACHE_LENGTH,
+    ENCODER_ATTENTION_MASK,
+    FORCED_TOKEN,
+    INPUT_IDS,
+    LAST_HIDDEN_STATE,
+    LOGITS,
+    TOKEN_BIAS,
+    TOP_IDS,
+    TOP_LOGPROBS,
+    TOTAL_LENGTH,
+    cache_name,
+)
 from tfm_export.core.tokenizer import SENTENCEPIECE_FILE, SENTENCEPIECE_INPUTS
 from tfm_export.model.hf_tokenizer import RUN_END, RUN_START
 
@@ -218,10 +232,18 @@ def test_a_tokenizer_without_a_sentencepiece_model_points_to_ids(tfm_translate, 
 
 
 def test_the_contract_the_headers_spell_is_the_python_sides():
-    """examples/cpp spells the manifest's format and its SentencePiece entry in one place, and the run markers of
-    a Marian source table in the tokenizer: each as the Python side defines it."""
+    """examples/cpp spells the graph contract's names, the manifest's format and its SentencePiece entry in one
+    place (tfm::contract), and the run markers of a Marian source table in the tokenizer: each as the Python side
+    defines it."""
     header = (CPP_DIR / "tfm_translate.hpp").read_text()
     assert f'kFormat = "{MODEL_FORMAT}"' in header and f"kFormatVersion = {MODEL_FORMAT_VERSION};" in header
+    assert f'kEncoderInputs = {{"{INPUT_IDS}", "{ATTENTION_MASK}"}}' in header
+    assert f'kEncoderHidden = "{LAST_HIDDEN_STATE}"' in header and f'kTotalLength = "{TOTAL_LENGTH}"' in header
+    assert f'kLogits = "{LOGITS}", kTopLogprobs = "{TOP_LOGPROBS}", kTopIds = "{TOP_IDS}"' in header
+    search = (INPUT_IDS, ENCODER_ATTENTION_MASK, CACHE_LENGTH, TOKEN_BIAS, FORCED_TOKEN)
+    assert "out = {" + ", ".join(f'"{n}"' for n in search) + "}" in header  # decoder_step_search's first inputs
+    assert 'return prefix + "." + std::to_string(layer) + "." + side + "." + role;' in header  # tfm::contract::cache
+    assert cache_name("past_key_values", 0, "decoder", "key") == ".".join(("past_key_values", "0", "decoder", "key"))
     assert f'kSentencePiece = "{SENTENCEPIECE}"' in header
     assert "kSentencePieceInputs = {" + ", ".join(f'"{i}"' for i in SENTENCEPIECE_INPUTS) + "}" in header
     markers = re.search(r'kRunStart = "([^"]+)", kRunEnd = "([^"]+)"', (CPP_DIR / "tokenizer.hpp").read_text())
