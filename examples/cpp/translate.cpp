@@ -168,8 +168,15 @@ class Io {
     choose_languages(args.source_lang, args.target_lang);
   }
 
+  // A source as the encoder takes it: framed by the tokenizer's template, or <s> ... </s> in the seed layout (which
+  // tfm-run frames so whatever the file's post-processor says).
   std::vector<int64_t> source(const std::string& line) const {
-    return source_ ? source_->framed(source_->encode(line)) : parse_ids(line);
+    if (!source_) return parse_ids(line);
+    std::vector<int64_t> ids = source_->encode(line);
+    if (!model_.rules().seed_layout) return source_->framed(ids);
+    ids.insert(ids.begin(), model_.rules().start);
+    ids.push_back(model_.rules().eos);
+    return ids;
   }
 
   std::string output(const std::vector<int64_t>& tokens) const { return target_ ? target_->decode(tokens) : join(tokens); }
