@@ -1,9 +1,11 @@
 """The C++ example on the pretrained families' own tokenizers, held to tfm-run: random tiny models with tokenizers
 trained here (made and exported once per run, shared with the Hugging Face tests): Marian (its source.spm and
 vocab.json, opus-mt's >>fra<< before the text), M2M100 (SentencePiece BPE, __xx__ codes by --source-lang and
---target-lang), mBART-50 (a Unigram tokenizer.json, which the export writes as a SentencePiece model) and T5 (the
-same, words split on Unicode's whitespace). On 200 generated sentences with non-ASCII text: the same source ids
-(tokenize_check), the same text greedy and at beam 4, and n-best scores within 1e-4.
+--target-lang), mBART-50 (a Unigram tokenizer.json, which the export writes as a SentencePiece model), T5 (the
+same, words split on Unicode's whitespace) and NLLB as its repositories ship it (a BPE tokenizer.json and the
+sentencepiece.bpe.model it was converted from, given the tokenizer's words). On 200 generated sentences with
+non-ASCII text: the same source ids (tokenize_check), the same text greedy and at beam 4, and n-best scores within
+1e-4.
 
 SentencePiece and `tokenizers` search the same Unigram lattice, but where two segmentations score exactly the same
 (the same pieces in another order: '000' as 0+00 or 00+0) each library keeps its own: such a difference is judged
@@ -25,7 +27,7 @@ from click.testing import CliRunner
 from support import hf_language_models, hf_text_models
 from support.common import REPO
 from support.cpp import SCORE_TOLERANCE, built_translator, run_cpp
-from support.hf_oracle import repository_lines
+from support.hf_oracle import made_and_exported, repository_lines
 from tokenizers import Tokenizer
 
 from tfm_export.artifacts.manifest import MANIFEST, MODEL_FORMAT, MODEL_FORMAT_VERSION
@@ -59,6 +61,9 @@ CASES = {
                                 ("--source-lang", "__fr__", "--target-lang", "__de__")),
     "mbart-50 fr_XX to de_DE": (hf_language_models.made, "mbart-50",
                                 ("--source-lang", "fr_XX", "--target-lang", "de_DE")),
+    "nllb as shipped, fra_Latn to deu_Latn": (lambda factory, _: made_and_exported(
+        factory, "languages-nllb-hub", hf_language_models.save_nllb_hub), "nllb-hub",
+        ("--source-lang", "fra_Latn", "--target-lang", "deu_Latn")),
 }
 FOREIGN = ["café", "naïve", "coûte", "Straße", "größer", "ÆØÅ", "ΣΊΣΥΦΟΣ", "Ὀδυσσεύς", "東京", "日本語", "привет",
            "мир", "🙂", "€5", "İstanbul", "ﬁne", "ｆｕｌｌ", "a\u00a0b", "x\u3000y"]

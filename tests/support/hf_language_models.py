@@ -100,6 +100,39 @@ def _m2m100_tokenizer(work: Path):
                                         src_lang="en")
 
 
+def nllb_hub_tokenizer(work: Path):
+    """NLLB as its repositories ship it: sentencepiece.bpe.model (SentencePiece's own BPE, trained here) and the
+    BPE tokenizer.json converted from it (its merges, its charsmap, fairseq's ids with the specials first, NLLB's
+    codes), which NllbTokenizer saves."""
+    from tokenizers import Regex, decoders, normalizers
+
+    from tfm_export.model.hf_tokenizer import BPE, NORMAL, _bpe_merges, _spm_proto
+    spm = pytest.importorskip("sentencepiece", reason="the models are built with the hf extra: pip install '.[hf]'")
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(_lines()), model_prefix=str(work / "bpe"),
+                                   vocab_size=400, model_type="bpe", minloglevel=2)
+    proto = _spm_proto(work / "bpe.model", BPE)
+    pieces = [p.piece for p in proto.pieces if p.type == NORMAL]
+    vocab = {t: i for i, t in enumerate(dict.fromkeys([*SPECIALS, *pieces]))}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=_bpe_merges(proto), unk_token="<unk>", fuse_unk=True))
+    tok.normalizer = normalizers.Sequence([normalizers.Precompiled(proto.normalizer_spec.precompiled_charsmap),
+                                           normalizers.Replace(Regex(" {2,}"), " ")])
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always", split=True)
+    tok.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="always", split=True)
+    return transformers.NllbTokenizer(tokenizer_object=tok, extra_special_tokens=NLLB_CODES, src_lang=NLLB_CODES[0])
+
+
+def save_nllb_hub(directory: Path) -> Path:
+    """A random NLLB with nllb_hub_tokenizer's two files (the C++ command's tests; no generate() oracle here)."""
+    work = Path(tempfile.mkdtemp(dir=directory.parent))
+    tokenizer = nllb_hub_tokenizer(work)
+    tokenizer.save_pretrained(directory)
+    (directory / "sentencepiece.bpe.model").write_bytes((work / "bpe.model").read_bytes())
+    model = _model("nllb", tokenizer)
+    model.generation_config.max_length = 24
+    model.save_pretrained(directory)
+    return directory
+
+
 def hf_language(code: str | None) -> str | None:
     """M2M100Tokenizer's src_lang is the bare code ("fr"); --source-lang names the token (__fr__)."""
     return code.strip("_") if code and code.startswith("__") else code

@@ -58,7 +58,7 @@ def tokenizer_json(directory: Path, config: ModelConfig) -> Vocabulary | None:
         return None
     path = contained_file(directory, TOKENIZER_FILE, VocabularyError, "tokenizer", LINKED)
     tok = load_tokenizer(path, max(config.src_vocab_size, config.trg_vocab_size), seed_layout=False)
-    tok.sentencepiece = unigram_sentencepiece(tok)
+    tok.sentencepiece = unigram_sentencepiece(tok) or bpe_sentencepiece(directory, tok)
     return Vocabulary(tok, tok)
 
 
@@ -287,7 +287,31 @@ def unigram_sentencepiece(tok: TextTokenizer) -> SentencePieceModel | None:
     charsmap = _precompiled(data.get("normalizer"))
     proto.normalizer_spec.MergeFrom(sentencepiece_model.NormalizerSpec(
         name="precompiled" if charsmap else "identity", precompiled_charsmap=charsmap, add_dummy_prefix=False,
-        remove_extra_whitespaces=False, escape_whitespaces=False))
+        remove_extra_whitespaces=False, escape_whitespaces=True))  # the charsmap may make a word's '▁' a space
+    return SentencePieceModel(proto.SerializeToString(), whole_text=False)
+
+
+def bpe_sentencepiece(directory: Path, tok: TextTokenizer) -> SentencePieceModel | None:
+    """The directory's own SentencePiece BPE model (sentencepiece.bpe.model, which NLLB and mBART repositories ship
+    beside the tokenizer.json converted from it) as a words model: the tokenizer's normalizer and Metaspace words
+    given to it one by one, its charsmap the JSON's, its merges its own. None where the directory has none, the
+    JSON is no BPE, or a piece of the model has no id in the JSON's table (another vocabulary)."""
+    data = json.loads(tok.tokenizer.to_str())
+    model = data["model"]
+    if model["type"] != "BPE" or not (directory / M2M100_SPM).exists() or missing("hf"):
+        return None
+    path = contained_file(directory, M2M100_SPM, VocabularyError, "SentencePiece model", LINKED)
+    proto = _spm_proto(path, BPE)
+    absent = [p.piece for p in proto.pieces if p.type == NORMAL and p.piece not in model["vocab"]]
+    if absent:
+        log.info("%s: not the model of %s (piece %r has no id there); the C++ command cannot read it", path,
+                 tok.origin, absent[0])
+        return None
+    charsmap = _precompiled(data.get("normalizer"))
+    proto.normalizer_spec.precompiled_charsmap = charsmap
+    proto.normalizer_spec.name = "precompiled" if charsmap else "identity"
+    proto.normalizer_spec.add_dummy_prefix = proto.normalizer_spec.remove_extra_whitespaces = False  # the words
+    proto.normalizer_spec.escape_whitespaces = True  # come with their '▁', which the charsmap may make a space
     return SentencePieceModel(proto.SerializeToString(), whole_text=False)
 
 
