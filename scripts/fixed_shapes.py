@@ -19,6 +19,7 @@ from pathlib import Path
 
 from tfm_export.demo.numbers import held_out_pairs
 from tfm_export.runtime.backends import open_backend
+from tfm_export.runtime.counts import WorkCounts
 from tfm_export.runtime.session import SessionOptions
 from tfm_export.runtime.translator import DecodeOptions, Translator
 
@@ -52,7 +53,7 @@ def main() -> None:
             best = dict.fromkeys(CACHES, float("inf"))
             outputs = {}
             device = opened["device"][1]
-            device.wasted_rows = device.row_steps = 0
+            device.counts = WorkCounts()
             for _ in range(args.rounds):
                 for cache in CACHES:
                     translator = opened[cache][0]
@@ -63,7 +64,7 @@ def main() -> None:
                 raise SystemExit(f"beam {beam} batch {batch}: the device backend's translations differ")
             rate = {cache: len(texts) / best[cache] for cache in CACHES}
             print(f"| {beam} | {batch} | {rate['in-place']:.1f} | {rate['device']:.1f} | "
-                  f"{rate['device'] / rate['in-place']:.2f} | {device.wasted_rows / device.row_steps:.1%} |")
+                  f"{rate['device'] / rate['in-place']:.2f} | {device.counts.finished_rows / device.counts.rows:.1%} |")
 
 
 if __name__ == "__main__":

@@ -33,6 +33,7 @@ from tfm_export.model import reference_decoding
 from tfm_export.model.loading import load_checkpoint
 from tfm_export.model.synthetic import random_checkpoint
 from tfm_export.runtime import decoding
+from tfm_export.runtime.counts import WorkCounts
 from tfm_export.runtime.search import SearchOptions
 
 HELD_OUT = [en for en, _ in demo_numbers.held_out_pairs()]
@@ -198,14 +199,16 @@ def test_inputs_go_one_per_call_unless_made_with_early_stopping(demo_onnx, tmp_p
     the backend sends one input per call; a graph made with --early-stopping decodes a batch in one call."""
     src = random_sources(88, 5, 10, seed=2)
     per_input = generate_searcher(_generate_dir(demo_onnx, tmp_path / "default"))
+    per_input.counts = WorkCounts()
     per_input.search(src, SearchOptions(20), SEED_RULES)
-    assert per_input.calls == 5
+    assert per_input.counts.runs == 5
     result = CliRunner().invoke(export_main, ["generate", "--model", str(demo_onnx), "--output",
                                               str(tmp_path / "early"), "--early-stopping"])
     assert result.exit_code == 0, result.output
     batched = generate_searcher(tmp_path / "early")
+    batched.counts = WorkCounts()
     got = batched.search(src, SearchOptions(20), SEED_RULES)
-    assert batched.calls == 1
+    assert batched.counts.runs == 1
     assert [h[0].tokens for h in got] == [h.tokens for h in decoding.greedy(concat_backend(demo_onnx), src, 20)]
 
 

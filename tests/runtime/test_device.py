@@ -18,6 +18,7 @@ from tfm_export.model import reference_decoding
 from tfm_export.runtime import decoding
 from tfm_export.runtime.backends import device
 from tfm_export.runtime.backends.reference import TorchBackend
+from tfm_export.runtime.counts import WorkCounts
 
 
 def _pointers(work: device.Workspace) -> list[int]:
@@ -46,6 +47,7 @@ def test_finished_rows_stay_until_half_the_sources_are_done(flat):
     the rows the search kept, in its order (rows reordered within their source, as beams are)."""
     ckpt, directory = flat
     ours, reference = step_backend(directory, "device"), TorchBackend(ckpt.model)
+    ours.counts = WorkCounts()
     src = short_sources(19, 8, 7)
     states = [b.expand(b.encode(src), 2) for b in (ours, reference)]
     every = decoding.StepRule(TokenRules(banned=()), ours.top_k + 1)  # more than the graph's K: logits come back
@@ -58,17 +60,18 @@ def test_finished_rows_stay_until_half_the_sources_are_done(flat):
         (states[0], got), (states[1], want) = (b.step(s, tokens, every) for b, s in zip((ours, reference), states,
                                                                                        strict=True))
         np.testing.assert_allclose(got.logits, want.logits, atol=1e-4)
-    assert ours.wasted_rows == 2 * 4 and states[0].live.tolist() == [0, 1, 2, 3]
+    assert ours.counts.finished_rows == 2 * 4 and states[0].live.tolist() == [0, 1, 2, 3]
 
 
 def test_rows_finishing_in_a_greedy_batch_decode_as_the_reference(flat):
     ckpt, directory = flat
     backend = step_backend(directory, "device")
+    backend.counts = WorkCounts()
     src = short_sources(19, 32, 7)
     got = decoding.greedy(backend, src, 20)
     want = reference_decoding.greedy_decode(ckpt.model, torch.from_numpy(src), 20)
     assert [h.tokens for h in got] == [h.tokens for h in want]
-    assert len({len(h.tokens) for h in want if h.finished}) >= 2 and backend.wasted_rows > 0
+    assert len({len(h.tokens) for h in want if h.finished}) >= 2 and backend.counts.finished_rows > 0
 
 
 def test_the_rules_are_uploaded_only_when_they_change(flat):
@@ -76,10 +79,11 @@ def test_the_rules_are_uploaded_only_when_they_change(flat):
     allowed from the minimum length on), not every step."""
     ckpt, directory = flat
     backend = step_backend(directory, "device", cache_step=64)
+    backend.counts = WorkCounts()
     state = backend.encode(short_sources(19, 3, 1))
     for t in range(8):
         state, _ = backend.step(state, np.full(3, ckpt.rules.start), decoding.StepRule(ckpt.rules, 1, t >= 5))
-    assert backend.step_calls == 8 and backend.rule_uploads == 2
+    assert backend.counts.runs == 8 and backend.counts.rule_uploads == 2
 
 
 @pytest.mark.parametrize("length", [2, 15, 16, 17, 24])

@@ -17,6 +17,7 @@ from tfm_export.core.errors import TfmExportError
 from tfm_export.core.files import file_sha256
 from tfm_export.demo import numbers as demo_numbers
 from tfm_export.runtime.backends.concat import ConcatBackend
+from tfm_export.runtime.counts import WorkCounts
 from tfm_export.runtime.search import LoopSearcher
 
 TEXTS = [en for en, _ in demo_numbers.held_out_pairs()[:210]] + ["forty-two", "", "eighty", "seven thousand and one"]
@@ -66,7 +67,7 @@ class RecordingBackend(ConcatBackend):
 def recording_translator(directory):
     backend = concat_backend(directory)
     backend.__class__ = RecordingBackend
-    backend.calls = []
+    backend.calls, backend.counts = [], WorkCounts()
     base = Translator.load(directory)
     return Translator(LoopSearcher(backend), base.vocab, base.config), backend
 
@@ -77,7 +78,7 @@ def test_decoder_runs_once_per_generated_token_and_never_reruns_the_prefix(demo_
     generated = len(result.ids) + 1  # + </s>
     assert [past for _, past, _ in backend.calls] == list(range(generated))  # the cache grows by one each step
     assert all(new == 1 and rows == 1 for rows, _, new in backend.calls)  # one new token, never the prefix
-    assert backend.step_calls == generated
+    assert backend.counts.runs == generated
 
 
 def test_finished_sentences_leave_the_batch(demo_onnx):
@@ -96,7 +97,7 @@ def test_step_count_is_linear_in_output_length(demo_onnx):
         translator, backend = recording_translator(demo_onnx)
         [result] = translator.translate([long_sentence], DecodeOptions(max_length=max_length))
         assert len(result.ids) == max_length
-        assert backend.step_calls == max_length
+        assert backend.counts.runs == max_length
         assert [past for _, past, _ in backend.calls] == list(range(max_length))
 
 

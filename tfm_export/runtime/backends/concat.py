@@ -14,6 +14,7 @@ import numpy as np
 from ...core.config import ModelConfig
 from ...core.graph_spec import ENCODER_ATTENTION_MASK, INPUT_IDS, LOGITS, cache_head_sizes, cache_names
 from ...core.sources import check_source_length, check_target_length
+from ..counts import WorkCounts
 from ..session import run
 from ..step import Candidates, Reorders, StepRule
 from .loaders import run_encoder
@@ -47,7 +48,7 @@ class ConcatBackend(Reorders):
         (the tied table they were given), which lives as long as they do."""
         self.encoder, self.decoder, self.config, self.model_dir = encoder, decoder, config, model_dir
         self.shared = shared or {}
-        self.step_calls = 0  # decoder_step runs, for tests that count work
+        self.counts: WorkCounts | None = None  # given by those who count work
         self.names = cache_names(config)
 
     @property
@@ -76,7 +77,8 @@ class ConcatBackend(Reorders):
                  **dict(zip(self.names.self_inputs, state.past, strict=True)),
                  **dict(zip(self.names.cross_inputs, state.cross, strict=True))}
         out = run(self.decoder, feeds)
-        self.step_calls += 1
+        if self.counts is not None:
+            self.counts.run(len(input_ids))
         return CacheState(state.mask, state.cross, tuple(out[n] for n in self.names.self_outputs)), out[LOGITS]
 
     def step(self, state: CacheState, tokens: np.ndarray, rule: StepRule) -> tuple[CacheState, Candidates]:

@@ -33,6 +33,7 @@ from ...core.graph_spec import (
     TOTAL_LENGTH,
 )
 from ...core.sources import check_source_length, check_target_length
+from ..counts import WorkCounts
 from ..session import CAPACITY_STEP, CUDA_PROVIDER
 from ..step import LOGITS_ONLY, Candidates, Reorders, StepRule
 from .pingpong import DeviceMemory, PingPong
@@ -98,10 +99,6 @@ class GraphState:
     def rows(self) -> int:
         return len(self.live)
 
-    @property
-    def past_length(self) -> int:
-        return self.length
-
 
 def pooled(pool: dict, key: tuple, make, avoid: object = None) -> object:
     """pool[key]'s entry other than `avoid` (two may exist per key, so that a gather never writes what it reads),
@@ -143,10 +140,7 @@ class DeviceBackend(Reorders):
         self._sources: dict = {}  # (count, length) -> Sources; pooled()
         self._workspaces: dict = {}  # (shape, sources) -> Workspace; pooled()
         self.captured = 0  # shapes whose steps have a CUDA graph id
-        self.step_calls = 0
-        self.row_steps = 0  # rows computed, step by step
-        self.wasted_rows = 0  # of those, rows that had finished (the price of fixed shapes)
-        self.rule_uploads = 0  # vocabulary-sized uploads of the decoding rules
+        self.counts: WorkCounts | None = None  # given by those who count work (finished rows: fixed shapes' price)
 
     # --- sources -----------------------------------------------------------------------------------------------
 
@@ -214,12 +208,12 @@ class DeviceBackend(Reorders):
             work.io[TOKEN_BIAS].update_inplace(state.rules.bias)
             work.io[FORCED_TOKEN].update_inplace(state.rules.forced)
             state.rules_in = work
-            self.rule_uploads += 1
+            if self.counts is not None:
+                self.counts.rule_uploads += 1
         current = work.cache.current
         self.decoder.run_with_iobinding(work.steps[current], work.runs[current])
-        self.step_calls += 1
-        self.row_steps += work.shape.rows
-        self.wasted_rows += work.shape.rows - state.rows
+        if self.counts is not None:
+            self.counts.run(work.shape.rows, work.shape.rows - state.rows)
         state.length += 1
         if rule.count > self.top_k:
             return state, rule.candidates(work.io[LOGITS].numpy()[state.live, 0])

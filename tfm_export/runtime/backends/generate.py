@@ -19,6 +19,7 @@ from ...core.hypothesis import Hypothesis
 from ...core.sources import check_source_length
 from ...core.token_rules import TokenRules
 from ...core.tokenizer import PAD_ID
+from ..counts import WorkCounts
 from ..search import SearchOptions
 from ..session import SessionOptions, open_session, run
 from .loaders import directory_options
@@ -36,7 +37,7 @@ class GenerateSearcher:
                  model_dir: ModelDir | None = None) -> None:
         """batched: a call takes the whole batch (safe only for a graph made with early_stopping 1)."""
         self.session, self.config, self.batched, self.model_dir = session, config, batched, model_dir
-        self.calls = 0  # session runs, for tests that count work
+        self.counts: WorkCounts | None = None  # given by those who count work
 
     def search(self, src: np.ndarray, options: SearchOptions, rules: TokenRules) -> list[list[Hypothesis]]:
         """Greedy (beam_size 1) asks the op for no length penalty, so its scores are summed log-probabilities as the
@@ -55,7 +56,8 @@ class GenerateSearcher:
         out = []
         for rows in self._calls(src):
             result = run(self.session, {INPUT_IDS: rows.astype(np.int32), **feeds})
-            self.calls += 1
+            if self.counts is not None:
+                self.counts.run(len(rows))
             for seqs, scores in zip(result["sequences"], result["sequences_scores"], strict=True):
                 out.append([_hypothesis(seq, float(score), penalty, max_length, length_penalty)
                             for seq, score in zip(seqs, scores, strict=True)])

@@ -32,6 +32,7 @@ from ...core.graph_spec import (
 )
 from ...core.machine import LARGE_BLOCK_BYTES
 from ...core.sources import check_source_length, check_target_length
+from ..counts import WorkCounts
 from ..session import CAPACITY_STEP
 from ..step import LOGITS_ONLY, Candidates, Reorders, StepRule
 from .search_step import Rules, SearchSessions, source_groups
@@ -64,10 +65,6 @@ class SearchState:
     length: int = 0  # filled cache positions
     buffers: Buffers | None = None  # made at the first step (beam search expands the rows before it)
     group: int = 1  # rows per source: the N = B * group decoder rows are B consecutive groups
-
-    @property
-    def past_length(self) -> int:
-        return self.length
 
     @property
     def rows(self) -> int:
@@ -137,7 +134,7 @@ class InPlaceBackend(Reorders):
         self.sessions, self.capacity_step = sessions, capacity_step
         self.config, self.names, self.top_k = sessions.config, sessions.names, sessions.top_k
         self.decoder, self.model_dir = sessions.decoder, sessions.model_dir
-        self.step_calls = 0  # decoder runs, for tests that count work
+        self.counts: WorkCounts | None = None  # given by those who count work
 
     def run_encoder(self, src: np.ndarray) -> dict[str, np.ndarray]:
         return self.sessions.run_encoder(src)
@@ -163,7 +160,8 @@ class InPlaceBackend(Reorders):
         buffers.total[...] = state.length + 1
         state.rules.apply(rule)
         self.decoder.run_with_iobinding(buffers.binding)
-        self.step_calls += 1
+        if self.counts is not None:
+            self.counts.run(state.rows)
         state.length, state.buffers = state.length + 1, buffers
         if rule.count > self.top_k:
             return state, rule.candidates(buffers.logits[:, 0])

@@ -12,6 +12,7 @@ from torch import Tensor
 from ...core.sources import check_source_length, check_target_length
 from ...model.cache import ConcatCache
 from ...model.transformer import Transformer
+from ..counts import WorkCounts
 from ..step import Candidates, Reorders, StepRule
 
 
@@ -32,7 +33,7 @@ class TorchBackend(Reorders):
     def __init__(self, model: Transformer, device: str = "cpu") -> None:
         self.model, self.device = model.eval().to(device), torch.device(device)
         self.config = model.config
-        self.step_calls = 0
+        self.counts: WorkCounts | None = None  # given by those who count work
 
     @torch.no_grad()
     def encode(self, src: np.ndarray) -> TorchState:
@@ -49,7 +50,8 @@ class TorchBackend(Reorders):
         check_target_length(state.past[0][0].size(2) + 1, self.config.n_position)
         new = torch.from_numpy(tokens).to(self.device)[:, None]  # (N, 1)
         x, present = self.model.decoder.step(new, ConcatCache(state.past), state.cross, state.src_mask)
-        self.step_calls += 1
+        if self.counts is not None:
+            self.counts.run(len(tokens))
         logits = self.model.project(x)[:, -1].float().cpu().numpy()  # (N, V)
         return TorchState(state.src_mask, state.cross, present), rule.candidates(logits)
 

@@ -30,6 +30,7 @@ from ...core.graph_spec import (
     cache_names,
 )
 from ...core.sources import check_source_length, check_target_length
+from ..counts import WorkCounts
 from ..session import CUDA_PROVIDER
 from ..step import Candidates, Reorders, StepRule
 from ..tensorrt_platform import check_gpu_supported, cuda_stream, current_platform, engine_mismatch, import_tensorrt
@@ -103,10 +104,6 @@ class TrtState:
     def rows(self) -> int:
         return self.cache.rows
 
-    @property
-    def past_length(self) -> int:
-        return self.length
-
 
 class TrtBackend(Reorders):
     """StepBackend on an engine directory's engines, with its memory on their device."""
@@ -116,7 +113,7 @@ class TrtBackend(Reorders):
         self.config, self.limits = engine_dir.config, engine_dir.limits
         self.names, self.dtypes = cache_names(self.config), engines.dtypes
         self._check_cache_dtypes()
-        self.step_calls = 0
+        self.counts: WorkCounts | None = None  # given by those who count work
 
     def _check_cache_dtypes(self) -> None:
         """Every cache tensor, both graphs, the memory's one dtype: the PingPong is typed once."""
@@ -178,7 +175,8 @@ class TrtBackend(Reorders):
         self.engines.execute(graph, inputs, outputs)
         cache.flip()
         state.length = past + 1
-        self.step_calls += 1
+        if self.counts is not None:
+            self.counts.run(state.rows)
         return state, rule.candidates(state.io[LOGITS].numpy()[:, -1].astype(np.float32))
 
     def select(self, state: TrtState, rows: np.ndarray) -> TrtState:
