@@ -681,19 +681,34 @@ class StepSearch {
     ++cache_length_;
   }
 
-  // Row i of every cache buffer becomes row rows[i] (beams reordered); only rows that change move.
+  // Cache buffer t with its row i taken from row rows[i]: the filled positions (the others zero: unused positions
+  // are read, so they must be finite).
+  std::vector<float> cache_rows(size_t t, const std::vector<int>& rows) const {
+    const size_t line = static_cast<size_t>(capacity_) * head_size(t), row = model_.heads() * line;
+    const size_t filled = static_cast<size_t>(cache_length_) * head_size(t);
+    std::vector<float> out(rows.size() * row, 0.0f);
+    for (size_t i = 0; i < rows.size(); ++i)
+      for (int h = 0; h < model_.heads(); ++h)
+        std::copy_n(cache_[t].begin() + rows[i] * row + h * line, filled, out.begin() + i * row + h * line);
+    return out;
+  }
+
+  // Blocks of `block` elements: block i taken from block index[i].
+  template <typename T>
+  static std::vector<T> blocks(const std::vector<T>& from, size_t block, const std::vector<int>& index) {
+    std::vector<T> out(index.size() * block);
+    for (size_t i = 0; i < index.size(); ++i) std::copy_n(from.begin() + index[i] * block, block, out.begin() + i * block);
+    return out;
+  }
+
+  // Row i of every cache buffer becomes row rows[i] (beams reordered), in the bound buffers.
   void reorder(const std::vector<int>& rows) {
     bool moved = false;
     for (int i = 0; i < rows_; ++i) moved |= rows[i] != i;
     if (!moved) return;
     for (size_t t = 0; t < cache_.size(); ++t) {
-      const size_t line = static_cast<size_t>(capacity_) * head_size(t), row = model_.heads() * line;
-      const size_t filled = static_cast<size_t>(cache_length_) * head_size(t);
-      const std::vector<float> old = cache_[t];
-      for (int i = 0; i < rows_; ++i)
-        if (rows[i] != i)
-          for (int h = 0; h < model_.heads(); ++h)
-            std::copy_n(old.begin() + rows[i] * row + h * line, filled, cache_[t].begin() + i * row + h * line);
+      const std::vector<float> reordered = cache_rows(t, rows);
+      std::copy(reordered.begin(), reordered.end(), cache_[t].begin());
     }
   }
 
@@ -701,26 +716,9 @@ class StepSearch {
   // searching, by this step's index). Where inputs left, every buffer is gathered into a smaller one and bound again.
   void gather(const std::vector<int>& rows, const std::vector<int>& kept) {
     if (static_cast<int>(rows.size()) == rows_) return reorder(rows);  // no input left: each kept its k rows
-    for (size_t t = 0; t < cache_.size(); ++t) {
-      const size_t line = static_cast<size_t>(capacity_) * head_size(t), row = model_.heads() * line;
-      const size_t filled = static_cast<size_t>(cache_length_) * head_size(t);
-      std::vector<float> fewer(rows.size() * row, 0.0f);  // unused positions are read: they must be finite
-      for (size_t i = 0; i < rows.size(); ++i)
-        for (int h = 0; h < model_.heads(); ++h)
-          std::copy_n(cache_[t].begin() + rows[i] * row + h * line, filled, fewer.begin() + i * row + h * line);
-      cache_[t].swap(fewer);
-    }
-    const size_t per_source = static_cast<size_t>(source_length_);
-    std::vector<int64_t> mask(kept.size() * per_source);
-    for (size_t i = 0; i < kept.size(); ++i)
-      std::copy_n(mask_.begin() + kept[i] * per_source, per_source, mask.begin() + i * per_source);
-    mask_.swap(mask);
-    for (auto& buffer : cross_) {
-      const size_t block = buffer.size() / sources_;
-      std::vector<float> fewer(kept.size() * block);
-      for (size_t i = 0; i < kept.size(); ++i) std::copy_n(buffer.begin() + kept[i] * block, block, fewer.begin() + i * block);
-      buffer.swap(fewer);
-    }
+    for (size_t t = 0; t < cache_.size(); ++t) cache_[t] = cache_rows(t, rows);
+    mask_ = blocks(mask_, source_length_, kept);
+    for (auto& buffer : cross_) buffer = blocks(buffer, buffer.size() / sources_, kept);
     rows_ = static_cast<int>(rows.size()), sources_ = static_cast<int>(kept.size());
     ids_.assign(rows_, 0);
     logits_.assign(static_cast<size_t>(rows_) * model_.target_vocab(), 0.0f);

@@ -42,6 +42,11 @@ def settings_of(report: dict, name: str) -> list[str]:
     return [n for n in names if n == name or (name.startswith("ct2-") and n.startswith(name + "+"))]
 
 
+def timed_backends(report: dict) -> set[str]:
+    """The backends a report's run timed."""
+    return set(report["rounds"][0]["results"])
+
+
 def _rate(result: dict, names: list[str], cell: str) -> float:
     """One round's tokens/s in the cell: the fastest of `names`."""
     return max(result["results"][n]["cells"][cell]["tokens_per_s"] for n in names)
@@ -102,7 +107,7 @@ def _speed_rows(reports: dict[str, dict]) -> list[tuple[str, str, bool | None]]:
     rows = []
     for ours, anchor in PAIRS:
         ratios = {f"{model} {cell}": v for model, report in reports.items()
-                  if {ours, anchor} <= set(report["rounds"][0]["results"])  # a run of other backends: not judged
+                  if {ours, anchor} <= timed_backends(report)  # a run of other backends: not judged
                   for cell, v in cell_ratios(report, ours, anchor).items()}
         if not ratios:
             continue
@@ -118,7 +123,7 @@ def _speed_rows(reports: dict[str, dict]) -> list[tuple[str, str, bool | None]]:
 
 def _model_rows(model: str, report: dict) -> list[tuple[str, str, bool | None]]:
     target, rows = model == TARGET_MODEL, []
-    for ours, anchor in [pair for pair in PAIRS if set(pair) <= set(report["rounds"][0]["results"])]:
+    for ours, anchor in [pair for pair in PAIRS if set(pair) <= timed_backends(report)]:
         a, b = _median_of(report, ours, "peak_rss_mb"), _anchor_peak(report, anchor)
         rows.append((f"peak RSS {ours} <= {anchor} ({model})", f"{a:.0f} vs {b:.0f} MB", a <= b if target else None))
     floor = floor_ms(report)
@@ -152,8 +157,7 @@ def _cpp_rows(model: str, report: dict, first: dict[str, float]) -> list[tuple[s
         rows.append((f"the C++ command's first line before CTranslate2's best ({model})",
                      f"{first[CPP_FIRST_LINE]:.3f} vs {anchors[best]:.3f} s ({best})",
                      first[CPP_FIRST_LINE] < anchors[best] if target else None))
-    names = report["rounds"][0]["results"]
-    if "cpp" in names and "ort-fp32" in names:
+    if {"cpp", "ort-fp32"} <= timed_backends(report):
         ratios = {c: v for c, v in cell_ratios(report, "cpp", "ort-fp32").items()
                   if cell_sizes(c)[2] == CPP_TARGET_BATCH}
         if ratios:

@@ -154,13 +154,13 @@ def export_model_dir(ckpt: Checkpoint, output: Path, opset: int = DEFAULT_OPSET,
         tokenizers = tokenizer_files(ckpt.vocab.shared)
         for side, name in tokenizers.items():
             getattr(ckpt.vocab, side).save(staging / name)
-        if ckpt.vocab.source.sentencepiece:
-            (staging / SENTENCEPIECE_FILE).write_bytes(ckpt.vocab.source.sentencepiece.proto)
+        spm = ckpt.vocab.source.sentencepiece
+        if spm:
+            (staging / SENTENCEPIECE_FILE).write_bytes(spm.proto)
         applied = ["tied weights stored once"]
         if optimize and not external:
             applied.insert(0, "onnxscript optimizer: constant folding, dead code elimination")
-        files = file_hashes(staging, [*tokenizers.values(), *([SENTENCEPIECE_FILE] if ckpt.vocab.source.sentencepiece
-                                                              else [])]) | weights
+        files = file_hashes(staging, [*tokenizers.values(), *([SENTENCEPIECE_FILE] if spm else [])]) | weights
         manifest = build_manifest(ckpt, opset, saver.hashes, dict(sorted(files.items())), applied)
         saver.describe(manifest)
         if optimize and external:

@@ -284,11 +284,7 @@ def unigram_sentencepiece(tok: TextTokenizer) -> SentencePieceModel | None:
     proto.trainer_spec.MergeFrom(sentencepiece_model.TrainerSpec(
         model_type=UNIGRAM, vocab_size=len(model["vocab"]), unk_id=model["unk_id"], bos_id=-1, eos_id=-1, pad_id=-1,
         unk_piece=model["vocab"][model["unk_id"]][0]))
-    charsmap = _precompiled(data.get("normalizer"))
-    proto.normalizer_spec.MergeFrom(sentencepiece_model.NormalizerSpec(
-        name="precompiled" if charsmap else "identity", precompiled_charsmap=charsmap, add_dummy_prefix=False,
-        remove_extra_whitespaces=False, escape_whitespaces=True))  # the charsmap may make a word's '▁' a space
-    return SentencePieceModel(proto.SerializeToString(), whole_text=False)
+    return _words_model(proto, data)
 
 
 def bpe_sentencepiece(directory: Path, tok: TextTokenizer) -> SentencePieceModel | None:
@@ -307,11 +303,17 @@ def bpe_sentencepiece(directory: Path, tok: TextTokenizer) -> SentencePieceModel
         log.info("%s: not the model of %s (piece %r has no id there); the C++ command cannot read it", path,
                  tok.origin, absent[0])
         return None
-    charsmap = _precompiled(data.get("normalizer"))
-    proto.normalizer_spec.precompiled_charsmap = charsmap
-    proto.normalizer_spec.name = "precompiled" if charsmap else "identity"
-    proto.normalizer_spec.add_dummy_prefix = proto.normalizer_spec.remove_extra_whitespaces = False  # the words
-    proto.normalizer_spec.escape_whitespaces = True  # come with their '▁', which the charsmap may make a space
+    return _words_model(proto, data)
+
+
+def _words_model(proto: Any, tokenizer_json: dict[str, Any]) -> SentencePieceModel:
+    """`proto` as a words model: the tokenizer JSON's charsmap, and no whitespace rules of its own (each word comes
+    with its '▁' from the pre-tokenizer; escaped, since the charsmap may make it a space)."""
+    spec = proto.normalizer_spec
+    spec.precompiled_charsmap = _precompiled(tokenizer_json.get("normalizer"))
+    spec.name = "precompiled" if spec.precompiled_charsmap else "identity"
+    spec.add_dummy_prefix = spec.remove_extra_whitespaces = False
+    spec.escape_whitespaces = True
     return SentencePieceModel(proto.SerializeToString(), whole_text=False)
 
 
