@@ -324,14 +324,8 @@ class ModelDir {
   // The source tokenizer's SentencePiece model (checked) and whether it reads texts whole (else word by word);
   // "" where the manifest names none.
   std::pair<std::string, bool> sentencepiece() const {
-    if (!manifest_.contains(contract::kSentencePiece)) return {"", true};
-    const auto& entry = manifest_[contract::kSentencePiece];
-    const auto input = entry.at("input").get<std::string>();
-    if (std::find(contract::kSentencePieceInputs.begin(), contract::kSentencePieceInputs.end(), input) ==
-        contract::kSentencePieceInputs.end())
-      throw Error(dir_ + "/" + contract::kManifest + ": sentencepiece.input '" + input + "' is not one this reads");
-    const auto name = entry.at("file").get<std::string>();
-    return {verified(name, recorded(name)), input == contract::kSentencePieceInputs[0]};
+    if (sentencepiece_file_.empty()) return {"", true};
+    return {verified(sentencepiece_file_, recorded(sentencepiece_file_)), sentencepiece_whole_text_};
   }
 
   // Translate into the language of `code` (the target tokenizer's id): where the model's language_rule puts it.
@@ -347,6 +341,8 @@ class ModelDir {
   TokenRules rules_;
   int layers_ = 0, heads_ = 0, d_k_ = 0, d_v_ = 0, positions_ = 0, max_source_ = 0, max_target_ = 0;
   int source_vocab_ = 0, target_vocab_ = 0;
+  std::string sentencepiece_file_;  // the manifest's sentencepiece entry, where it has one
+  bool sentencepiece_whole_text_ = true;
 
   const nlohmann::json& files() const { return manifest_.at("files"); }
 
@@ -371,6 +367,15 @@ class ModelDir {
     target_vocab_ = static_cast<int>(model.at("trg_vocab_size").get<int64_t>());
     max_source_ = std::min(positions_, static_cast<int>(m.at("limits").at("max_source_length").get<int64_t>()));
     max_target_ = std::min(positions_, static_cast<int>(m.at("limits").at("max_target_length").get<int64_t>()));
+    if (m.contains(contract::kSentencePiece)) {
+      const auto& entry = m[contract::kSentencePiece];
+      const auto input = entry.at("input").get<std::string>();
+      const auto& inputs = contract::kSentencePieceInputs;
+      if (std::find(inputs.begin(), inputs.end(), input) == inputs.end())
+        throw Error(dir_ + "/" + contract::kManifest + ": sentencepiece.input '" + input + "' is not one this reads");
+      sentencepiece_file_ = entry.at("file").get<std::string>();
+      sentencepiece_whole_text_ = input == inputs[0];
+    }
     if (!m.contains("token_rules")) {  // the seed layout: <blank> 1 never generated, <s> 2 first, </s> 3 last
       const auto& special = m.at("special_tokens");
       rules_.pad = special.at("pad").get<int64_t>(), rules_.start = special.at("bos").get<int64_t>();

@@ -201,6 +201,22 @@ def test_a_changed_sentencepiece_model_is_refused(tfm_translate, marian, tmp_pat
     assert f"{SENTENCEPIECE_FILE}: sha256 differs from {MANIFEST}" in error
 
 
+@pytest.mark.parametrize(("entry", "python", "cpp"), [
+    ("text", "has an invalid sentencepiece;", "cannot use at() with string; export the model again"),
+    ({"file": SENTENCEPIECE_FILE, "input": "bytes"}, "has an invalid sentencepiece.input;",
+     "sentencepiece.input 'bytes' is not one this reads")])
+def test_a_mistyped_sentencepiece_entry_is_one_line(tfm_translate, marian, tmp_path, entry, python, cpp):
+    """The manifest's entry checked by both readers before anything is translated."""
+    copy = tmp_path / "model"
+    shutil.copytree(marian, copy)
+    manifest = json.loads((copy / MANIFEST).read_text())
+    (copy / MANIFEST).write_text(json.dumps({**manifest, SENTENCEPIECE: entry}))
+    error = _one_line_error(tfm_translate, copy, b"hello\n")
+    assert error.startswith(f"error: {copy / MANIFEST}: ") and cpp in error
+    result = CliRunner().invoke(run_main, ["translate", "--model", str(copy), "hello"])
+    assert result.exit_code == 1 and f"{copy / MANIFEST}: {python}" in result.output
+
+
 LANGUAGE_ERRORS = {  # name -> (model fixture, options, the line's words)
     "a code the model lacks": ("m2m100", ("--target-lang", "__xx__"),
                                "--target-lang '__xx__' is not one of the model's 100 language codes (__af__,"),

@@ -72,7 +72,7 @@ MODEL_DIR = DirectoryKind(
             "source_checkpoint.sha256": is_sha256,
             # optional, checked where present (verify checks `parent` itself, saying what it must hold)
             "source_checkpoint.file": is_text, "source_checkpoint.model_type": is_text, "int8": is_object,
-            "optimizations_not_applied": is_object, "sentencepiece.file": is_text,
+            "optimizations_not_applied": is_object, "sentencepiece": is_object, "sentencepiece.file": is_text,
             "sentencepiece.input": lambda v: v in SENTENCEPIECE_INPUTS})
 
 
