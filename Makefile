@@ -74,7 +74,7 @@ $(OPTIMUM_STAMP): pyproject.toml
 test: setup browser
 	-$(MAKE) serving-env
 	-$(MAKE) optimum-env
-	$(PY) -m pytest -q -n 2 --dist loadfile -m "not hostile and not slow"
+	$(PY) -m pytest -q -n 2 --dist loadfile -m "not hostile and not slow" --durations=20
 
 # The cases make test leaves out for time (marked `slow`): the base-size exports and precisions (parity, the C++
 # decode, int8 and fp16 sizes, TensorRT and Polygraphy checks of the base graphs), the constructed near-tie at base
@@ -159,14 +159,15 @@ bench-anchor: setup
 # architecture and an M2M100 directory of 1.3B's shape in sharded safetensors (random weights, made once in
 # build/scale: 20 GB of disk with the outputs), each through export, verify, int8 and a first translation, and
 # CTranslate2's converter and translator on the same weights, interleaved, two rounds (the first on a cold page cache
-# where this machine lets us drop it); then the decoding speed grid at 1.3B. 1.5-2 hours on 2 cores.
+# where this machine lets us drop it); then the decoding speed grid at 1.3B, on the 1.3B export just made (its own
+# int8 and CTranslate2 conversion beside it: 8 GB more disk). 1.5-2 hours on 2 cores.
 SCALE := build/scale
 SCALE_MODELS ?= nllb-600m,nllb-1.3b,m2m100-1.3b
 bench-scale: setup
 	mkdir -p $(SCALE)
 	$(PY) scripts/bench_scale.py --work-dir $(SCALE) --models $(SCALE_MODELS) --rounds 2 --json $(SCALE)/scale.json \
 		> $(SCALE)/scale.md
-	$(PY) scripts/bench_interleaved.py --model $(SCALE)/nllb-1.3b/ckpt.pt --work-dir $(SCALE)/il-1.3b \
+	$(PY) scripts/bench_interleaved.py --model $(SCALE)/nllb-1.3b-onnx --work-dir $(SCALE)/il-1.3b \
 		--lengths 64 --batch-sizes 1,32 --beam-sizes 1,4 --threads 2 --rounds 1 --repeats 1 --min-time 0 \
 		--backends ort-fp32,ct2-fp32,ct2-fp32+threads=1,ort-int8-dynamic,ct2-int8,ct2-int8+threads=1 \
 		--json $(SCALE)/speed-1.3b.json > $(SCALE)/speed-1.3b.md

@@ -24,9 +24,9 @@ from tfm_export.core.token_rules import SEED_RULES
 from tfm_export.runtime import decoding
 from tfm_export.runtime.backends import open_backend
 from tfm_export.runtime.backends.loaders import open_graph
-from tfm_export.runtime.backends.search_step import SEARCH
 from tfm_export.runtime.session import SessionOptions
 from tfm_export.runtime.step import StepRule
+from tfm_export.runtime.step_graph import SEARCH
 
 
 def sources(count: int, vocab: int, seed: int = 0) -> np.ndarray:

@@ -124,10 +124,10 @@ def test_a_directory_that_is_not_exported_names_the_fix(not_exported):
 def test_inspect_reads_only_checked_manifest_fields(tiny_ckpt, tmp_path):
     """A manifest without the sizes the graphs were built with is refused in one line, before anything is read
     on the strength of it (inspect printed d_model from it and died of a KeyError)."""
-    from tfm_export.core.graph_spec import Graph
+    from tfm_export.core.graph_spec import CONTRACT_GRAPHS
     from tfm_export.graphs.pipeline import build_manifest
     from tfm_export.model.loading import load_checkpoint
-    manifest = build_manifest(load_checkpoint(tiny_ckpt), 17, {g: "0" * 64 for g in Graph}, {}, [])
+    manifest = build_manifest(load_checkpoint(tiny_ckpt), 17, {g: "0" * 64 for g in CONTRACT_GRAPHS}, {}, [])
     (tmp_path / "m").mkdir()
     for edit, message in ((lambda m: m["model"].pop("d_model"), "lacks model.d_model; export the model again"),
                           (lambda m: m["optimizations"].append(7), "has an invalid optimizations; export")):

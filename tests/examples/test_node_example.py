@@ -87,10 +87,10 @@ def test_node_says_it_runs_float32_tensors_when_given_an_fp16_directory(node_exa
 def test_contract_doc_names_every_graph_tensor():
     """docs/graph-contract.md stays in step with the graph specs the exporter uses."""
     from tfm_export.core.config import ModelConfig
-    from tfm_export.core.graph_spec import graph_specs, variant_specs
+    from tfm_export.core.graph_spec import all_specs
     doc = (REPO / "docs" / "graph-contract.md").read_text()
     config = ModelConfig(src_vocab_size=10, trg_vocab_size=10, n_layers=1)
-    for spec in (*graph_specs(config).values(), *variant_specs(config).values()):
+    for spec in all_specs(config).values():
         assert f"## {spec.graph.filename}" in doc
         for tensor in (*spec.inputs, *spec.outputs):
             assert f"`{tensor.name.replace('.0.', '.{i}.')}" in doc, tensor.name

@@ -29,7 +29,7 @@ from onnx import numpy_helper
 from support.seed_oracle import save_seed_checkpoint, seed_settings, seed_state_dict, seed_vocab
 
 from tfm_export.core.files import file_sha256
-from tfm_export.core.graph_spec import Graph
+from tfm_export.core.graph_spec import CONTRACT_GRAPHS
 from tfm_export.graphs.pipeline import export_model_dir
 from tfm_export.model.loading import load_checkpoint
 
@@ -60,7 +60,7 @@ def recorded_libraries() -> None:
 
 
 def _hashes(directory) -> tuple[str, str]:
-    return tuple(file_sha256(directory / g.filename) for g in Graph)
+    return tuple(file_sha256(directory / g.filename) for g in CONTRACT_GRAPHS)
 
 
 @pytest.mark.parametrize("precision", DEMO)
@@ -80,7 +80,7 @@ def _calibrated(path: Path) -> tuple[str, int, float]:
 
 
 def test_demo_int8_static_is_identical_but_for_its_calibrated_scales(variants, recorded_libraries):
-    for graph, (digest, count, total) in zip(Graph, CALIBRATED, strict=True):
+    for graph, (digest, count, total) in zip(CONTRACT_GRAPHS, CALIBRATED, strict=True):
         got = _calibrated(variants["int8-static"] / graph.filename)
         assert got[:2] == (digest, count) and got[2] == pytest.approx(total, rel=1e-5), graph
 

@@ -23,7 +23,7 @@ from tfm_export.cli.export_cli import main as export_main
 from tfm_export.core.batching import pad_batch
 from tfm_export.core.config import ModelConfig
 from tfm_export.core.errors import InputTextError, TfmExportError
-from tfm_export.core.graph_spec import DEFAULT_OPSET, Graph, graph_specs
+from tfm_export.core.graph_spec import CONTRACT_GRAPHS, DEFAULT_OPSET, Graph, contract_specs
 from tfm_export.core.tokenizer import BOS_ID, EOS_ID
 from tfm_export.demo import numbers as demo_numbers
 from tfm_export.graphs.inputs import random_sources
@@ -34,7 +34,7 @@ from tfm_export.model.checkpoint import file_sha256
 from tfm_export.model.loading import load_checkpoint
 from tfm_export.model.synthetic import random_checkpoint
 from tfm_export.runtime import decoding
-from tfm_export.runtime.backends.search_step import FUSED, SEARCH
+from tfm_export.runtime.step_graph import FUSED, SEARCH
 
 
 def make_ckpt(directory, cfg: ModelConfig, seed: int = 0):
@@ -78,8 +78,8 @@ def test_base_config_parity_step_by_step(base_onnx):
 
 def test_graphs_follow_the_contract(tiny):
     ckpt, directory = tiny
-    specs = graph_specs(ckpt.config)
-    for graph in Graph:
+    specs = contract_specs(ckpt.config)
+    for graph in CONTRACT_GRAPHS:
         proto = onnx.load(str(directory / graph.filename))
         onnx.checker.check_model(proto, full_check=True)
         spec = specs[graph]
@@ -98,7 +98,7 @@ def test_graphs_follow_the_contract(tiny):
 
 
 def test_every_weight_is_stored_once(tiny):
-    for graph in Graph:
+    for graph in CONTRACT_GRAPHS:
         proto = onnx.load(str(tiny[1] / graph.filename))
         seen = set()
         for init in proto.graph.initializer:
@@ -114,7 +114,7 @@ def test_axis_names_never_shared_by_two_lengths(tiny):
     _, directory = tiny
     manifest = json.loads((directory / "manifest.json").read_text())
     axes: dict[str, set[str]] = {}  # symbol -> which tensors' which axis, across the contract's two graphs
-    for graph in (manifest["graphs"][g.value] for g in Graph):
+    for graph in (manifest["graphs"][g.value] for g in CONTRACT_GRAPHS):
         for t in graph["inputs"] + graph["outputs"]:
             side = "source" if "encoder" in t["name"] or t["name"] in ("attention_mask", "last_hidden_state") \
                 else "target"
@@ -136,7 +136,7 @@ def test_manifest_records_what_consumers_need(tiny):
     # the checkpoint by name and hash: no path of the machine that exported it (the directory is shipped)
     assert m["source_checkpoint"] == {"file": "ckpt.pt", "sha256": ckpt.sha256, "format": "tfm-export"}
     assert str(ckpt.path.parent.parent) not in (directory / "manifest.json").read_text()
-    for graph in Graph:
+    for graph in CONTRACT_GRAPHS:
         assert m["graphs"][graph.value]["sha256"] == file_sha256(directory / graph.filename)
     assert sorted(p.name for p in directory.iterdir()) == [
         ".tfm-cache", "decoder_step.onnx", "decoder_step_search.onnx", "decoder_step_search.onnx.data",
@@ -259,7 +259,7 @@ def test_external_data_above_the_threshold(tiny, tmp_path):
     assert any(i.data_location == onnx.TensorProto.EXTERNAL for i in stored)
     ckpt = tiny[0]
     feeds = {"input_ids": np.array([[2, 5]]), "encoder_attention_mask": np.ones((1, 3), np.int64)}
-    for i, t in enumerate(graph_specs(ckpt.config)[Graph.DECODER_STEP].inputs[2:]):
+    for i, t in enumerate(contract_specs(ckpt.config)[Graph.DECODER_STEP].inputs[2:]):
         feeds[t.name] = np.random.default_rng(i).standard_normal(
             (1, 2, 0 if "decoder" in t.name else 3, 8)).astype(np.float32)
     inline = ort.InferenceSession(str(tiny[1] / "decoder_step.onnx")).run(["logits"], feeds)[0]
@@ -379,7 +379,7 @@ def test_verify_counts_input_lines_with_blanks_and_refuses_all_blank(tiny, tmp_p
 
 def test_graphs_carry_no_trace_of_the_build_machine(tiny):
     from support.common import REPO
-    for graph in Graph:
+    for graph in CONTRACT_GRAPHS:
         data = (tiny[1] / graph.filename).read_bytes()
         assert str(REPO).encode() not in data and b"stack_trace" not in data
 

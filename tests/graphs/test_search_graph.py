@@ -16,7 +16,7 @@ from support.common import short_sources, tiny_config
 from support.search_graph import assert_standard_search_step
 
 from tfm_export.artifacts.model_dir import read_manifest
-from tfm_export.core.graph_spec import SEARCH_BEAMS, GraphVariant, search_top_k
+from tfm_export.core.graph_spec import SEARCH_BEAMS, Graph, search_top_k
 from tfm_export.core.token_rules import SEED_RULES, TokenRules
 from tfm_export.core.tokenizer import BOS_ID, EOS_ID, FIRST_TOKEN_ID
 from tfm_export.graphs.pipeline import export_model_dir
@@ -26,7 +26,7 @@ from tfm_export.model.loading import load_checkpoint
 from tfm_export.model.synthetic import random_checkpoint
 from tfm_export.runtime.decoding import StepRule
 
-SEARCH = GraphVariant.DECODER_STEP_SEARCH
+SEARCH = Graph.DECODER_STEP_SEARCH
 
 
 @pytest.fixture(scope="module")
@@ -168,7 +168,7 @@ def test_an_onnx_runtime_too_old_for_the_fused_step_never_runs_it(models, monkey
     import onnxruntime
 
     from tfm_export.runtime.backends import open_backend
-    from tfm_export.runtime.backends.search_step import FUSED
+    from tfm_export.runtime.step_graph import FUSED
     directory = models["random"][1]
     assert FUSED.value in read_manifest(directory)["graphs"]
     monkeypatch.setattr(onnxruntime, "__version__", "1.20.1")
@@ -180,7 +180,7 @@ def test_an_onnx_runtime_too_old_for_the_fused_step_never_runs_it(models, monkey
 def test_an_onnx_runtime_too_old_for_the_fused_step_never_gets_it_exported(models, monkeypatch, tmp_path):
     import onnxruntime
 
-    from tfm_export.runtime.backends.search_step import FUSED
+    from tfm_export.runtime.step_graph import FUSED
     monkeypatch.setattr(onnxruntime, "__version__", "1.20.1")
     export_model_dir(models["random"][0], tmp_path / "model", progress=False)
     assert FUSED.value not in read_manifest(tmp_path / "model")["graphs"]

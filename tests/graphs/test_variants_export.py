@@ -17,7 +17,7 @@ from support.variant_cases import CASES, COMBINATIONS, OPTIONS, exported_case
 
 from tfm_export.artifacts.model_dir import EMBEDDING_MIN_ELEMENTS
 from tfm_export.core.config import ModelConfig
-from tfm_export.core.graph_spec import Graph, GraphVariant
+from tfm_export.core.graph_spec import CONTRACT_GRAPHS, Graph
 from tfm_export.core.variants import GATED_ACTIVATIONS, PRESETS, variant_values
 from tfm_export.graphs.inputs import random_sources, random_targets
 from tfm_export.graphs.parity import DEFAULT_TOLERANCE, compare_stepwise
@@ -104,7 +104,7 @@ def test_greedy_and_beam_4_decode_as_the_reference_decoders(exported, cache):
 def test_graphs_use_standard_ops_at_opset_17_and_pass_tensorrt_checks(exported):
     """The contract graphs and decoder_step_search (support.search_graph), as every variant gets them."""
     case, ckpt, directory = exported
-    for graph in Graph:
+    for graph in CONTRACT_GRAPHS:
         proto = _graph(directory, graph)
         ops = {n.op_type for n in proto.graph.node}
         assert next(o.version for o in proto.opset_import if o.domain == "") == 17
@@ -112,7 +112,7 @@ def test_graphs_use_standard_ops_at_opset_17_and_pass_tensorrt_checks(exported):
         assert not ops & {"If", "Loop", "Scan", "Gelu", "Swish", "RMSNormalization", "RotaryEmbedding"}
         if ckpt.config.activation in ("gelu", "geglu"):
             assert "Erf" in ops  # GELU as TensorRT 8.6 parses it
-    assert_standard_search_step(_graph(directory, GraphVariant.DECODER_STEP_SEARCH), ckpt.config)
+    assert_standard_search_step(_graph(directory, Graph.DECODER_STEP_SEARCH), ckpt.config)
     report = check_model_dir(directory)
     assert report.errors() == [], report.lines()
 
@@ -127,7 +127,7 @@ def _expected_norms(cfg: ModelConfig, graph: Graph) -> int:
 def test_rmsnorm_rope_and_relative_bias_are_found_as_primitive_ops(exported):
     _, ckpt, directory = exported
     cfg = ckpt.config
-    for graph in Graph:
+    for graph in CONTRACT_GRAPHS:
         proto = _graph(directory, graph)
         roles = [g.role for g in role_groups(proto.graph)]
         norms = sum(n.op_type == "LayerNormalization" for n in proto.graph.node)
@@ -139,7 +139,7 @@ def test_rmsnorm_rope_and_relative_bias_are_found_as_primitive_ops(exported):
 
 def test_fp16_keeps_rmsnorm_rope_and_bias_in_fp32(exported, quantized):
     _, ckpt, fp32 = exported
-    for graph in Graph:
+    for graph in CONTRACT_GRAPHS:
         proto = onnx.shape_inference.infer_shapes(_graph(quantized["fp16"], graph))
         types = {v.name: v.type.tensor_type.elem_type for v in [*proto.graph.value_info, *proto.graph.output]}
         groups = role_groups(_graph(fp32, graph).graph)
@@ -156,7 +156,7 @@ def test_fp16_keeps_rmsnorm_rope_and_bias_in_fp32(exported, quantized):
 
 def test_int8_quantizes_every_matrix_and_keeps_the_rest_float(exported, quantized):
     _, ckpt, fp32 = exported
-    for graph in Graph:
+    for graph in CONTRACT_GRAPHS:
         source = _graph(fp32, graph)
         weights = {i.name for i in source.graph.initializer if len(i.dims) == 2}
         weights |= {n.output[0] for n in source.graph.node if n.op_type == "Transpose" and n.input[0] in weights}

@@ -25,7 +25,7 @@ from support.hf_oracle import retarget_stop
 
 from tfm_export.core.batching import pad_batch
 from tfm_export.core.errors import CheckpointError
-from tfm_export.core.graph_spec import Graph
+from tfm_export.core.graph_spec import CONTRACT_GRAPHS
 from tfm_export.graphs.export import export_all
 from tfm_export.graphs.parity import DEFAULT_TOLERANCE
 from tfm_export.model.cache import ConcatCache
@@ -184,7 +184,7 @@ def test_onnx_graphs_match_transformers_over_cached_steps(hf_case, hf_export) ->
     reference = _reference(directory, src, trg, rules.pad).numpy()
     tolerance = _tolerance(torch.from_numpy(reference))
     sessions = {graph.filename: ort.InferenceSession(hf_export[graph].SerializeToString(),
-                                                     providers=["CPUExecutionProvider"]) for graph in Graph}
+                                                     providers=["CPUExecutionProvider"]) for graph in CONTRACT_GRAPHS}
     encoder, step = sessions["encoder.onnx"], sessions["decoder_step.onnx"]
     mask = (src != rules.pad).long().numpy()
     enc = dict(zip([o.name for o in encoder.get_outputs()],

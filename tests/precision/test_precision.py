@@ -23,7 +23,7 @@ from support.hf_oracle import randomize
 from tfm_export.artifacts.model_dir import SHARED, read_manifest
 from tfm_export.cli.export_cli import main as export_main
 from tfm_export.core.config import ModelConfig
-from tfm_export.core.graph_spec import DEFAULT_OPSET, Graph
+from tfm_export.core.graph_spec import CONTRACT_GRAPHS, DEFAULT_OPSET, Graph
 from tfm_export.demo import numbers as demo_numbers
 from tfm_export.graphs.export import export_all
 from tfm_export.model.huggingface import load_hf_directory
@@ -40,7 +40,7 @@ from tfm_export.precision.int8 import (
 )
 from tfm_export.precision.pipeline import Calibration, quantize_model_dir
 from tfm_export.runtime import decoding
-from tfm_export.runtime.backends.search_step import SEARCH
+from tfm_export.runtime.step_graph import SEARCH
 from tfm_export.runtime.translator import DecodeOptions, Translator
 from tfm_export.verify.precision import compare_decodes
 
@@ -53,7 +53,7 @@ def _producers(proto):
     return {out: node for node in proto.graph.node for out in node.output}
 
 
-@pytest.mark.parametrize("graph", list(Graph))
+@pytest.mark.parametrize("graph", list(CONTRACT_GRAPHS))
 def test_int8_static_has_qdq_around_matmuls_and_none_around_layernorm_softmax(variants, graph):
     proto = _graph(variants["int8-static"], graph)
     producers = _producers(proto)
@@ -89,7 +89,7 @@ def test_int8_static_has_qdq_around_matmuls_and_none_around_layernorm_softmax(va
 def test_int8_graphs_store_no_float_matrices(variants):
     """Every 2-D weight, embeddings and the tied projection included, is int8 (the position table stays float)."""
     for name in ("int8-static", "int8-dynamic"):
-        for graph in Graph:
+        for graph in CONTRACT_GRAPHS:
             floats = [i.name for i in _graph(variants[name], graph).graph.initializer
                       if i.data_type == onnx.TensorProto.FLOAT and len(i.dims) == 2]
             assert floats == [], (name, graph, floats)
@@ -184,7 +184,7 @@ def _io_types(proto) -> dict[str, int]:
 
 def test_fp16_io_types(variants):
     f32, f16, i64 = onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.INT64
-    for graph in Graph:
+    for graph in CONTRACT_GRAPHS:
         kept = _io_types(_graph(variants["fp16-io"], graph))
         assert set(kept.values()) == {f32, i64}  # --keep-io-types: the fp32 contract exactly
         default = _io_types(_graph(variants["fp16"], graph))
@@ -218,7 +218,7 @@ def test_manifest_records_precision_calibration_and_parent(variants):
     assert calibration["sha256"] == hashlib.sha256(CALIBRATION.read_bytes()).hexdigest()
     assert set(manifest["int8"]["kept_float"]["encoder"]) >= {"LayerNormalization", "Softmax", "Add"}
     assert manifest["parent"]["graphs_sha256"] == {g: e["sha256"] for g, e in parent["graphs"].items()}
-    for graph in Graph:  # the same contract: names and axes
+    for graph in CONTRACT_GRAPHS:  # the same contract: names and axes
         for side in ("inputs", "outputs"):
             strip = [(t["name"], t["shape"]) for t in manifest["graphs"][graph.value][side]]
             assert strip == [(t["name"], t["shape"]) for t in parent["graphs"][graph.value][side]]
@@ -413,8 +413,8 @@ def test_fp16_directories_carry_the_fused_step_which_decodes_as_their_search_ste
     from tfm_export.demo import numbers as demo_numbers
     from tfm_export.runtime import DecodeOptions, Translator
     from tfm_export.runtime.backends import open_backend
-    from tfm_export.runtime.backends.search_step import FUSED, SEARCH
     from tfm_export.runtime.session import SessionOptions
+    from tfm_export.runtime.step_graph import FUSED, SEARCH
     texts = [en for en, _ in demo_numbers.held_out_pairs()[:200]]
     decoded = {}
     for cache, fused in (("in-place", False), ("in-place", True), ("device", True)):
@@ -457,7 +457,7 @@ def test_verify_of_a_quantized_dir_needs_input_and_the_right_parent(variants, de
 def test_base_config_int8_is_at_least_3_5x_smaller(base_variants):
     fp32 = base_variants["fp32"]
     for mode in ("int8-static", "int8-dynamic"):
-        for graph in Graph:
+        for graph in CONTRACT_GRAPHS:
             ratio = (fp32 / graph.filename).stat().st_size / (base_variants[mode] / graph.filename).stat().st_size
             assert ratio >= 3.5, (mode, graph, ratio)
 
@@ -480,7 +480,7 @@ def test_float_embeddings_keep_the_tables_float(demo_onnx, tmp_path, mode):
     manifest = quantize_model_dir(demo_onnx, tmp_path / mode, "int8", mode, calibration, progress=False,
                                   float_embeddings=True)
     assert manifest["int8"]["embeddings"] == "float (--float-embeddings)"
-    for graph in Graph:
+    for graph in CONTRACT_GRAPHS:
         proto = _graph(tmp_path / mode, graph)
         inits = {i.name: i for i in proto.graph.initializer}
         gathers = [n for n in proto.graph.node if n.op_type == "Gather" and n.input[0] in inits
@@ -561,7 +561,7 @@ def _feeds_layer_norm(name: str, readers: dict[str, list[onnx.NodeProto]], types
 def test_fp16_residual_adds_are_float_in_the_graph_itself(variants):
     """Not the manifest's own count: every Add that feeds a LayerNormalization computes in fp32 in the graph, and
     so do its inputs (a cast-down-and-up round trip in front of it would round what was kept)."""
-    for graph in Graph:
+    for graph in CONTRACT_GRAPHS:
         proto = onnx.shape_inference.infer_shapes(_graph(variants["fp16"], graph))
         types = {v.name: v.type.tensor_type.elem_type for v in [*proto.graph.input, *proto.graph.value_info]}
         types.update({i.name: i.data_type for i in proto.graph.initializer})
@@ -706,7 +706,7 @@ def test_int8_static_weights_are_per_output_channel_of_the_fp32_weights(variants
     """Every MatMul weight (the tied projection's included) is DequantizeLinear(W_int8, scale, axis 1): one scale
     per output column of x @ W, as the design fixes, with scales and values held to the fp32 parent directory's
     own initializers."""
-    for graph in Graph:
+    for graph in CONTRACT_GRAPHS:
         weights = _parent_weights(_graph(variants["fp32"], graph))
         proto = _graph(variants["int8-static"], graph)
         producers, inits = _producers(proto), {i.name: numpy_helper.to_array(i) for i in proto.graph.initializer}
@@ -721,7 +721,7 @@ def test_int8_static_weights_are_per_output_channel_of_the_fp32_weights(variants
 def test_int8_dynamic_weights_are_per_output_channel_of_the_fp32_weights(variants):
     """MatMulInteger(x_int8, W_int8) x (x_scale x W_scale): W_scale has one entry per output column, from the fp32
     parent's initializers as above."""
-    for graph in Graph:
+    for graph in CONTRACT_GRAPHS:
         weights = _parent_weights(_graph(variants["fp32"], graph))
         proto = _graph(variants["int8-dynamic"], graph)
         producers, inits = _producers(proto), {i.name: numpy_helper.to_array(i) for i in proto.graph.initializer}

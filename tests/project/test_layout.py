@@ -106,6 +106,79 @@ def test_backends_are_one_interface_not_duck_typed():
     assert set(expands) == {"runtime/step.py"} and probes == []  # the protocol and Reorders
 
 
+def graph_kind_tests(root: Path = PACKAGE) -> list[str]:
+    """Where code outside core decides what a graph is by its type (isinstance against a graph class) instead of
+    reading the fact from its GraphSpec (optional, shares_table, capturable, simplified)."""
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        if path.parent.name == "core":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "isinstance" and len(node.args) == 2 \
+                    and "Graph" in ast.unparse(node.args[1]):
+                found.append(f"{path.relative_to(root.parent)}:{node.lineno}")
+    return found
+
+
+def test_graph_kinds_are_facts_of_their_specs():
+    assert graph_kind_tests() == [], "read the fact from the graph's GraphSpec (tfm_export.core.graph_spec)"
+
+
+def test_the_graph_kind_check_sees_an_isinstance(tmp_path):
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "m.py").write_text("def f(g):\n    return isinstance(g.graph, (Graph, str))\n")
+    assert graph_kind_tests(tmp_path) == [f"{tmp_path.name}/pkg/m.py:2"]
+
+
+def backend_reads(root: Path = PACKAGE) -> list[str]:
+    """Where code outside runtime reaches through an opened backend into its parts (`opened.backend.decoder`)
+    instead of asking the runtime for what it needs (Opened.source, loaders.open_contract_sessions)."""
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        if path.relative_to(root).parts[0] == "runtime":
+            continue
+        found += [f"{path.relative_to(root.parent)}:{node.lineno}"
+                  for node in ast.walk(ast.parse(path.read_text(), str(path)))
+                  if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Attribute)
+                  and node.value.attr == "backend"]
+    return found
+
+
+def test_only_the_runtime_reads_a_backends_parts():
+    assert backend_reads() == [], "ask tfm_export.runtime for it (Opened.source, open_contract_sessions)"
+
+
+def test_the_backend_check_sees_a_read(tmp_path):
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "m.py").write_text("def f(opened):\n    config.backend = 1\n"
+                                           "    return opened.backend.decoder\n")
+    assert backend_reads(tmp_path) == [f"{tmp_path.name}/pkg/m.py:3"]
+
+
+def backend_imports(root: Path = PACKAGE) -> list[str]:
+    """Where the export or precision code imports one of the runtime's backend modules instead of its door
+    (runtime.backends: open_backend, graph_decoders, open_graph) or a runtime module made for it
+    (runtime.prepacked, runtime.step_graph)."""
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        if path.relative_to(root).parts[0] in ("graphs", "precision"):
+            found += [f"{path.relative_to(root.parent)}:{line} imports {module}"
+                      for line, module in _imports(path, root) if module.startswith(f"{root.name}.runtime.backends.")]
+    return found
+
+
+def test_export_and_precision_code_use_the_runtimes_door():
+    assert backend_imports() == []
+
+
+def test_the_backend_import_check_sees_one(tmp_path):
+    (tmp_path / "graphs").mkdir()
+    (tmp_path / "graphs" / "m.py").write_text("from ..runtime.backends import open_backend\n"
+                                              "from ..runtime.backends.search_step import SEARCH\n")
+    module = f"{tmp_path.name}.runtime.backends.search_step"
+    assert backend_imports(tmp_path) == [f"{tmp_path.name}/graphs/m.py:2 imports {module}"]
+
+
 def test_the_tests_mirror_the_packages():
     """tests/<package>/ for each package (the reader finds a module's tests without grep), and nothing else but the
     shared helpers, the hostile battery, the examples, the project-wide checks and data."""
@@ -156,9 +229,9 @@ def literal_names(root: Path = PACKAGE) -> list[str]:
     """Where a module spells one of the graph contract's tensor names as a string instead of importing it. The
     names are read from the contract itself: every input and output of the graphs (the fused search step holds the
     search step's and one more)."""
-    from tfm_export.core.graph_spec import GraphVariant, decoder_step_spec, encoder_spec, search_step_spec
+    from tfm_export.core.graph_spec import Graph, decoder_step_spec, encoder_spec, search_step_spec
     cfg = tiny_config()
-    specs = (encoder_spec(cfg), decoder_step_spec(cfg), search_step_spec(cfg, GraphVariant.DECODER_STEP_SEARCH_FUSED))
+    specs = (encoder_spec(cfg), decoder_step_spec(cfg), search_step_spec(cfg, Graph.DECODER_STEP_SEARCH_FUSED))
     names = {t.name for spec in specs for t in (*spec.inputs, *spec.outputs)}
     found = []
     for path in sorted(root.rglob("*.py")):

@@ -24,7 +24,8 @@ from tfm_export.runtime import decoding, step
 from tfm_export.runtime.backends import inplace
 from tfm_export.runtime.backends.inplace import gathered, layer_views, move_order, widen
 from tfm_export.runtime.backends.reference import TorchBackend
-from tfm_export.runtime.backends.search_step import FUSED, SEARCH, source_groups
+from tfm_export.runtime.step_graph import FUSED, SEARCH
+from tfm_export.runtime.step_inputs import source_groups
 
 MAX_LENGTH = 12
 ONE = step.StepRule(TokenRules(banned=()), 1)  # a step whose logits are compared: nothing masked

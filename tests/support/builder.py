@@ -15,7 +15,7 @@ import pytest
 from tfm_export.artifacts.engine_dir import TENSORRT
 from tfm_export.artifacts.model_dir import read_manifest
 from tfm_export.core.config import ModelConfig
-from tfm_export.core.graph_spec import Graph, GraphVariant, graph_specs, variant_specs
+from tfm_export.core.graph_spec import CONTRACT_GRAPHS, Graph, all_specs
 from tfm_export.runtime.tensorrt_platform import missing_reason
 from tfm_export.trt.build_check import available_builder, check_builds
 from tfm_export.trt.builder import build_engine
@@ -50,13 +50,13 @@ def assert_every_graph_builds(model_dir: Path) -> None:
     assert report.failures() == [] and all(b.plan_bytes > 0 for b in report.builds), report.lines()
 
 
-def assert_exported_graphs_build(graphs: dict[Graph | GraphVariant, onnx.ModelProto], config: ModelConfig,
+def assert_exported_graphs_build(graphs: dict[Graph, onnx.ModelProto], config: ModelConfig,
                                  work: Path) -> None:
     """Every standard-operator graph of an export (graphs.export.export_all), built at `tfm-export trt`'s profiles."""
-    specs = {**graph_specs(config), **variant_specs(config)}
+    specs = all_specs(config)
     limits = ShapeLimits().resolved(config.n_position)
     standard = [graph for graph, proto in graphs.items() if is_standard(proto)]
-    assert set(Graph) <= set(standard)
+    assert set(CONTRACT_GRAPHS) <= set(standard)
     for graph in standard:
         onnx.save_model(graphs[graph], str(work / graph.filename))
         assert build_engine(BUILDER, work / graph.filename, profile_shapes(specs[graph], limits)).plan

@@ -23,7 +23,7 @@ from tfm_export.cli.run_cli import main as run_main
 from tfm_export.core.config import ModelConfig
 from tfm_export.core.errors import TfmExportError
 from tfm_export.core.files import file_sha256
-from tfm_export.core.graph_spec import Graph, graph_specs
+from tfm_export.core.graph_spec import CONTRACT_GRAPHS, Graph, contract_specs
 from tfm_export.demo import numbers as demo_numbers
 from tfm_export.runtime.search import LoopSearcher
 from tfm_export.runtime.tensorrt_platform import (
@@ -72,7 +72,7 @@ def _load(directory: Path, graph: Graph) -> onnx.ModelProto:
 
 
 def _spec(directory: Path, graph: Graph):
-    return graph_specs(ModelConfig.from_dict(read_manifest(directory)["model"]))[graph]
+    return contract_specs(ModelConfig.from_dict(read_manifest(directory)["model"]))[graph]
 
 
 def test_onnxruntime_contrib_fusions_are_reported(demo_onnx):
@@ -195,14 +195,14 @@ def test_profiles_cover_every_shape_the_runtime_feeds():
                       n_position=50)
     limits = ShapeLimits(max_batch=16, max_source_length=20, max_target_length=50)
     limits.check(50)
-    step = profile_shapes(graph_specs(cfg)[Graph.DECODER_STEP], limits)
+    step = profile_shapes(contract_specs(cfg)[Graph.DECODER_STEP], limits)
     assert step["input_ids"] == ((1, 1), (8, 1), (16, 1))
     assert step["encoder_attention_mask"] == ((1, 1), (8, 20), (16, 20))  # the default opt (32) within the max
     assert step["past_key_values.1.decoder.value"] == ((1, 4, 0, 8), (8, 4, 32, 8), (16, 4, 49, 8))
     assert step["past_key_values.0.encoder.key"] == ((1, 4, 1, 16), (8, 4, 20, 16), (16, 4, 20, 16))
     with pytest.raises(TfmExportError, match="--opt-source-length 64 is outside 1..20"):
         ShapeLimits(max_source_length=20, max_target_length=50, opt_source_length=64).check(50)
-    enc = profile_shapes(graph_specs(cfg)[Graph.ENCODER], limits)
+    enc = profile_shapes(contract_specs(cfg)[Graph.ENCODER], limits)
     assert set(enc) == {"input_ids", "attention_mask"}
     with pytest.raises(TfmExportError, match="--max-target-length 60 is outside 2..50"):
         ShapeLimits(max_source_length=50, max_target_length=60).check(50)
@@ -292,7 +292,7 @@ def _fake_engine_dir(directory: Path, demo_onnx: Path) -> Path:
     directory.mkdir()
     manifest = read_manifest(demo_onnx)
     engines = {}
-    for graph in Graph:
+    for graph in CONTRACT_GRAPHS:
         (directory / f"{graph.value}.plan").write_bytes(f"plan of {graph.value}".encode())
         engines[graph.value] = {"file": f"{graph.value}.plan", "sha256": file_sha256(directory / f"{graph.value}.plan")}
     (directory / "manifest.json").write_text(json.dumps({

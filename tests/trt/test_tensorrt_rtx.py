@@ -38,7 +38,7 @@ from tfm_export.cli.run_cli import main as run_main
 from tfm_export.core.config import ModelConfig
 from tfm_export.core.errors import TfmExportError
 from tfm_export.core.files import file_sha256
-from tfm_export.core.graph_spec import Graph, graph_specs
+from tfm_export.core.graph_spec import CONTRACT_GRAPHS, contract_specs
 from tfm_export.runtime.tensorrt_platform import (
     RTX_RUNS_ON,
     Platform,
@@ -138,9 +138,9 @@ def test_rtx_engine_manifest_records_the_build(rtx_engines, variants, name, sour
     assert manifest["precision"] == precision and built["strongly_typed"] and built["builder_flags"] == []
     assert manifest["source"]["made_fp16_graphs"] is (name == "fp16")
     assert manifest["limits"] == {"max_batch": 16, "max_source_length": 64, "max_target_length": 64}
-    specs = graph_specs(ModelConfig.from_dict(manifest["model"]))
-    assert sorted(manifest["engines"]) == sorted(g.value for g in Graph)
-    for graph in Graph:
+    specs = contract_specs(ModelConfig.from_dict(manifest["model"]))
+    assert sorted(manifest["engines"]) == sorted(g.value for g in CONTRACT_GRAPHS)
+    for graph in CONTRACT_GRAPHS:
         entry = manifest["engines"][graph.value]
         assert file_sha256(directory / entry["file"]) == entry["sha256"] and (directory / entry["file"]).stat().st_size
         want = {k: [list(s) for s in v] for k, v in profile_shapes(specs[graph], LIMITS.resolved(200)).items()}

@@ -21,7 +21,7 @@ import numpy as np
 from ..core.config import SIZE_LIMITS, ModelConfig
 from ..core.errors import TfmExportError
 from ..core.files import contained_file, file_sha256
-from ..core.graph_spec import RETIRED_GRAPHS, Graph, variant_specs
+from ..core.graph_spec import RETIRED_GRAPHS, Graph, all_specs
 from ..core.machine import HASH_THREADS
 from ..core.token_rules import SEED_RULES, TokenRules, is_token_id
 from ..core.tokenizer import SENTENCEPIECE_INPUTS, SPECIAL_IDS, Vocabulary, load_tokenizer
@@ -92,7 +92,7 @@ def _checked(directory: Path) -> tuple[dict[str, Any], ModelConfig, TokenRules]:
     config = check_model_fields(manifest, directory / MANIFEST, REMAKE)
     rules = token_rules(manifest, directory / MANIFEST, REMAKE)
     graphs = manifest["graphs"]
-    known = {g.value for g in (*Graph, *variant_specs(config))} | set(RETIRED_GRAPHS)  # the optional graphs too
+    known = {g.value for g in all_specs(config)} | set(RETIRED_GRAPHS)  # the optional graphs too
     for name, entry in graphs.items():  # the optional graphs (decoder_step_search) are held to the same form
         if name not in known or not isinstance(entry, dict) or not is_text(entry.get("file")) \
                 or not is_sha256(entry.get("sha256")) or (DATA_KEY in entry and not is_text(entry[DATA_KEY])):
@@ -388,5 +388,5 @@ class ModelDir(ReadDirectory):
 
 
 def _name(graph: str) -> str:
-    """A graph's manifest key, from its name or its Graph/GraphVariant member (whose str() is the member's name)."""
+    """A graph's manifest key, from its name or its Graph member (whose str() is the member's name)."""
     return getattr(graph, "value", graph)

@@ -43,16 +43,20 @@ def step_placement(directory: Path, options: SessionOptions) -> Placement:
     """The step graph the options choose, profiled over a two-step greedy decode of one random source on
     options.device (given to the door as the device too: the door puts a backend on the device it is given)."""
     with tempfile.TemporaryDirectory(prefix="tfm-placement-") as tmp:
+        steps = []  # the step session the door opens, profiled
+
         def profiled(path: Path, spec, chosen: SessionOptions, so: ort.SessionOptions | None):
             so = so or ort.SessionOptions()
-            if spec.graph is not Graph.ENCODER:
-                so.enable_profiling, so.profile_file_prefix = True, f"{tmp}/step"
-            return open_graph(path, spec, chosen, so)
+            if spec.graph is Graph.ENCODER:
+                return open_graph(path, spec, chosen, so)
+            so.enable_profiling, so.profile_file_prefix = True, f"{tmp}/step"
+            steps.append(open_graph(path, spec, chosen, so))
+            return steps[-1]
         opened = open_backend(directory, "onnxruntime", options.device, options, loader=profiled)
         vocab = opened.config.src_vocab_size
         src = np.array([[BOS_ID, *np.random.default_rng(0).integers(FIRST_TOKEN_ID, vocab, 6), EOS_ID]])
         opened.searcher.search(src, SearchOptions(2, min_length=2), SEED_RULES)
-        decoder = opened.backend.decoder
+        decoder = steps[-1]
         graph = decoder.get_modelmeta().custom_metadata_map.get("tfm_export.graph", "decoder")
         events = json.loads(Path(decoder.end_profiling()).read_text())
     nodes = {e["name"].removesuffix("_kernel_time"): e["args"] for e in events

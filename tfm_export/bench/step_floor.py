@@ -21,7 +21,7 @@ from ..core.graph_spec import (
     FORCED_TOKEN,
     INPUT_IDS,
     TOKEN_BIAS,
-    GraphVariant,
+    Graph,
     cache_head_sizes,
     cache_names,
 )
@@ -31,7 +31,7 @@ from ..graphs.onnx_io import save_graph
 from ..runtime.session import SessionOptions, has_cuda_provider
 from .kernel_floor import best_run_ms
 
-GRAPH = GraphVariant.DECODER_STEP_SEARCH
+GRAPH = Graph.DECODER_STEP_SEARCH
 REPLAY = "CUDA graph replay"
 
 

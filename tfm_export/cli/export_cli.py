@@ -213,8 +213,8 @@ def prepack_cmd(model_dir: Path) -> None:
     of optimising and packing, and hashes no file unchanged since, at every start. Run it after copying a directory
     (to another machine, disk or path) or upgrading onnxruntime; old ones are replaced at once, and a failure leaves
     them as they were."""
-    from ..runtime.backends.search_step import prepack
     from ..runtime.graph_cache import CACHE_DIR
+    from ..runtime.prepacked import prepack
     made = prepack(model_dir)
     click.echo(f"wrote {model_dir / CACHE_DIR}: {', '.join(made)}")
 

@@ -9,7 +9,7 @@ from .lazy import lazy_exports
 __all__, __getattr__ = lazy_exports(__name__, {
     "config": ("ModelConfig", "TrainSettings"),
     "errors": ("TfmExportError", "InputTextError"),
-    "graph_spec": ("Graph", "GraphSpec", "graph_specs", "cache_names"),
+    "graph_spec": ("Graph", "GraphSpec", "contract_specs", "cache_names"),
     "tokenizer": ("TextTokenizer", "Vocabulary", "load_tokenizer"),
     "hypothesis": ("Hypothesis",),
     "sources": ("encode_lines", "read_text_lines"),

@@ -21,6 +21,7 @@ from .graph_spec import (
 )
 
 GENERATE_FILE = "generate.onnx"
+GENERATE = GENERATE_FILE.removesuffix(".onnx")  # its manifest entry's key
 OP = "com.microsoft.BeamSearch"
 OP_MAX_LENGTH = 4096  # the op refuses a longer max_length (which counts the start token)
 MIN_ONNXRUNTIME = (1, 22)  # the first release whose op takes an encoder subgraph of 2 inputs (1.21.1 refuses it)

@@ -43,26 +43,13 @@ RETIRED_GRAPHS = ("decoder_step_buffered", "decoder_step_fused")  # optional gra
 # never run (a runtime that ignores optional graphs loses only speed)
 
 
-class _GraphFile:
-    @property
-    def filename(self) -> str:
-        return f"{self.value}.onnx"
+class Graph(str, Enum):
+    """Every graph a model directory may hold: the contract's two (ENCODER, DECODER_STEP), which every runtime
+    reads, and the optional step graphs, which a runtime that ignores them loses only speed by. What differs
+    between them is carried by their GraphSpec (optional, shares_table, capturable, simplified)."""
 
-    @property
-    def standard_ops(self) -> bool:
-        """Whether the graph holds standard ONNX operators only (any ONNX runtime, TensorRT, the converters)."""
-        return self is not GraphVariant.DECODER_STEP_SEARCH_FUSED
-
-
-class Graph(_GraphFile, str, Enum):
     ENCODER = "encoder"
     DECODER_STEP = "decoder_step"
-
-
-class GraphVariant(_GraphFile, str, Enum):
-    """Optional graphs a model directory may carry besides the contract's two; a runtime that ignores them
-    loses only speed."""
-
     # One token per row and call, with the search's reduction at its end and the cache in caller-owned buffers
     # of fixed capacity written in place (graphs.buffer_cache.BufferCache): ONNX Runtime and TensorRT runtimes decode
     # with it, embedders keep the contract's decoder_step.
@@ -72,6 +59,19 @@ class GraphVariant(_GraphFile, str, Enum):
     # TOTAL_LENGTH: what tfm-run runs on the CPU where the directory has it, in fp32; fp16 directories carry it for
     # CUDA; never TensorRT's (graphs.buffer_cache.FusedBufferCache).
     DECODER_STEP_SEARCH_FUSED = "decoder_step_search_fused"
+
+    @property
+    def filename(self) -> str:
+        return f"{self.value}.onnx"
+
+    @property
+    def standard_ops(self) -> bool:
+        """Whether the graph holds standard ONNX operators only (any ONNX runtime, TensorRT, the converters)."""
+        return self is not Graph.DECODER_STEP_SEARCH_FUSED
+
+
+CONTRACT_GRAPHS = (Graph.ENCODER, Graph.DECODER_STEP)  # the graphs every model directory holds
+OPTIONAL_GRAPHS = tuple(g for g in Graph if g not in CONTRACT_GRAPHS)
 
 
 @dataclass(frozen=True)
@@ -83,9 +83,16 @@ class TensorSpec:
 
 @dataclass(frozen=True)
 class GraphSpec:
-    graph: Graph | GraphVariant
+    graph: Graph
     inputs: tuple[TensorSpec, ...]
     outputs: tuple[TensorSpec, ...]
+    # a directory may lack it (a runtime without it loses speed only); the contract's graphs are never optional
+    optional: bool = False
+    # keeps the encoder's very tied table (its Gathers read the table as stored, its projection a Transpose of it),
+    # so that one copy serves every session: saved in the encoder's data file, never quantized apart from it
+    shares_table: bool = False
+    capturable: bool = False  # its runs may be captured as CUDA graphs (fixed addresses: caller-owned buffers)
+    simplified: bool = False  # the export's node-removing rewrites apply (graphs.simplify); never the contract's
 
     def to_dict(self) -> dict:
         def tensors(specs: tuple[TensorSpec, ...]) -> list[dict]:
@@ -158,7 +165,7 @@ def search_top_k(cfg: ModelConfig) -> int:
     return min(2 * SEARCH_BEAMS, cfg.trg_vocab_size)
 
 
-def search_step_spec(cfg: ModelConfig, graph: GraphVariant = GraphVariant.DECODER_STEP_SEARCH) -> GraphSpec:
+def search_step_spec(cfg: ModelConfig, graph: Graph = Graph.DECODER_STEP_SEARCH) -> GraphSpec:
     """decoder_step_search: `cache_length` (int64 scalar) positions of each buffer are filled; the new token's
     keys/values are written at that position and `present.*` are the buffers so written (bound to the past
     inputs' memory, the write lands in place; buffer positions beyond it are hidden but must be finite). The
@@ -181,27 +188,33 @@ def search_step_spec(cfg: ModelConfig, graph: GraphVariant = GraphVariant.DECODE
                  TensorSpec(TOP_LOGPROBS, "float32", (BATCH, k)),
                  TensorSpec(TOP_IDS, "int64", (BATCH, k)),
                  *_cache(names.self_outputs, cfg, CAPACITY)),
+        optional=True, shares_table=True, capturable=True, simplified=True,
     )
 
 
-def graph_specs(cfg: ModelConfig) -> dict[Graph, GraphSpec]:
+def contract_specs(cfg: ModelConfig) -> dict[Graph, GraphSpec]:
     return {Graph.ENCODER: encoder_spec(cfg), Graph.DECODER_STEP: decoder_step_spec(cfg)}
 
 
-def variant_specs(cfg: ModelConfig) -> dict[GraphVariant, GraphSpec]:
+def optional_specs(cfg: ModelConfig) -> dict[Graph, GraphSpec]:
     """The optional graphs a model gets: every architecture gets decoder_step_search; its fused twin where ONNX
     Runtime's kernels compute the same attention (equal key and value head sizes that its CPU GroupQueryAttention
     runs, no relative position bias, which it has no input for)."""
-    specs = {GraphVariant.DECODER_STEP_SEARCH: search_step_spec(cfg)}
+    specs = {Graph.DECODER_STEP_SEARCH: search_step_spec(cfg)}
     if cfg.d_k == cfg.d_v and cfg.d_k % FUSED_HEAD_MULTIPLE == 0 and cfg.positions != "relative":
-        fused = GraphVariant.DECODER_STEP_SEARCH_FUSED
+        fused = Graph.DECODER_STEP_SEARCH_FUSED
         specs[fused] = search_step_spec(cfg, fused)
     return specs
 
 
-def tensorrt_specs(cfg: ModelConfig, listed: Iterable[str]) -> dict[Graph | GraphVariant, GraphSpec]:
+def all_specs(cfg: ModelConfig) -> dict[Graph, GraphSpec]:
+    """The contract's graphs and the optional ones this model gets."""
+    return {**contract_specs(cfg), **optional_specs(cfg)}
+
+
+def tensorrt_specs(cfg: ModelConfig, listed: Iterable[str]) -> dict[Graph, GraphSpec]:
     """The specs of the graphs among `listed` (a directory's graph names) that TensorRT takes: standard ONNX
     operators only. Every TensorRT check and build iterates over these, so a new graph is checked once it is listed."""
     listed = set(listed)
-    return {graph: spec for graph, spec in {**graph_specs(cfg), **variant_specs(cfg)}.items()
+    return {graph: spec for graph, spec in all_specs(cfg).items()
             if graph.value in listed and graph.standard_ops}

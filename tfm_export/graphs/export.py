@@ -25,7 +25,7 @@ import torch
 from onnx import numpy_helper
 from onnx.reference import ReferenceEvaluator
 
-from ..core.graph_spec import SUPPORTED_OPSETS, Graph, GraphSpec, GraphVariant, graph_specs, variant_specs
+from ..core.graph_spec import SUPPORTED_OPSETS, Graph, GraphSpec, all_specs, contract_specs
 from ..model.transformer import Transformer
 from ..runtime.session import runs_fused_graphs
 from . import symbolics
@@ -35,7 +35,7 @@ from .search import SearchStepGraph, search_example_inputs
 from .simplify import simplify, static_reshapes
 from .weights import Weight, bind, fold_transposes, weight_inputs
 
-FUSED = GraphVariant.DECODER_STEP_SEARCH_FUSED
+FUSED = Graph.DECODER_STEP_SEARCH_FUSED
 # lift_constants folds these when every input is a constant of at most FOLD_MAX_ELEMENTS (shapes, scalars)
 FOLDABLE_OPS = frozenset({"Reshape", "Unsqueeze", "Squeeze", "Concat", "Cast", "Gather", "Slice", "Add", "Sub",
                           "Mul", "Div", "Equal", "Where", "Range", "Expand", "ConstantOfShape", "Not", "Neg"})
@@ -47,7 +47,7 @@ log = logging.getLogger(__name__)
 class ExportedGraph:
     """A graph's structure, its weights still recipes over the model's tensors (graphs.weights) until `bind`."""
 
-    graph: Graph | GraphVariant
+    graph: Graph
     proto: onnx.ModelProto  # every weight a graph input named as in `weights`
     weights: dict[str, Weight]
 
@@ -60,8 +60,8 @@ def _dynamic_axes(spec: GraphSpec) -> dict[str, dict[int, str]]:
 
 def _module(model: Transformer, spec: GraphSpec) -> tuple[torch.nn.Module, tuple]:
     """The module a graph is exported from, and its tracing inputs."""
-    if isinstance(spec.graph, GraphVariant):
-        fused = not spec.graph.standard_ops
+    if spec.graph in (Graph.DECODER_STEP_SEARCH, FUSED):
+        fused = spec.graph is FUSED
         return SearchStepGraph(model, fused), search_example_inputs(model, fused)
     module = EncoderGraph(model) if spec.graph is Graph.ENCODER else DecoderStepGraph(model)
     return module, example_inputs(model)[spec.graph.value]
@@ -194,25 +194,24 @@ def export_graph(model: Transformer, spec: GraphSpec, opset: int, optimize: bool
     a large table), and Q, K and V stay apart (merged, they would be a second copy of the decoder's attention
     weights); and the optimizer is left to ONNX Runtime, which folds the same shape arithmetic when a session
     opens (on a 24-layer graph onnxscript's takes 6-14 s a pass, a minute of a 1.3B export, for node counts that
-    do not matter beside its GEMMs). simplified: the variants' rewrites applied (graphs.simplify)."""
+    do not matter beside its GEMMs). simplified: the rewrites applied where the spec allows them (graphs.simplify)."""
     exported = trace(model.eval(), spec, opset)
     strip_exporter_metadata(exported.proto)
-    variant = isinstance(spec.graph, GraphVariant)
-    fold_transposes(exported.proto, exported.weights, keep_gathered=variant or one_file)
+    fold_transposes(exported.proto, exported.weights, keep_gathered=spec.shares_table or one_file)
     if optimize and not one_file:
         exported.proto = _optimized(exported.proto)
     elif optimize:
         lift_constants(exported.proto)
-    if simplified and variant:
+    if simplified and spec.simplified:
         exported.proto = simplify(exported.proto, exported.weights, merge=not one_file)
     return exported
 
 
-def export_specs(model: Transformer, opset: int, variants: bool = True) -> dict[Graph | GraphVariant, GraphSpec]:
+def export_specs(model: Transformer, opset: int, variants: bool = True) -> dict[Graph, GraphSpec]:
     """The specs of the graphs an export writes: the contract's two, and the variants this ONNX Runtime runs."""
     if opset not in SUPPORTED_OPSETS:
         raise ExportError(f"opset {opset} is not supported; use one of {SUPPORTED_OPSETS}")
-    specs = {**graph_specs(model.config), **(variant_specs(model.config) if variants else {})}
+    specs = all_specs(model.config) if variants else contract_specs(model.config)
     if not runs_fused_graphs() and FUSED in specs:  # its parity could not be checked here, nor would it run here
         log.warning("onnxruntime is older than %s needs; exporting without it", FUSED.filename)
         specs.pop(FUSED)
@@ -227,7 +226,7 @@ def export_bound(model: Transformer, spec: GraphSpec, opset: int, optimize: bool
 
 
 def export_all(model: Transformer, opset: int, optimize: bool = True,
-               variants: bool = True) -> dict[Graph | GraphVariant, onnx.ModelProto]:
+               variants: bool = True) -> dict[Graph, onnx.ModelProto]:
     """Every graph, export_bound's way."""
     return {graph: export_bound(model, spec, opset, optimize)
             for graph, spec in export_specs(model, opset, variants).items()}

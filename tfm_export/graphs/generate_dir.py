@@ -22,13 +22,12 @@ from ..artifacts.staging import staged_directory
 from ..core.config import ModelConfig
 from ..core.errors import TfmExportError
 from ..core.files import file_sha256
-from ..core.generate_spec import GENERATE_FILE, MIN_ONNXRUNTIME, OP, OP_MAX_LENGTH
-from ..core.graph_spec import Graph
+from ..core.generate_spec import GENERATE, GENERATE_FILE, MIN_ONNXRUNTIME, OP, OP_MAX_LENGTH
+from ..core.graph_spec import CONTRACT_GRAPHS, Graph
 from ..core.token_rules import SEED_RULES
 from ..core.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from ..runtime.backends import open_backend
-from ..runtime.backends.generate import GENERATE
-from ..runtime.backends.search_step import prepack_new
+from ..runtime.prepacked import prepack_new
 from ..runtime.search import SearchOptions
 from ..runtime.session import DEFAULT_OPTIONS
 from .generate import generate_graph, op_refusal
@@ -53,7 +52,7 @@ def write_generate_dir(model_dir: Path, output: Path, early_stopping: bool = Fal
     vocab = source.vocabulary()
     shared = {entry.get(DATA_KEY) for entry in manifest["graphs"].values()} - {None}  # the external layout's file
     # in the external layout the subgraphs keep their references into the shared file, which is copied beside
-    graphs = {g: load_graph(model_dir, manifest, g.value, external_data=not shared) for g in Graph}
+    graphs = {g: load_graph(model_dir, manifest, g.value, external_data=not shared) for g in CONTRACT_GRAPHS}
     with staged_directory(output, force, keep=(model_dir,)) as staging, \
             tqdm(total=3, desc="generate", disable=not progress) as bar:
         proto = generate_graph(graphs[Graph.ENCODER], graphs[Graph.DECODER_STEP], cfg, early_stopping)

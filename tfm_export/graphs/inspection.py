@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from ..artifacts.model_dir import ModelDir
-from ..core.graph_spec import Graph, GraphVariant
+from ..core.graph_spec import Graph
 from ..core.variants import describe
 from .onnx_io import load_graph, tensors_of
 from .roles import role_summary
@@ -33,7 +33,7 @@ def inspect_model(model_dir: Path) -> tuple[ModelDir, list[GraphInfo]]:
     directory = ModelDir.read(model_dir)
     directory.vocabulary()  # every file the manifest lists is checked, tokenizers included
     infos = []
-    for name in [g.value for g in (*Graph, *GraphVariant) if directory.has(g)]:
+    for name in [g.value for g in Graph if directory.has(g)]:
         path = directory.graph_path(name)
         proto = load_graph(directory.path, directory.manifest, name)
         opset = next(o.version for o in proto.opset_import if o.domain in ("", "ai.onnx"))

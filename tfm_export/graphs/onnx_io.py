@@ -17,7 +17,7 @@ from onnx import external_data_helper, helper, numpy_helper
 
 from ..artifacts.model_dir import SHARED, SHARED_DTYPES, SHARED_MIN_BYTES, ModelDirError, graph_path
 from ..core.errors import TfmExportError, first_line
-from ..core.graph_spec import Graph, GraphSpec, GraphVariant
+from ..core.graph_spec import Graph, GraphSpec
 from .weights import gather_from_transposed
 
 FORBIDDEN_OPS = {"If", "Loop", "Scan"}  # TensorRT rejects control flow in these graphs
@@ -176,14 +176,14 @@ def save_sharing_graph(proto: onnx.ModelProto, path: Path, encoder: onnx.ModelPr
     return (files if not shared or data in files else [*files, _readable_as(data, path)]), entries
 
 
-def save_graph_of(graph: Graph | GraphVariant, proto: onnx.ModelProto, directory: Path, encoder: onnx.ModelProto,
+def save_graph_of(spec: GraphSpec, proto: onnx.ModelProto, directory: Path, encoder: onnx.ModelProto,
                   table: tuple[int, int]) -> tuple[list[Path], list[dict]]:
-    """Saves a directory's graph: the variants (decoder_step_search), which only this tool's runtime opens, share
-    the encoder's copy of the tied table, (vocabulary, d_model) (artifacts.model_dir.SHARED); the contract's graphs
-    keep theirs inline."""
-    if isinstance(graph, GraphVariant):
-        return save_sharing_graph(proto, directory / graph.filename, encoder, table)
-    return save_graph(proto, directory / graph.filename), []
+    """Saves a directory's graph: those that share the tied table (decoder_step_search, which only this tool's
+    runtime opens) keep the encoder's copy of it, (vocabulary, d_model) (artifacts.model_dir.SHARED); the
+    contract's graphs keep theirs inline."""
+    if spec.shares_table:
+        return save_sharing_graph(proto, directory / spec.graph.filename, encoder, table)
+    return save_graph(proto, directory / spec.graph.filename), []
 
 
 def sharing_note(graph: str) -> str:
@@ -192,7 +192,7 @@ def sharing_note(graph: str) -> str:
             "it once for both sessions")
 
 
-def add_shared(manifest: dict[str, Any], shared: dict[Graph | GraphVariant, list[dict]]) -> None:
+def add_shared(manifest: dict[str, Any], shared: dict[Graph, list[dict]]) -> None:
     """Records save_graph_of's entries in the graphs' manifest entries, and says so in `optimizations`."""
     for graph, entries in shared.items():
         if entries:

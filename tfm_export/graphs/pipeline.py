@@ -16,14 +16,14 @@ from ..artifacts.manifest import MODEL_FORMAT, MODEL_FORMAT_VERSION, write_manif
 from ..artifacts.model_dir import SENTENCEPIECE, TOKEN_RULES, file_hashes
 from ..artifacts.staging import staged_directory
 from ..core.errors import TfmExportError
-from ..core.graph_spec import DEFAULT_OPSET, LOGITS, Graph, GraphVariant, graph_specs, variant_specs
+from ..core.graph_spec import DEFAULT_OPSET, LOGITS, Graph, all_specs
 from ..core.memory import release_file_pages
 from ..core.token_rules import SEED_RULES
 from ..core.tokenizer import SENTENCEPIECE_FILE, SPECIAL_IDS, tokenizer_files
 from ..model.checkpoint import Checkpoint, checkpoint_files
 from ..runtime.backends import each_graph_decoder
-from ..runtime.backends.search_step import prepack_new
 from ..runtime.graph_cache import stamp_new
+from ..runtime.prepacked import prepack_new
 from ..runtime.session import SessionOptions
 from .export import export_graph, export_specs
 from .inputs import random_sources, random_targets
@@ -62,10 +62,10 @@ def special_tokens(ckpt: Checkpoint) -> dict[str, int]:
     return {"pad": ckpt.rules.pad, "bos": ckpt.rules.start, "eos": ckpt.rules.eos}
 
 
-def build_manifest(ckpt: Checkpoint, opset: int, hashes: dict[Graph | GraphVariant, str], files: dict[str, str],
+def build_manifest(ckpt: Checkpoint, opset: int, hashes: dict[Graph, str], files: dict[str, str],
                    applied: list[str]) -> dict[str, Any]:
     cfg = ckpt.config
-    specs = {**graph_specs(cfg), **variant_specs(cfg)}
+    specs = all_specs(cfg)
     return {
         "format": MODEL_FORMAT, "format_version": MODEL_FORMAT_VERSION, "tool": "tfm-export",
         "tool_version": __version__,

@@ -22,7 +22,7 @@ import torch
 from ..artifacts.model_dir import DATA_KEY, SHARED, SHARED_DTYPES, SHARED_MIN_BYTES, WEIGHTS_FILE
 from ..core.errors import TfmExportError
 from ..core.files import file_sha256
-from ..core.graph_spec import Graph, GraphSpec, GraphVariant
+from ..core.graph_spec import Graph, GraphSpec
 from ..core.memory import total_memory_bytes
 from .export import ExportedGraph
 from .onnx_io import check_saved, sharing_note
@@ -70,8 +70,8 @@ class GraphSaver:
     def __init__(self, directory: Path, table: tuple[int, int], external: bool) -> None:
         self.directory, self.table, self.external = directory, table, external
         self.file = WeightFile(directory / WEIGHTS_FILE) if external else None
-        self.hashes: dict[Graph | GraphVariant, str] = {}
-        self.shared: dict[Graph | GraphVariant, list[dict[str, Any]]] = {}
+        self.hashes: dict[Graph, str] = {}
+        self.shared: dict[Graph, list[dict[str, Any]]] = {}
         self.data: dict[str, str] = {}  # external weight files and their sha256, for the manifest
         self.encoder_keys: set[Key] = set()
 
@@ -83,7 +83,7 @@ class GraphSaver:
             bind(exported.proto, exported.weights, lambda name, weight: weight.nbytes > INLINE_MAX_BYTES, self.file)
             if exported.graph is not Graph.ENCODER:
                 self._record_shared(exported, self.file)
-        elif isinstance(exported.graph, GraphVariant):
+        elif spec.shares_table:
             self._save_sharing(exported, path)
         else:
             bind(exported.proto, exported.weights)

@@ -20,12 +20,11 @@ from tqdm import tqdm
 
 from ..core.batching import length_buckets, pad_batch
 from ..core.errors import TfmExportError
-from ..core.graph_spec import Graph, GraphSpec
+from ..core.graph_spec import CONTRACT_GRAPHS, Graph, GraphSpec
 from ..core.sources import encode_lines, source_ids
 from ..core.tokenizer import UNK_ID, TextTokenizer
 from ..runtime import decoding
-from ..runtime.backends import open_backend
-from ..runtime.backends.loaders import open_graph
+from ..runtime.backends import open_backend, open_graph
 from ..runtime.session import DEFAULT_OPTIONS, SessionOptions
 
 MAX_FEEDS = 128  # per graph; a base model's decoder feeds (the whole cache) are ~10 MB each
@@ -43,8 +42,8 @@ class Traces:
     (reservoir sampling, seeded), so memory stays bounded however many texts are given."""
 
     max_feeds: int = MAX_FEEDS
-    feeds: dict[Graph, list[dict[str, np.ndarray]]] = field(default_factory=lambda: {g: [] for g in Graph})
-    calls: dict[Graph, int] = field(default_factory=lambda: {g: 0 for g in Graph})
+    feeds: dict[Graph, list[dict[str, np.ndarray]]] = field(default_factory=lambda: {g: [] for g in CONTRACT_GRAPHS})
+    calls: dict[Graph, int] = field(default_factory=lambda: {g: 0 for g in CONTRACT_GRAPHS})
     sentences: int = 0
     unknown_rate: float = 0.0
     _rng: random.Random = field(default_factory=lambda: random.Random(0), repr=False)
@@ -79,7 +78,7 @@ class RecordingSession:
 
 
 def recording(traces: Traces):
-    """A session loader (runtime.backends.loaders) whose sessions record every call's inputs into `traces`."""
+    """A session loader (like runtime.backends.open_graph) whose sessions record every call's inputs into `traces`."""
     def load(path: Path, spec: GraphSpec, options: SessionOptions, so: ort.SessionOptions | None) -> RecordingSession:
         return RecordingSession(open_graph(path, spec, options, so), spec.graph, traces)
     return load

@@ -36,7 +36,7 @@ from ..artifacts.model_dir import PRECISIONS as MODEL_PRECISIONS
 from ..artifacts.staging import staged_directory
 from ..core.errors import TfmExportError
 from ..core.files import file_sha256
-from ..core.graph_spec import Graph, GraphVariant, graph_specs, variant_specs
+from ..core.graph_spec import CONTRACT_GRAPHS, OPTIONAL_GRAPHS, Graph, GraphSpec, all_specs
 from ..core.memory import return_freed_heap, total_memory_bytes
 from ..core.sources import decode_text
 from ..core.tokenizer import Vocabulary
@@ -54,8 +54,9 @@ from ..graphs.onnx_io import (
 from ..graphs.weights import WeightFile, externalize
 from ..runtime import decoding
 from ..runtime.backends import graph_decoders
-from ..runtime.backends.search_step import fused_usable, prepack_new
 from ..runtime.graph_cache import stamp_new
+from ..runtime.prepacked import prepack_new
+from ..runtime.step_graph import fused_usable
 from .calibration import Traces, record_traces
 from .fp16 import to_fp16
 from .int8 import float_ops, quantize_dynamic_graph, quantize_static_graph
@@ -141,7 +142,7 @@ def quantize_model_dir(source: Path, output: Path, precision: str, mode: str | N
     check_memory(parent)
     vocab = parent.vocabulary()  # present and parseable, before any slow work
     variants = _variants(parent, precision, mode)
-    graphs = [*Graph, *variants]
+    graphs = [*CONTRACT_GRAPHS, *variants]
     parent.verified_graphs()  # the converted ones and the others: a damaged directory is refused
     external = any(DATA_KEY in entry for entry in manifest["graphs"].values())  # graphs.saving's external layout
     keep = (source, *([calibration.path] if calibration else []))
@@ -153,14 +154,14 @@ def quantize_model_dir(source: Path, output: Path, precision: str, mode: str | N
             traces = _traces(source, vocab, calibration, progress)
         bar.update()
         config = parent.config
-        specs = {**graph_specs(config), **variant_specs(config)}
+        specs = all_specs(config)
         entries, kept, listed, shared = {}, {}, [], {}
         encoder = None  # converted first; the graphs after it share its tied table (inline layout)
         weights = stack.enter_context(WeightFile(staging / WEIGHTS_FILE)) if external else None
         for graph in graphs:  # one at a time: loaded, converted, saved and let go
             bar.set_postfix_str(graph.value)
             converted, kept[graph.value] = _convert(load_graph(source, manifest, graph.value, check=False),
-                                                    precision, mode, keep_io_types, traces, graph,
+                                                    precision, mode, keep_io_types, traces, specs[graph],
                                                     not float_embeddings)
             _set_precision_metadata(converted, precision)
             if weights is not None:
@@ -170,7 +171,7 @@ def quantize_model_dir(source: Path, output: Path, precision: str, mode: str | N
             else:
                 encoder = converted if graph is Graph.ENCODER else encoder
                 checked = check_contract(converted, specs[graph])
-                files, shared[graph] = save_graph_of(graph, converted, staging, encoder, config.tied_table)
+                files, shared[graph] = save_graph_of(specs[graph], converted, staging, encoder, config.tied_table)
                 listed += [p.name for p in files[1:]]
             entry = {k: v for k, v in manifest["graphs"][graph.value].items() if k != SHARED}
             entries[graph.value] = {**entry, "sha256": file_sha256(staging / graph.filename),
@@ -188,8 +189,7 @@ def quantize_model_dir(source: Path, output: Path, precision: str, mode: str | N
         new["files"] = dict(sorted((file_hashes(staging, listed) | written).items()))
         if precision == "int8" and float_embeddings:
             new["int8"]["embeddings"] = FLOAT_EMBEDDINGS
-        not_applied = {GraphVariant.DECODER_STEP_SEARCH: NO_STATIC_SEARCH,
-                       GraphVariant.DECODER_STEP_SEARCH_FUSED: NO_FUSED}
+        not_applied = {Graph.DECODER_STEP_SEARCH: NO_STATIC_SEARCH, Graph.DECODER_STEP_SEARCH_FUSED: NO_FUSED}
         for graph in [g for g in not_applied if parent.has(g) and g not in variants]:
             new.setdefault("optimizations_not_applied", {})[graph.value] = not_applied[graph]
         add_shared(new, shared)
@@ -197,7 +197,7 @@ def quantize_model_dir(source: Path, output: Path, precision: str, mode: str | N
         bar.set_postfix_str("smoke test")
         _smoke_test(staging, output, source)
         if (prepacked or (prepacked is None and not external)) and precision == "int8" \
-                and GraphVariant.DECODER_STEP_SEARCH in variants:
+                and Graph.DECODER_STEP_SEARCH in variants:
             bar.set_postfix_str("prepack")
             prepack_new(staging, output)
         elif external:  # no pre-packed graphs: stamps alone, for the first load of gigabytes
@@ -221,13 +221,13 @@ def check_memory(directory: ModelDir) -> None:
                              "quantize it on a larger machine")
 
 
-def _variants(parent: ModelDir, precision: str, mode: str | None) -> list[GraphVariant]:
+def _variants(parent: ModelDir, precision: str, mode: str | None) -> list[Graph]:
     """The optional step graphs made in this precision: none for int8 static (TensorRT's); decoder_step_search
     otherwise, and its fused twin in fp16 (ONNX Runtime's attention kernels take fp16, on CUDA and on the CPU)."""
     if (precision, mode) == ("int8", "static"):
         return []
-    return [v for v in GraphVariant if parent.has(v) and (v.standard_ops or (precision == "fp16" and
-                                                                              fused_usable(parent)))]
+    return [g for g in OPTIONAL_GRAPHS if parent.has(g) and (g.standard_ops or (precision == "fp16" and
+                                                                                fused_usable(parent)))]
 
 
 def _traces(source: Path, vocab: Vocabulary, calibration: Calibration, progress: bool) -> Traces:
@@ -236,14 +236,13 @@ def _traces(source: Path, vocab: Vocabulary, calibration: Calibration, progress:
 
 
 def _convert(proto: onnx.ModelProto, precision: str, mode: str, keep_io_types: bool, traces: Traces | None,
-             graph: Graph | GraphVariant, int8_embeddings: bool) -> tuple[onnx.ModelProto, dict[str, int]]:
+             spec: GraphSpec, int8_embeddings: bool) -> tuple[onnx.ModelProto, dict[str, int]]:
     if precision == "fp16":
         return to_fp16(proto, keep_io_types)
     if mode == "static":
-        quantized = quantize_static_graph(proto, traces.feeds[graph], int8_embeddings)
+        quantized = quantize_static_graph(proto, traces.feeds[spec.graph], int8_embeddings)
     else:
-        quantized = quantize_dynamic_graph(proto, int8_embeddings,
-                                           keep_embedding=isinstance(graph, GraphVariant))
+        quantized = quantize_dynamic_graph(proto, int8_embeddings, keep_embedding=spec.shares_table)
     return quantized, float_ops(quantized)
 
 
@@ -275,8 +274,8 @@ def _manifest(parent: dict[str, Any], source: Path, precision: str, mode: str, k
             "file": str(calibration.path.resolve()), "sha256": calibration.sha256 or file_sha256(calibration.path),
             "sentences": traces.sentences,
             "unknown_token_rate": round(traces.unknown_rate, 4), "max_length": calibration.max_length,
-            "calls": {g.value: traces.calls[g] for g in Graph},
-            "calls_sampled": {g.value: len(traces.feeds[g]) for g in Graph}}
+            "calls": {g.value: traces.calls[g] for g in CONTRACT_GRAPHS},
+            "calls_sampled": {g.value: len(traces.feeds[g]) for g in CONTRACT_GRAPHS}}
     notes = {sharing_note(g) for g in parent["graphs"]}  # add_shared says it again for the graphs that share here
     new["optimizations"] = [*(o for o in parent["optimizations"] if o not in notes),
                             f"{precision}" + (f" {mode}" if precision == "int8" else "")]

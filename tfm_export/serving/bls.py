@@ -19,7 +19,7 @@ import numpy as np
 from ..artifacts.engine_dir import EngineDir, is_engine_dir
 from ..artifacts.model_dir import ModelDir
 from ..core.errors import TfmExportError
-from ..core.graph_spec import LOGITS, Graph, GraphSpec
+from ..core.graph_spec import CONTRACT_GRAPHS, LOGITS, GraphSpec
 from ..runtime.backends import open_backend
 from ..runtime.session import DEFAULT_OPTIONS, SessionOptions
 from ..runtime.translator import Translator
@@ -86,7 +86,7 @@ def bls_translator(directory: Path, parameters: dict[str, str], pb_utils: Any, g
     graph by its native Triton model."""
     source = EngineDir.read(directory) if is_engine_dir(directory) else ModelDir.read(directory)
     graphs = native_graphs(source)
-    names = {g.filename: parameters[f"{g.value}_model"] for g in Graph}
+    names = {g.filename: parameters[f"{g.value}_model"] for g in CONTRACT_GRAPHS}
 
     def load(path: Path, spec: GraphSpec, options: SessionOptions, so: Any) -> TritonGraph:
         return TritonGraph(pb_utils, names[path.name], graphs[spec.graph], gpu)

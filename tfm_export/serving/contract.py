@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from ..artifacts.engine_dir import TENSORRT, EngineDir
 from ..artifacts.model_dir import ModelDir
-from ..core.graph_spec import LOGITS, Graph, graph_specs
+from ..core.graph_spec import CONTRACT_GRAPHS, LOGITS, Graph, contract_specs
 
 LAYOUTS = ("translator", "bls")
 DEVICES = ("cpu", "gpu")
@@ -61,7 +61,7 @@ def native_graphs(directory: ModelDir | EngineDir) -> dict[Graph, NativeGraph]:
         return _engine_graphs(directory)
     return {g: NativeGraph(g, *(tuple(_tensor(t["name"], t["dtype"], t["shape"]) for t in directory.entry(g)[side])
                                 for side in ("inputs", "outputs")))
-            for g in Graph}
+            for g in CONTRACT_GRAPHS}
 
 
 def _engine_graphs(directory: EngineDir) -> dict[Graph, NativeGraph]:
@@ -75,7 +75,7 @@ def _engine_graphs(directory: EngineDir) -> dict[Graph, NativeGraph]:
         if declared == "int64":
             return "int32" if narrow_ids else "int64"
         return "float16" if half and name != LOGITS else declared
-    specs = graph_specs(directory.config)
+    specs = contract_specs(directory.config)
     return {g: NativeGraph(g, *(tuple(_tensor(t.name, dtype(t.name, t.dtype), t.shape) for t in tensors)
                                 for tensors in (spec.inputs, spec.outputs)))
             for g, spec in specs.items()}

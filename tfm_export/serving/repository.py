@@ -33,7 +33,7 @@ from ..artifacts.manifest import (
 )
 from ..artifacts.model_dir import ModelDir, data_file, tokenizer_file
 from ..artifacts.staging import staged_directory
-from ..core.graph_spec import Graph
+from ..core.graph_spec import CONTRACT_GRAPHS, Graph
 from .contract import DEFAULT_MAX_BATCH, DEFAULT_NAME, DEVICES, LAYOUTS, native_graphs
 from .model_config import Deployment, native_model, python_model
 
@@ -79,7 +79,7 @@ class _Source:
     @property
     def graph_names(self) -> list[str]:
         """Every graph the directory lists (engine directories hold the contract's two)."""
-        return [g.value for g in Graph] if self.engines else list(self.view.graphs)
+        return [g.value for g in CONTRACT_GRAPHS] if self.engines else list(self.view.graphs)
 
     def graph_files(self, graph: str) -> list[Path]:
         """The graph with its external weights (a large model's graphs share one file), or the plan; checked
@@ -122,7 +122,7 @@ def write_repository(request: RepositoryRequest) -> Repository:
 
 def _graph_entries(source: _Source) -> list[tuple[Graph, dict[str, Any]]]:
     entries = source.view.manifest["engines" if source.engines else "graphs"]
-    return [(g, entries[g.value]) for g in Graph]
+    return [(g, entries[g.value]) for g in CONTRACT_GRAPHS]
 
 
 def _check_request(request: RepositoryRequest) -> None:
@@ -171,7 +171,7 @@ def _check_layout(request: RepositoryRequest, source: _Source, deployment: Deplo
 
 
 def _native_names(name: str) -> tuple[str, str]:
-    return tuple(f"{name}_{g.value}" for g in Graph)
+    return tuple(f"{name}_{g.value}" for g in CONTRACT_GRAPHS)
 
 
 def _files(request: RepositoryRequest, source: _Source, deployment: Deployment) -> dict[Path, Path | str]:
@@ -190,7 +190,7 @@ def _files(request: RepositoryRequest, source: _Source, deployment: Deployment) 
                   "tool_version": __version__}
     if request.layout == "bls":
         graphs = native_graphs(source.view)
-        for graph, native in zip(Graph, _native_names(request.name), strict=True):
+        for graph, native in zip(CONTRACT_GRAPHS, _native_names(request.name), strict=True):
             parameters[f"{graph.value}_model"] = native
             paths = graph_files[graph.value]
             files |= {Path(native) / VERSION / p.name: p for p in paths}

@@ -34,7 +34,7 @@ from ..artifacts.model_dir import (
 from ..artifacts.staging import check_output, staged_directory
 from ..core.errors import TfmExportError
 from ..core.files import file_sha256, write_atomically
-from ..core.graph_spec import Graph, graph_specs
+from ..core.graph_spec import CONTRACT_GRAPHS, Graph, contract_specs
 from ..precision.pipeline import quantize_model_dir
 from ..runtime.tensorrt_platform import Platform, build_platform, import_tensorrt
 from .builder import BuildSettings, Shapes, build_engine
@@ -115,9 +115,9 @@ def build_engines(model_dir: Path, output: Path, precision: str | None = None, l
     directory.verified_graphs()  # engines are built from the contract's two; optional graphs are checked too
     platform = build_platform(target)
     plan = plan_build(source_precision, mode, precision, platform.tensorrt_major, weak_typing)
-    specs = graph_specs(config)
+    specs = contract_specs(config)
     with staged_directory(output, force, keep=keep) as staging, tempfile.TemporaryDirectory() as tmp, \
-            tqdm(total=len(Graph) + 1, desc=f"{TARGET_NAMES[target]} {precision}", disable=not progress) as bar:
+            tqdm(total=len(specs) + 1, desc=f"{TARGET_NAMES[target]} {precision}", disable=not progress) as bar:
         source = model_dir
         if plan.make_fp16:
             bar.set_postfix_str("fp16 graphs")
@@ -130,7 +130,7 @@ def build_engines(model_dir: Path, output: Path, precision: str | None = None, l
         settings = BuildSettings(plan.strongly_typed, plan.flags, workspace_mib, cache)
         bar.update()
         engines = {}
-        for graph in Graph:
+        for graph in CONTRACT_GRAPHS:
             bar.set_postfix_str(graph.value)
             engines[graph.value] = _write_plan(graph, graphs, profile_shapes(specs[graph], limits),
                                                plan, settings, target, staging)

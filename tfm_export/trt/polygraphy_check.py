@@ -36,7 +36,6 @@ from ..core.graph_spec import (
     TOTAL_LEN,
     Graph,
     GraphSpec,
-    GraphVariant,
     tensorrt_specs,
 )
 from ..core.tokenizer import FIRST_TOKEN_ID
@@ -57,7 +56,7 @@ class Case:
         return {BATCH: self.rows, SOURCES: self.rows, SRC_LEN: self.source, NEW_LEN: 1, PAST_LEN: self.past,
                 TOTAL_LEN: self.past + 1, CAPACITY: self.past + 1}  # CAPACITY: room for this step's token
 
-    def label(self, graph: Graph | GraphVariant) -> str:
+    def label(self, graph: Graph) -> str:
         past = f", past {self.past}" if graph is not Graph.ENCODER else ""
         return f"rows {self.rows}, source {self.source}{past}"
 
@@ -101,7 +100,7 @@ def feeds(spec: GraphSpec, case: Case, types: dict[str, np.dtype], vocab: int, s
     return out
 
 
-def _input_types(model_dir: Path, manifest: dict[str, Any], graph: Graph | GraphVariant) -> dict[str, np.dtype]:
+def _input_types(model_dir: Path, manifest: dict[str, Any], graph: Graph) -> dict[str, np.dtype]:
     model = load_graph(model_dir, manifest, graph.value, external_data=False)
     return {v.name: np.dtype(onnx.helper.tensor_dtype_to_np_dtype(v.type.tensor_type.elem_type))
             for v in model.graph.input}
@@ -181,7 +180,7 @@ def _trt_runner(path: Path, spec: GraphSpec, config: ModelConfig):
     return TrtRunner(engine, name="tensorrt")
 
 
-def _compare(graph: Graph | GraphVariant, run_results, case_list: list[Case], precision: str) -> list[CheckResult]:
+def _compare(graph: Graph, run_results, case_list: list[Case], precision: str) -> list[CheckResult]:
     from polygraphy.comparator import Comparator, CompareFunc
     atol, rtol = TRT_TOLERANCES[precision]
     accuracy = Comparator.compare_accuracy(run_results, compare_func=CompareFunc.simple(atol=atol, rtol=rtol))

@@ -14,7 +14,7 @@ import torch
 from ..artifacts.model_dir import ModelDir, tokenizer_paths
 from ..core.batching import pad_batch
 from ..core.errors import TfmExportError
-from ..core.graph_spec import Graph, graph_specs, variant_specs
+from ..core.graph_spec import Graph, all_specs
 from ..core.memory import release_file_pages
 from ..core.sources import encode_lines
 from ..graphs.inputs import random_sources, random_targets
@@ -196,8 +196,7 @@ def graph_backends(directory: Path) -> dict[str, Callable[[], GraphBackend]]:
     fused twin (what `tfm-run translate` runs on the CPU) where the directory has them. The directory's files are
     checked here, whole, before the checkpoint is read: a damaged one is its own error."""
     model_dir = ModelDir.read(directory)
-    specs = {graph.value: spec for graph, spec in {**graph_specs(model_dir.config),
-                                                    **variant_specs(model_dir.config)}.items()}
+    specs = {graph.value: spec for graph, spec in all_specs(model_dir.config).items()}
     for name, path in model_dir.verified_graphs().items():
         if name in specs:
             check_contract_tensors(_GraphTensors(path), specs[name], path)

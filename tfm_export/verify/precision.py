@@ -9,7 +9,7 @@ token, BLEU with the fp32 outputs as reference, and exact match and BLEU against
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -23,7 +23,7 @@ from ..core.sources import encode_lines
 from ..graphs.parity import AGREEMENT_BEAM, MIN_AGREEMENT, Agreement, token_agreement
 from ..precision.calibration import record_traces
 from ..runtime.backends import open_backend
-from ..runtime.backends.concat import ConcatBackend
+from ..runtime.backends.loaders import open_contract_sessions
 from ..runtime.session import DEFAULT_OPTIONS, run
 from ..runtime.translator import DecodeOptions, Translator
 
@@ -100,11 +100,12 @@ def graph_errors(directory: Path, parent: Path, texts: Sequence[str], tokenizer)
     """Each contract graph of `directory` fed exactly what the parent's fp32 graphs saw while greedy-decoding
     `texts`."""
     traces = record_traces(parent, texts, tokenizer, "--input", consequence="the comparison says little")
-    concat = replace(DEFAULT_OPTIONS, cache="concat")
-    model, fp32 = (open_backend(d, "onnxruntime", options=concat).backend for d in (directory, parent))
+    # each pair's shared table (the second value) is memory its sessions read: held here as long as they are
+    (model, _model_table), (fp32, _fp32_table) = (open_contract_sessions(ModelDir.read(d), DEFAULT_OPTIONS)
+                                                  for d in (directory, parent))
     stats = []
     for graph, compared in ((Graph.ENCODER, None), (Graph.DECODER_STEP, (LOGITS,))):
-        ours, theirs = _session(model, graph), _session(fp32, graph)
+        ours, theirs = model[graph], fp32[graph]
         dtypes = {i.name: i.type for i in ours.get_inputs()}
         got, want = [], []
         for feeds in traces.feeds[graph]:
@@ -116,10 +117,6 @@ def graph_errors(directory: Path, parent: Path, texts: Sequence[str], tokenizer)
         label = "decoder_step logits" if compared else "encoder outputs"
         stats.append(ErrorStats.of(label, got, want))
     return stats
-
-
-def _session(backend: ConcatBackend, graph: Graph):
-    return backend.encoder if graph is Graph.ENCODER else backend.decoder
 
 
 def _token_rate(got: list[tuple[int, ...]], want: list[tuple[int, ...]]) -> float:
@@ -161,7 +158,7 @@ def compare_precision(directory: Path, parent: Path, texts: Sequence[str], refer
         raise TfmExportError("--input: has no non-empty lines to compare on; give sentences in the source language")
     texts = [texts[i] for i in rows]
     references = [references[i] for i in rows] if references is not None else None
-    precision = opened.backend.model_dir.precision
+    precision = opened.source.precision
     # tensor errors on the contract's graphs; the decodes below run what `tfm-run translate` runs (on the CPU,
     # decoder_step_search where the directories have it)
     errors = graph_errors(directory, parent, texts, reference.vocab.source)

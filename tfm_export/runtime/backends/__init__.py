@@ -46,16 +46,19 @@ class Given(Enum):
 
     MODEL_DIR = "model directory"
     ENGINE_DIR = "engine directory"
-    CHECKPOINT = "checkpoint"  # a file, or a directory without a manifest (a Hugging Face model's, say)
+    CHECKPOINT = "checkpoint"  # anything else that exists: a checkpoint file (either format), or refused as one
+    MODEL_SOURCE_DIR = "Hugging Face model directory"  # a directory without a manifest: a source to export
 
 
 def classify(model: Path) -> Given:
     if not model.exists():
         raise TfmExportError(f"{model}: model not found; give an exported model directory (tfm-export onnx) "
                              "or a checkpoint file")
-    if model.is_dir() and (model / MANIFEST).exists():
-        return Given.ENGINE_DIR if manifest_format(model) == ENGINE_FORMAT else Given.MODEL_DIR
-    return Given.CHECKPOINT
+    if not model.is_dir():
+        return Given.CHECKPOINT
+    if not (model / MANIFEST).exists():
+        return Given.MODEL_SOURCE_DIR
+    return Given.ENGINE_DIR if manifest_format(model) == ENGINE_FORMAT else Given.MODEL_DIR
 
 
 @dataclass(frozen=True)
@@ -68,6 +71,7 @@ class Opened:
     rules: TokenRules
     limits: dict[str, int] | None = None  # what engines were built for; None: the model's positions
     backend: StepBackend | None = None  # the step backend the searcher drives (None: generate.onnx)
+    source: ModelDir | EngineDir | None = None  # the directory opened (None: a checkpoint, run on PyTorch)
 
 
 @dataclass(frozen=True)
@@ -84,7 +88,10 @@ class Request:
 
 Opener = Callable[[Request], Opened]
 BACKENDS: dict[str, Opener] = {}
-DEFAULT_KINDS = {Given.MODEL_DIR: "onnxruntime", Given.ENGINE_DIR: "tensorrt", Given.CHECKPOINT: "torch"}
+# a Hugging Face directory runs on PyTorch only when asked: by default ONNX Runtime's opener says what it is and how
+# to export it
+DEFAULT_KINDS = {Given.MODEL_DIR: "onnxruntime", Given.ENGINE_DIR: "tensorrt", Given.CHECKPOINT: "torch",
+                 Given.MODEL_SOURCE_DIR: "onnxruntime"}
 DEFAULT_DEVICES = {"tensorrt": "cuda"}  # every other backend: the CPU
 RUN_EXTRA_BYTES = 1 << 29  # what a CPU translation holds besides its weights: ONNX Runtime, caches, logits (0.5 GiB)
 CACHES = ("concat", "in-place", "device")  # SessionOptions.cache: which ONNX Runtime backend (None: by device)
@@ -105,9 +112,7 @@ def open_backend(model: str | Path, kind: str | None = None, device: str | None 
     each graph becomes a session (default: ONNX Runtime); the bls layout's graphs are native Triton models."""
     path = Path(model)
     given = classify(path)
-    # a directory without a manifest (a Hugging Face model's) runs on PyTorch only when asked: by default ONNX
-    # Runtime's opener says what the directory is and how to export it
-    kind = kind or ("onnxruntime" if given is Given.CHECKPOINT and path.is_dir() else DEFAULT_KINDS[given])
+    kind = kind or DEFAULT_KINDS[given]
     if kind not in BACKENDS:
         raise TfmExportError(f"unknown backend {kind!r}; choose one of {', '.join(BACKENDS)}")
     if options.tensorrt_ep and kind != "onnxruntime":
@@ -123,10 +128,10 @@ def _model_dir(request: Request) -> ModelDir:
     if request.given is Given.ENGINE_DIR:
         raise TfmExportError(f"{model}: holds TensorRT engines; run it with --backend tensorrt, or give the model "
                              "directory they were built from")
-    if model.is_file():
+    if request.given is Given.CHECKPOINT:
         raise TfmExportError(f"{model}: is a checkpoint; the onnxruntime backend takes a model directory "
                              "(make one with `tfm-export onnx`), or use --backend torch")
-    if request.given is Given.CHECKPOINT:
+    if request.given is Given.MODEL_SOURCE_DIR:
         raise TfmExportError(not_exported(model, "model directory", "translate with it directly (--backend torch)"))
     if request.vocab:
         raise TfmExportError("--vocab is only for checkpoints; a model directory carries its own tokenizer")
@@ -149,7 +154,7 @@ def check_memory(model_dir: ModelDir) -> None:
 
 def _opened(backend: StepBackend, source: ModelDir | EngineDir, limits: dict[str, int] | None = None) -> Opened:
     release_weight_pages(source)
-    return Opened(LoopSearcher(backend), source.vocabulary(), source.config, source.rules, limits, backend)
+    return Opened(LoopSearcher(backend), source.vocabulary(), source.config, source.rules, limits, backend, source)
 
 
 def release_weight_pages(source: ModelDir | EngineDir) -> None:
@@ -170,7 +175,7 @@ def _on_device(request: Request) -> SessionOptions:
 def _cache(model_dir: ModelDir, options: SessionOptions) -> str:
     """Which ONNX Runtime backend: the one asked for, else by device where the directory has decoder_step_search
     (in place on the CPU, all on the device on a GPU), else the contract's concat cache."""
-    from .search_step import SEARCH
+    from ..step_graph import SEARCH
     if options.cache is not None:
         return options.cache
     if not model_dir.has(SEARCH):
@@ -184,24 +189,21 @@ def _onnxruntime(request: Request) -> Opened:
     or on the GPU all in device memory; the contract's decoder_step where the directory has no search step. A
     loader given with the concat cache may run the graphs anywhere (the bls layout: native Triton models, for a
     model or an engine directory alike)."""
-    from ...core.graph_spec import Graph, graph_specs
-    from ..graph_cache import directory_stamps
+    from ...core.graph_spec import CONTRACT_GRAPHS, Graph, contract_specs
     from .concat import ConcatBackend
-    from .loaders import directory_options, shared_values, sharing
+    from .loaders import open_contract_sessions
     options, loader = _on_device(request), request.loader or open_graph
     if request.loader is not None and options.cache == "concat":
         source = EngineDir.read(request.path) if request.given is Given.ENGINE_DIR else ModelDir.read(request.path)
-        specs = graph_specs(source.config)
-        sessions = [loader(source.path / g.filename, specs[g], options, None) for g in Graph]
+        specs = contract_specs(source.config)
+        sessions = [loader(source.path / g.filename, specs[g], options, None) for g in CONTRACT_GRAPHS]
         return _opened(ConcatBackend(*sessions, source.config), source, source.limits)
     model_dir = _model_dir(request)
     cache = _cache(model_dir, options)
     if cache == "concat":  # the tied table mapped once, for both sessions (as the search step's are)
-        options, specs = directory_options(model_dir, options), graph_specs(model_dir.config)
-        with model_dir.opening(directory_stamps(model_dir, options).sha256) as paths:
-            shared = shared_values(model_dir, Graph.DECODER_STEP, check=False)  # the opening checks its file
-            sessions = [loader(paths[g.value], specs[g], options, sharing(shared)) for g in Graph]
-        return _opened(ConcatBackend(*sessions, model_dir.config, model_dir, shared), model_dir)
+        sessions, shared = open_contract_sessions(model_dir, options, loader)
+        return _opened(ConcatBackend(sessions[Graph.ENCODER], sessions[Graph.DECODER_STEP], model_dir.config, model_dir,
+                                       shared), model_dir)
     from .search_step import load_search_sessions
     sessions = load_search_sessions(model_dir, options, loader)
     if cache == "in-place":
@@ -217,7 +219,8 @@ def _generate(request: Request) -> Opened:
     from .generate import load_generate
     options = _on_device(request)
     model_dir = _model_dir(request)
-    return Opened(load_generate(model_dir, options), model_dir.vocabulary(), model_dir.config, model_dir.rules)
+    return Opened(load_generate(model_dir, options), model_dir.vocabulary(), model_dir.config, model_dir.rules,
+                  source=model_dir)
 
 
 @register_backend("tensorrt")
@@ -242,7 +245,7 @@ def _torch(request: Request) -> Opened:
 
     from ...model.loading import load_checkpoint
     from .reference import TorchBackend
-    if request.given is not Given.CHECKPOINT:
+    if request.given not in (Given.CHECKPOINT, Given.MODEL_SOURCE_DIR):
         article = "an" if request.given is Given.ENGINE_DIR else "a"
         raise TfmExportError(f"{request.path}: is {article} {request.given.value}; the torch backend takes a "
                              "checkpoint file or a Hugging Face model directory")
@@ -273,7 +276,7 @@ def each_graph_decoder(directory: Path, options: SessionOptions = DEFAULT_OPTION
 def decoder_options(directory: Path, options: SessionOptions = DEFAULT_OPTIONS) -> dict[str, SessionOptions]:
     """The session options that open each of graph_decoders' decoders, by graph name."""
     from ...core.graph_spec import Graph
-    from .search_step import FUSED, SEARCH, fused_usable
+    from ..step_graph import FUSED, SEARCH, fused_usable
     model_dir = ModelDir.read(directory)
     wanted = {Graph.DECODER_STEP.value: dataclasses.replace(options, cache="concat")}
     if model_dir.has(SEARCH):

@@ -36,8 +36,9 @@ from ...core.sources import check_source_length, check_target_length
 from ..counts import WorkCounts
 from ..session import CAPACITY_STEP, CUDA_PROVIDER
 from ..step import LOGITS_ONLY, Candidates, Reorders, StepRule
+from ..step_inputs import Rules, source_groups
 from .pingpong import DeviceMemory, PingPong
-from .search_step import Rules, SearchSessions, source_groups
+from .search_step import SearchSessions
 
 SOURCE_BUCKET = 16  # source lengths are padded up to a multiple of this, so batches of similar lengths share a shape
 MAX_POOLED = 8  # workspaces (and source buffers) kept for reuse; beyond, the least recently used is let go

@@ -13,7 +13,7 @@ import onnxruntime as ort
 from ...artifacts.model_dir import ModelDir, verified_file
 from ...core.config import ModelConfig
 from ...core.errors import InputTextError, TfmExportError
-from ...core.generate_spec import GENERATE_FILE, MIN_ONNXRUNTIME, OP_MAX_LENGTH, op_lengths
+from ...core.generate_spec import GENERATE, GENERATE_FILE, MIN_ONNXRUNTIME, OP_MAX_LENGTH, op_lengths
 from ...core.graph_spec import INPUT_IDS
 from ...core.hypothesis import Hypothesis
 from ...core.sources import check_source_length
@@ -23,8 +23,6 @@ from ..counts import WorkCounts
 from ..search import SearchOptions
 from ..session import SessionOptions, open_session, run
 from .loaders import directory_options
-
-GENERATE = GENERATE_FILE.removesuffix(".onnx")
 
 
 class GenerateSearcher:

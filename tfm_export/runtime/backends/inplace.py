@@ -35,7 +35,8 @@ from ...core.sources import check_source_length, check_target_length
 from ..counts import WorkCounts
 from ..session import CAPACITY_STEP
 from ..step import LOGITS_ONLY, Candidates, Reorders, StepRule
-from .search_step import Rules, SearchSessions, source_groups
+from ..step_inputs import Rules, source_groups
+from .search_step import SearchSessions
 
 REORDER_BYTES = LARGE_BLOCK_BYTES // 4  # reorders and growth copy rows in pieces of about this size (twice at most)
 

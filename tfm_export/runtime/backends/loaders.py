@@ -16,7 +16,8 @@ import onnxruntime as ort
 
 from ...artifacts.manifest import ModelDirError
 from ...artifacts.model_dir import ModelDir
-from ...core.graph_spec import ATTENTION_MASK, INPUT_IDS, GraphSpec, GraphVariant
+from ...core.graph_spec import ATTENTION_MASK, CONTRACT_GRAPHS, INPUT_IDS, Graph, GraphSpec, contract_specs
+from ..graph_cache import directory_stamps
 from ..session import SessionOptions, open_session, run
 
 # (graph file, its contract, options, ONNX Runtime options to start from) -> something with a session's
@@ -56,9 +57,8 @@ def _first_difference(got: list[str], want: list[str]) -> str:
 def open_graph(path: Path, spec: GraphSpec, options: SessionOptions,
                session_options: ort.SessionOptions | None = None) -> ort.InferenceSession:
     """The default loader: a session for a graph file already checked against its manifest, held to the contract.
-    The step graphs may capture CUDA graphs (the device backend replays them; the contract's graphs never could)."""
-    capture = isinstance(spec.graph, GraphVariant)
-    return check_contract_tensors(open_session(path, options, session_options, capture), spec, path)
+    A capturable graph's session may capture CUDA graphs (the device backend replays them)."""
+    return check_contract_tensors(open_session(path, options, session_options, spec.capturable), spec, path)
 
 
 def directory_options(model_dir: ModelDir, options: SessionOptions) -> SessionOptions:
@@ -70,6 +70,16 @@ def directory_options(model_dir: ModelDir, options: SessionOptions) -> SessionOp
     if model_dir.int8_mode == "static" and options.device == "cpu":
         return dataclasses.replace(options, fold_qdq=True)
     return options
+
+
+def open_contract_sessions(model_dir: ModelDir, options: SessionOptions, loader: SessionLoader = open_graph
+                           ) -> tuple[dict[Graph, Any], dict[str, ort.OrtValue]]:
+    """The contract's two graphs as sessions (by `loader`), the tied table mapped once for both, and the shared
+    values they were given: the concat backend's sessions, and what verify compares graph by graph."""
+    options, specs = directory_options(model_dir, options), contract_specs(model_dir.config)
+    with model_dir.opening(directory_stamps(model_dir, options).sha256) as paths:
+        shared = shared_values(model_dir, Graph.DECODER_STEP, check=False)  # the opening checks its file
+        return {g: loader(paths[g.value], specs[g], options, sharing(shared)) for g in CONTRACT_GRAPHS}, shared
 
 
 def run_encoder(encoder: Any, src: np.ndarray, pad: int) -> dict[str, np.ndarray]:

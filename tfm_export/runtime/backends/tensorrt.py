@@ -21,6 +21,7 @@ from ...artifacts.engine_dir import RTX, EngineDir
 from ...core.errors import InputTextError, TfmExportError
 from ...core.graph_spec import (
     ATTENTION_MASK,
+    CONTRACT_GRAPHS,
     ENCODER_ATTENTION_MASK,
     INPUT_IDS,
     LAST_HIDDEN_STATE,
@@ -53,7 +54,7 @@ class TensorRTEngines:
     """An engine directory's plans, deserialised, one execution context each, run on one CUDA stream."""
 
     def __init__(self, engine_dir: EngineDir) -> None:
-        plans = {g: engine_dir.plan_path(g) for g in Graph}  # a damaged directory is refused anywhere
+        plans = {g: engine_dir.plan_path(g) for g in CONTRACT_GRAPHS}  # a damaged directory is refused anywhere
         here = current_platform(engine_dir.target)
         check_gpu_supported(here)
         problem = engine_mismatch(engine_dir.manifest["tensorrt"], here)
