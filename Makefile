@@ -167,7 +167,8 @@ bench-scale: setup
 	mkdir -p $(SCALE)
 	$(PY) scripts/bench_scale.py --work-dir $(SCALE) --models $(SCALE_MODELS) --rounds 2 --json $(SCALE)/scale.json \
 		> $(SCALE)/scale.md
-	$(PY) scripts/bench_interleaved.py --model $(SCALE)/nllb-1.3b-onnx --work-dir $(SCALE)/il-1.3b \
+	$(PY) scripts/bench_interleaved.py --model $(SCALE)/nllb-1.3b/ckpt.pt --fp32-dir $(SCALE)/nllb-1.3b-onnx \
+		--work-dir $(SCALE)/il-1.3b \
 		--lengths 64 --batch-sizes 1,32 --beam-sizes 1,4 --threads 2 --rounds 1 --repeats 1 --min-time 0 \
 		--backends ort-fp32,ct2-fp32,ct2-fp32+threads=1,ort-int8-dynamic,ct2-int8,ct2-int8+threads=1 \
 		--json $(SCALE)/speed-1.3b.json > $(SCALE)/speed-1.3b.md

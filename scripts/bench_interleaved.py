@@ -185,6 +185,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", type=Path, required=True)
     parser.add_argument("--work-dir", type=Path, required=True)
+    parser.add_argument("--fp32-dir", type=Path, default=None,
+                        help="an fp32 export of --model (a checkpoint) to time as is, instead of exporting it again")
     parser.add_argument("--backends", default="ort-fp32,ct2-fp32,ort-int8-dynamic,ct2-int8")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--lengths", default="64,128")
@@ -206,7 +208,7 @@ def main() -> None:
     settings = protocol.BenchSettings(batch_sizes=tuple(int(v) for v in args.batch_sizes.split(",")),
                                       beam_sizes=tuple(int(v) for v in args.beam_sizes.split(",")),
                                       repeats=args.repeats, min_time=args.min_time, threads=args.threads)
-    model = open_model(args.model)
+    model = open_model(args.model, args.fp32_dir)
     if args.resume:  # the rounds of an earlier run (its .partial.json); only what follows them is run again
         finish(args, model, json.loads(args.resume.read_text(encoding="utf-8")))
         return
@@ -218,8 +220,8 @@ def main() -> None:
     calib = calibration_for(inputs, None, [], args.work_dir / "calibration.txt", None)
     variants = {"ort-int8-dynamic"} & set(backends)
     build_variants(built, model, args.work_dir, calib, [*variants, "ct2-fp32"], 128, say=say)
-    for name in [n for n in backends if n == "cpp"]:  # the C++ example's binary (`make cpp`) may be missing
-        why = unavailable(name, built.artifacts)
+    for name in list(backends):  # what cannot run here (no CTranslate2 model, no C++ binary) is left out, saying why
+        why = unavailable(name.split("+")[0], built.artifacts)
         if why:
             say(f"{name} left out: {why}")
             backends.remove(name)

@@ -343,6 +343,20 @@ def test_make_bench_script_refuses_a_misspelt_setting_before_any_export(tmp_path
     assert not (tmp_path / "work").exists()
 
 
+def test_bench_times_a_checkpoints_own_export_as_is_and_refuses_anothers(demo_onnx, tmp_path):
+    """open_model(checkpoint, fp32_dir): the export is timed as is (not made again), the checkpoint kept for the
+    backends that need it (CTranslate2, PyTorch); an export of another checkpoint is one line."""
+    from tfm_export.bench.artifacts import build_fp32, open_model
+    from tfm_export.core.errors import TfmExportError
+    model = open_model(DEMO_CKPT, demo_onnx)
+    built = build_fp32(model, tmp_path / "work")
+    assert model.checkpoint is not None and built.artifacts.onnx["fp32"] == demo_onnx
+    assert "onnx fp32" not in built.build_s and not (tmp_path / "work").exists()
+    other = random_checkpoint(tiny_config(), tmp_path / "other")
+    with pytest.raises(TfmExportError, match=f"{demo_onnx}: was not exported from {other}"):
+        open_model(other, demo_onnx)
+
+
 @pytest.mark.slow
 def test_make_bench_script_runs_every_kind_of_backend_it_names(tmp_path):
     """scripts/bench_interleaved.py (what `make bench` and `make bench-anchor` run), one small round: each backend

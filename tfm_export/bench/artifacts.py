@@ -48,8 +48,8 @@ def _timed(built: Built, name: str, make: Callable[[], Path]) -> Path:
 
 @dataclass(frozen=True)
 class BenchModel:
-    """What --model names, read once: a checkpoint (loaded) or an fp32 model directory (with its source
-    checkpoint, loaded only when still there)."""
+    """What --model names, read once: a checkpoint (loaded; with an fp32 export of it to time as is, where one
+    is given) or an fp32 model directory (no checkpoint: the backends that need one are left out, saying why)."""
 
     path: Path
     checkpoint: Checkpoint | None
@@ -59,15 +59,29 @@ class BenchModel:
     rules: TokenRules = SEED_RULES  # a pretrained model's ids and beam rule
 
 
-def open_model(path: Path) -> BenchModel:
+def open_model(path: Path, fp32_dir: Path | None = None) -> BenchModel:
+    """fp32_dir: the checkpoint's own fp32 export (its manifest names the checkpoint's sha256), timed as is
+    instead of exported again: a large model's export, made once for its other benchmarks."""
     if not path.is_dir() or is_hf_directory(path):
         ckpt = load_checkpoint(path)
-        return BenchModel(path, ckpt, None, ckpt.config.n_position, ckpt.vocab, ckpt.rules)
+        if fp32_dir is not None:
+            _fp32(fp32_dir, f"an fp32 export of {path}")
+            if ModelDir.read(fp32_dir).manifest["source_checkpoint"]["sha256"] != ckpt.sha256:
+                raise TfmExportError(f"{fp32_dir}: was not exported from {path} (its manifest names another "
+                                     "checkpoint's sha256); give that checkpoint's export, or leave it out")
+        return BenchModel(path, ckpt, fp32_dir, ckpt.config.n_position, ckpt.vocab, ckpt.rules)
+    if fp32_dir is not None:
+        raise TfmExportError(f"{path}: is a model directory already; give the fp32 export alone, as the model")
+    directory = _fp32(path, "a checkpoint or an fp32 model directory")
+    return BenchModel(path, None, path, directory.config.n_position, directory.vocabulary(), directory.rules)
+
+
+def _fp32(path: Path, wanted: str) -> ModelDir:
     directory = ModelDir.read(path)
     if directory.precision != "fp32":
-        raise TfmExportError(f"{path}: is a {directory.precision} directory; bench --model takes a checkpoint or an "
-                             "fp32 model directory and makes the fp16/int8 variants itself")
-    return BenchModel(path, None, path, directory.config.n_position, directory.vocabulary(), directory.rules)
+        raise TfmExportError(f"{path}: is a {directory.precision} directory; bench takes {wanted} and makes the "
+                             "fp16/int8 variants itself")
+    return directory
 
 
 def build_fp32(model: BenchModel, work: Path, say: Callable[[str], None] = lambda _: None) -> Built:
