@@ -65,22 +65,22 @@ def open_model(path: Path, fp32_dir: Path | None = None) -> BenchModel:
     if not path.is_dir() or is_hf_directory(path):
         ckpt = load_checkpoint(path)
         if fp32_dir is not None:
-            _fp32(fp32_dir, f"an fp32 export of {path}")
+            _fp32(fp32_dir, "bench --fp32-dir takes an fp32 export of the checkpoint")
             if ModelDir.read(fp32_dir).manifest["source_checkpoint"]["sha256"] != ckpt.sha256:
                 raise TfmExportError(f"{fp32_dir}: was not exported from {path} (its manifest names another "
                                      "checkpoint's sha256); give that checkpoint's export, or leave it out")
         return BenchModel(path, ckpt, fp32_dir, ckpt.config.n_position, ckpt.vocab, ckpt.rules)
     if fp32_dir is not None:
         raise TfmExportError(f"{path}: is a model directory already; give the fp32 export alone, as the model")
-    directory = _fp32(path, "a checkpoint or an fp32 model directory")
+    directory = _fp32(path, "bench --model takes a checkpoint or an fp32 model directory")
     return BenchModel(path, None, path, directory.config.n_position, directory.vocabulary(), directory.rules)
 
 
 def _fp32(path: Path, wanted: str) -> ModelDir:
     directory = ModelDir.read(path)
     if directory.precision != "fp32":
-        raise TfmExportError(f"{path}: is a {directory.precision} directory; bench takes {wanted} and makes the "
-                             "fp16/int8 variants itself")
+        raise TfmExportError(f"{path}: is a {directory.precision} directory; {wanted} and makes the fp16/int8 "
+                             "variants itself")
     return directory
 
 
