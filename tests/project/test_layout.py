@@ -10,6 +10,7 @@ import os
 import shutil
 import subprocess
 import venv
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -106,53 +107,39 @@ def test_backends_are_one_interface_not_duck_typed():
     assert set(expands) == {"runtime/step.py"} and probes == []  # the protocol and Reorders
 
 
+def ast_findings(root: Path, skip: Callable[[tuple[str, ...]], bool], match: Callable[[ast.AST], bool],
+                 label: Callable[[ast.AST], str] = lambda node: "") -> list[str]:
+    """`module:line` (and label(node)) of every syntax node `match` picks in the modules under root, but those
+    whose path within root (its parts) skip() leaves out."""
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        if not skip(path.relative_to(root).parts):
+            found += [f"{path.relative_to(root.parent)}:{node.lineno}{label(node)}"
+                      for node in ast.walk(ast.parse(path.read_text(), str(path))) if match(node)]
+    return found
+
+
 def graph_kind_tests(root: Path = PACKAGE) -> list[str]:
     """Where code outside core decides what a graph is by its type (isinstance against a graph class) instead of
     reading the fact from its GraphSpec (optional, shares_table, capturable, simplified)."""
-    found = []
-    for path in sorted(root.rglob("*.py")):
-        if path.parent.name == "core":
-            continue
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "isinstance" and len(node.args) == 2 \
-                    and "Graph" in ast.unparse(node.args[1]):
-                found.append(f"{path.relative_to(root.parent)}:{node.lineno}")
-    return found
+    return ast_findings(root, lambda parts: parts[0] == "core", lambda node: (
+        isinstance(node, ast.Call) and getattr(node.func, "id", None) == "isinstance" and len(node.args) == 2
+        and "Graph" in ast.unparse(node.args[1])))
 
 
 def test_graph_kinds_are_facts_of_their_specs():
     assert graph_kind_tests() == [], "read the fact from the graph's GraphSpec (tfm_export.core.graph_spec)"
 
 
-def test_the_graph_kind_check_sees_an_isinstance(tmp_path):
-    (tmp_path / "pkg").mkdir()
-    (tmp_path / "pkg" / "m.py").write_text("def f(g):\n    return isinstance(g.graph, (Graph, str))\n")
-    assert graph_kind_tests(tmp_path) == [f"{tmp_path.name}/pkg/m.py:2"]
-
-
 def backend_reads(root: Path = PACKAGE) -> list[str]:
     """Where code outside runtime reaches through an opened backend into its parts (`opened.backend.decoder`)
     instead of asking the runtime for what it needs (Opened.source, loaders.open_contract_sessions)."""
-    found = []
-    for path in sorted(root.rglob("*.py")):
-        if path.relative_to(root).parts[0] == "runtime":
-            continue
-        found += [f"{path.relative_to(root.parent)}:{node.lineno}"
-                  for node in ast.walk(ast.parse(path.read_text(), str(path)))
-                  if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Attribute)
-                  and node.value.attr == "backend"]
-    return found
+    return ast_findings(root, lambda parts: parts[0] == "runtime", lambda node: (
+        isinstance(node, ast.Attribute) and isinstance(node.value, ast.Attribute) and node.value.attr == "backend"))
 
 
 def test_only_the_runtime_reads_a_backends_parts():
     assert backend_reads() == [], "ask tfm_export.runtime for it (Opened.source, open_contract_sessions)"
-
-
-def test_the_backend_check_sees_a_read(tmp_path):
-    (tmp_path / "pkg").mkdir()
-    (tmp_path / "pkg" / "m.py").write_text("def f(opened):\n    config.backend = 1\n"
-                                           "    return opened.backend.decoder\n")
-    assert backend_reads(tmp_path) == [f"{tmp_path.name}/pkg/m.py:3"]
 
 
 def backend_imports(root: Path = PACKAGE) -> list[str]:
@@ -169,14 +156,6 @@ def backend_imports(root: Path = PACKAGE) -> list[str]:
 
 def test_export_and_precision_code_use_the_runtimes_door():
     assert backend_imports() == []
-
-
-def test_the_backend_import_check_sees_one(tmp_path):
-    (tmp_path / "graphs").mkdir()
-    (tmp_path / "graphs" / "m.py").write_text("from ..runtime.backends import open_backend\n"
-                                              "from ..runtime.backends.search_step import SEARCH\n")
-    module = f"{tmp_path.name}.runtime.backends.search_step"
-    assert backend_imports(tmp_path) == [f"{tmp_path.name}/graphs/m.py:2 imports {module}"]
 
 
 def test_the_tests_mirror_the_packages():
@@ -233,24 +212,30 @@ def literal_names(root: Path = PACKAGE) -> list[str]:
     cfg = tiny_config()
     specs = (encoder_spec(cfg), decoder_step_spec(cfg), search_step_spec(cfg, Graph.DECODER_STEP_SEARCH_FUSED))
     names = {t.name for spec in specs for t in (*spec.inputs, *spec.outputs)}
-    found = []
-    for path in sorted(root.rglob("*.py")):
-        if path.name == "graph_spec.py" and path.parent.name == "core":
-            continue
-        found += [f"{path.relative_to(root.parent)}:{node.lineno}: {node.value!r}"
-                  for node in ast.walk(ast.parse(path.read_text(), str(path)))
-                  if isinstance(node, ast.Constant) and node.value in names]
-    return found
+    return ast_findings(root, lambda parts: parts == ("core", "graph_spec.py"),
+                        lambda node: isinstance(node, ast.Constant) and node.value in names,
+                        lambda node: f": {node.value!r}")
 
 
 def test_the_contracts_tensor_names_are_written_once():
     assert literal_names() == [], "import these names from tfm_export.core.graph_spec"
 
 
-def test_the_name_check_sees_a_literal(tmp_path):
-    (tmp_path / "pkg").mkdir()
-    (tmp_path / "pkg" / "m.py").write_text('FEEDS = {"input_ids": 1}\nLABEL = f"logits of {FEEDS}"\n')
-    assert literal_names(tmp_path) == [f"{tmp_path.name}/pkg/m.py:1: 'input_ids'"]
+@pytest.mark.parametrize("check, module, code, found", [
+    ("graph_kind_tests", "pkg/m.py", "def f(g):\n    return isinstance(g.graph, (Graph, str))\n", "pkg/m.py:2"),
+    ("backend_reads", "pkg/m.py", "def f(opened):\n    config.backend = 1\n    return opened.backend.decoder\n",
+     "pkg/m.py:3"),
+    ("literal_names", "pkg/m.py", 'FEEDS = {"input_ids": 1}\nLABEL = f"logits of {FEEDS}"\n',
+     "pkg/m.py:1: 'input_ids'"),
+    ("backend_imports", "graphs/m.py", "from ..runtime.backends import open_backend\n"
+     "from ..runtime.backends.search_step import SEARCH\n",
+     "graphs/m.py:2 imports {root}.runtime.backends.search_step"),
+], ids=["isinstance", "backend-read", "literal", "backend-import"])
+def test_each_check_sees_what_it_forbids(tmp_path, check, module, code, found):
+    """Each rule above has teeth: a small package that breaks it once is found, at that line and only there."""
+    (tmp_path / module).parent.mkdir()
+    (tmp_path / module).write_text(code)
+    assert globals()[check](tmp_path) == [f"{tmp_path.name}/{found.format(root=tmp_path.name)}"]
 
 
 def test_importing_the_runtime_loads_neither_torch_nor_onnx():
