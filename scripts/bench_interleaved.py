@@ -269,7 +269,7 @@ def finish(args, model, partial: dict) -> None:
     sources = _sources(None, model, len(vocab), 32)
     first_source = sources[0]
     ct2_ids = first_source[1:-1] if model.rules == SEED_RULES else first_source  # CT2 frames only the seed's
-    first = first_latencies(args.work_dir / "onnx-fp32", args.work_dir / "ctranslate2",
+    first = first_latencies(model.fp32_dir or args.work_dir / "onnx-fp32", args.work_dir / "ctranslate2",
                             _texts(model, len(vocab), 1)[0], " ".join(vocab[i] for i in ct2_ids),
                             args.rounds, args.threads, anchor_threads(partial, args.threads))
     if model.checkpoint is not None:  # the MatMuls by its weights: the fastest any ONNX Runtime step could be
