@@ -65,8 +65,8 @@ def open_model(path: Path, fp32_dir: Path | None = None) -> BenchModel:
     if not path.is_dir() or is_hf_directory(path):
         ckpt = load_checkpoint(path)
         if fp32_dir is not None:
-            _fp32(fp32_dir, "bench --fp32-dir takes an fp32 export of the checkpoint")
-            if ModelDir.read(fp32_dir).manifest["source_checkpoint"]["sha256"] != ckpt.sha256:
+            export = _fp32(fp32_dir, "bench --fp32-dir takes an fp32 export of the checkpoint")
+            if export.manifest["source_checkpoint"]["sha256"] != ckpt.sha256:
                 raise TfmExportError(f"{fp32_dir}: was not exported from {path} (its manifest names another "
                                      "checkpoint's sha256); give that checkpoint's export, or leave it out")
         return BenchModel(path, ckpt, fp32_dir, ckpt.config.n_position, ckpt.vocab, ckpt.rules)
