@@ -127,7 +127,8 @@ def test_inspect_reads_only_checked_manifest_fields(tiny_ckpt, tmp_path):
     from tfm_export.core.graph_spec import CONTRACT_GRAPHS
     from tfm_export.graphs.pipeline import build_manifest
     from tfm_export.model.loading import load_checkpoint
-    manifest = build_manifest(load_checkpoint(tiny_ckpt), 17, {g: "0" * 64 for g in CONTRACT_GRAPHS}, {}, [])
+    manifest = build_manifest(load_checkpoint(tiny_ckpt), 17, {g: "0" * 64 for g in CONTRACT_GRAPHS}, {},
+                              []).to_dict()
     (tmp_path / "m").mkdir()
     for edit, message in ((lambda m: m["model"].pop("d_model"), "lacks model.d_model; export the model again"),
                           (lambda m: m["optimizations"].append(7), "has an invalid optimizations; export")):

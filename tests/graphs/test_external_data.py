@@ -207,11 +207,12 @@ def test_a_quantization_this_machine_cannot_hold_is_refused_before_any_work(demo
     bytes against a machine that has one byte less; nothing is written."""
     import math
 
+    from tfm_export.artifacts.model_dir import ModelDir
     from tfm_export.core.config import ModelConfig
     from tfm_export.graphs.onnx_io import graph_weight_bytes
     from tfm_export.precision import pipeline
-    manifest = read_manifest(demo_external)
-    largest = max(graph_weight_bytes(demo_external, manifest, graph) for graph in manifest["graphs"])
+    manifest, directory = read_manifest(demo_external), ModelDir.read(demo_external)
+    largest = max(graph_weight_bytes(directory, graph) for graph in manifest["graphs"])
     assert largest > 0.3 * (demo_external / WEIGHTS_FILE).stat().st_size
     needed = largest + 2 * 4 * math.prod(ModelConfig.from_dict(manifest["model"]).tied_table) \
         + pipeline.QUANTIZE_EXTRA_BYTES

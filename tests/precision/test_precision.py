@@ -479,7 +479,7 @@ def test_float_embeddings_keep_the_tables_float(demo_onnx, tmp_path, mode):
     calibration = Calibration(CALIBRATION, texts) if mode == "static" else None
     manifest = quantize_model_dir(demo_onnx, tmp_path / mode, "int8", mode, calibration, progress=False,
                                   float_embeddings=True)
-    assert manifest["int8"]["embeddings"] == "float (--float-embeddings)"
+    assert manifest.int8["embeddings"] == "float (--float-embeddings)"
     for graph in CONTRACT_GRAPHS:
         proto = _graph(tmp_path / mode, graph)
         inits = {i.name: i for i in proto.graph.initializer}
@@ -580,9 +580,9 @@ def test_fp16_residual_adds_are_float_in_the_graph_itself(variants):
 @pytest.mark.parametrize("mode", ["int8-static", "int8-dynamic"])
 def test_int8_embedding_rows_dequantize_within_half_a_step_of_the_float_table(variants, mode):
     """table_int8[i] * scale[i] is within scale[i] / 2 of the fp32 table, and scale[i] is max |row i| / 127."""
-    from tfm_export.artifacts.model_dir import read_manifest
+    from tfm_export.artifacts.model_dir import ModelDir
     from tfm_export.graphs.onnx_io import load_graph
-    fp32 = load_graph(variants["fp32"], read_manifest(variants["fp32"]), "encoder")
+    fp32 = load_graph(ModelDir.read(variants["fp32"]), "encoder")
     quantized = _graph(variants[mode], Graph.ENCODER).graph
     values = {i.name: numpy_helper.to_array(i) for i in quantized.initializer}
     producers = {out: node for node in quantized.node for out in node.output}

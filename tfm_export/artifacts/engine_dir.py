@@ -14,7 +14,6 @@ from typing import Any
 from ..core.config import ModelConfig
 from ..core.graph_spec import Graph
 from ..core.token_rules import TokenRules
-from ..core.tokenizer import Vocabulary
 from .manifest import (
     ENGINE_FORMAT,
     ENGINE_FORMAT_VERSION,
@@ -28,7 +27,8 @@ from .manifest import (
     manifest_format,
     read_declared,
 )
-from .model_dir import ReadDirectory, check_model_fields, load_vocabulary, token_rules, verified_file
+from .model_dir import ReadDirectory, check_model_fields, token_rules, verified_file
+from .records import EngineManifest
 
 # Which library builds and runs the plans. A plan loads only in the library (and version) that built it.
 TENSORRT, RTX = "tensorrt", "rtx"
@@ -59,57 +59,51 @@ ENGINE_DIR = DirectoryKind("engine directory", ENGINE_FORMAT, ENGINE_FORMAT_VERS
 
 
 def read_engine_manifest(directory: Path) -> dict[str, Any]:
-    """An engine directory's manifest, every field this tool reads checked. Readers take EngineDir.read's typed
-    view; writers copy this."""
-    return _checked(directory)[0]
+    """An engine directory's manifest as JSON, every field this tool reads checked. Readers take EngineDir.read's
+    record."""
+    return _checked(directory)[0].to_dict()
 
 
-def _checked(directory: Path) -> tuple[dict[str, Any], ModelConfig, TokenRules]:
+def _checked(directory: Path) -> tuple[EngineManifest, ModelConfig, TokenRules]:
     def wrong_format(declared: Any) -> str | None:
         return (f"{directory / MANIFEST}: not a {ENGINE_FORMAT} manifest (a model directory runs on --backend "
                 "onnxruntime; build engines from it with `tfm-export trt`)")
     manifest = read_declared(directory, ENGINE_DIR, wrong_format)
     config = check_model_fields(manifest, directory / MANIFEST, REBUILD)
-    return manifest, config, token_rules(manifest, directory / MANIFEST, REBUILD)
-
-
-def engine_target(manifest: dict[str, Any]) -> str:
-    """TENSORRT or RTX: the library an engine directory's plans were built by (read_engine_manifest checked it)."""
-    return manifest["tensorrt"]["target"]
-
-
-def plan_path(directory: Path, manifest: dict[str, Any], graph: Graph) -> Path:
-    """The plan file, inside the directory and checked against the manifest's sha256 (a swapped plan is refused,
-    not run)."""
-    entry = manifest["engines"].get(graph.value)
-    if not isinstance(entry, dict):
-        raise ModelDirError(f"{directory / MANIFEST}: lists no {graph.value} engine; {REBUILD}")
-    return verified_file(directory, entry.get("file"), entry.get("sha256"), f"{graph.value} engine", REBUILD)
+    return EngineManifest.from_dict(manifest), config, token_rules(manifest, directory / MANIFEST, REBUILD)
 
 
 @dataclass(frozen=True)
 class EngineDir(ReadDirectory):
-    """An engine directory (TensorRT plans); its plans and tokenizers are read through it against the manifest's
-    sha256."""
+    """An engine directory (TensorRT plans)."""
 
+    manifest: EngineManifest
     _checked = staticmethod(_checked)
 
     @property
     def limits(self) -> dict[str, int]:
         """The rows and lengths the engines were built for: max_batch, max_source_length, max_target_length."""
-        return {key: self.manifest["limits"][key] for key in ("max_batch", "max_source_length", "max_target_length")}
+        return {key: self.manifest.limits[key] for key in ("max_batch", "max_source_length", "max_target_length")}
 
     @property
     def target(self) -> str:
-        return engine_target(self.manifest)
+        """TENSORRT or RTX: the library the plans were built by (checked when read)."""
+        return self.manifest.tensorrt["target"]
 
     @property
     def library_version(self) -> str:
         """The exact version of the library that built the plans, e.g. "10.3.0.30"."""
-        return self.manifest["tensorrt"]["tensorrt"]
+        return self.manifest.tensorrt["tensorrt"]
 
-    def plan_path(self, graph: Graph) -> Path:
-        return plan_path(self.path, self.manifest, graph)
+    @property
+    def plans(self) -> tuple[str, ...]:
+        return tuple(self.manifest.engines)
 
-    def vocabulary(self) -> Vocabulary:
-        return load_vocabulary(self.path, self.manifest)
+    def plan_path(self, graph: Graph | str) -> Path:
+        """The plan file, inside the directory and checked against the manifest's sha256 (a swapped plan is
+        refused, not run)."""
+        name = getattr(graph, "value", graph)
+        entry = self.manifest.engines.get(name)
+        if not isinstance(entry, dict):
+            raise ModelDirError(f"{self.path / MANIFEST}: lists no {name} engine; {REBUILD}")
+        return verified_file(self.path, entry.get("file"), entry.get("sha256"), f"{name} engine", REBUILD)

@@ -11,6 +11,7 @@ from typing import Any
 
 from ..core.errors import TfmExportError
 from ..core.files import is_sha256, read_json
+from .records import Record
 
 MANIFEST = "manifest.json"
 HF_CONFIG_FILE = "config.json"  # what marks a Hugging Face model directory
@@ -88,8 +89,10 @@ def not_exported(directory: Path, what: str, run_as_is: str = "") -> str:
     return f"{directory / MANIFEST}: missing; this is not a tfm-export {what}"
 
 
-def write_manifest(directory: Path, manifest: dict[str, Any]) -> None:
-    (directory / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+def write_manifest(directory: Path, manifest: dict[str, Any] | Record) -> None:
+    """manifest: a record (records.py), or the JSON of a format without one (a Triton repository's)."""
+    data = manifest.to_dict() if isinstance(manifest, Record) else manifest
+    (directory / MANIFEST).write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
 
 def manifest_format(directory: Path) -> str | None:

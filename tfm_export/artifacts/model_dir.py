@@ -39,16 +39,11 @@ from .manifest import (
     is_text,
     read_declared,
 )
+from .records import DATA_KEY, SENTENCEPIECE, SHARED, TOKEN_RULES, GraphEntry, ModelManifest
 
-TOKEN_RULES = "token_rules"  # a pretrained model's ids and generation defaults; absent: the seed's layout
-SENTENCEPIECE = "sentencepiece"  # the source tokenizer's SentencePiece model, for the C++ command; absent: none
-# A graph entry's list of initializers it shares with the encoder (same name and bytes), kept in its external
-# weights file so that a runtime reads them once and gives both sessions the same memory: the tied embedding table.
-SHARED = "shared_initializers"
-# A graph entry's external weights file when it is not `<file>.data`: the one file every graph of a large model
-# reads its weights from, each tensor stored once (graphs.saving)
-DATA_KEY = "data"
-WEIGHTS_FILE = "weights.onnx.data"
+__all__ = ["DATA_KEY", "SENTENCEPIECE", "SHARED", "TOKEN_RULES"]  # the JSON keys, for tests that read it raw
+
+WEIGHTS_FILE = "weights.onnx.data"  # DATA_KEY of every graph in the external layout
 SHARED_MIN_BYTES = 256  # smaller ones (folded scalars, shapes) stay inline
 SHARED_DTYPES = {"fp32": "float32", "fp16": "float16", "int8": "int8"}  # the shared table's type, by precision
 EMBEDDING_MIN_ELEMENTS = 4096  # int8 stores Gather tables this large int8; smaller ones (positions, shapes) stay float
@@ -77,12 +72,12 @@ MODEL_DIR = DirectoryKind(
 
 
 def read_manifest(directory: Path) -> dict[str, Any]:
-    """A model directory's manifest, every field this tool reads checked (an engine directory is named as
-    such: it runs, but is no model). Readers take ModelDir.read's typed view; writers copy this."""
-    return _checked(directory)[0]
+    """A model directory's manifest as JSON, every field this tool reads checked (an engine directory is named as
+    such: it runs, but is no model). Readers take ModelDir.read's record."""
+    return _checked(directory)[0].to_dict()
 
 
-def _checked(directory: Path) -> tuple[dict[str, Any], ModelConfig, TokenRules]:
+def _checked(directory: Path) -> tuple[ModelManifest, ModelConfig, TokenRules]:
     def wrong_format(declared: Any) -> str | None:
         if declared == ENGINE_FORMAT:
             return (f"{directory}: holds TensorRT engines, not ONNX graphs; run it with `tfm-run translate "
@@ -103,7 +98,7 @@ def _checked(directory: Path) -> tuple[dict[str, Any], ModelConfig, TokenRules]:
         raise ModelDirError(f"{directory / MANIFEST}: names {twice!r} for two graphs; {REMAKE}")
     if manifest["precision"] == "int8" and manifest.get("int8", {}).get("mode") not in INT8_MODES:
         raise ModelDirError(f"{directory / MANIFEST}: int8.mode must be one of {', '.join(INT8_MODES)}; {REMAKE}")
-    return manifest, config, rules
+    return ModelManifest.from_dict(manifest), config, rules
 
 
 def check_model_fields(manifest: dict[str, Any], path: Path, remake: str) -> ModelConfig:
@@ -158,90 +153,17 @@ def verified_file(directory: Path, name: object, expected: object, what: str, re
     return path
 
 
-def data_file(manifest: dict[str, Any], graph: str) -> str:
-    """The name of the external weights file a graph reads, where it has one: its entry's DATA_KEY, or the
-    `<file>.data` beside it."""
-    entry = manifest["graphs"][graph]
-    return entry[DATA_KEY] if DATA_KEY in entry else f"{entry['file']}.data"
-
-
-def graph_files(directory: Path, manifest: dict[str, Any], graph: str) -> list[tuple[str, object, str]]:
-    """(name, the manifest's sha256, what it is) of the graph's file and of its external weights, if it has any."""
-    entry = manifest["graphs"][graph]
-    files = [(entry["file"], entry["sha256"], f"graph file of {graph}")]
-    data = data_file(manifest, graph)
-    if data in manifest["files"] or DATA_KEY in entry or (directory / data).exists():
-        files.append((data, manifest["files"].get(data), f"external weights of {graph}"))
-    return files
-
-
-def graph_path(directory: Path, manifest: dict[str, Any], graph: str, sha256: Hasher = file_sha256) -> Path:
-    """The graph's file (and its external weights, if it has them), checked against the manifest's sha256."""
-    paths = [verified_file(directory, name, expected, what, sha256=sha256)
-             for name, expected, what in graph_files(directory, manifest, graph)]
-    return paths[0]
-
-
 def _size(path: Path) -> int:
     return path.stat().st_size if path.is_file() else 0
 
 
-def _distinct_files(directory: Path, manifest: dict[str, Any]) -> list[tuple[str, object, str]]:
-    """Every graph's files, each once in manifest order: a weights file the graphs share is hashed once."""
-    found: dict[str, tuple[str, object, str]] = {}
-    for graph in manifest["graphs"]:
-        for file in graph_files(directory, manifest, graph):
-            found.setdefault(file[0], file)
-    return list(found.values())
-
-
-def verified_graphs(directory: Path, manifest: dict[str, Any]) -> dict[str, Path]:
-    """Every graph of the directory by name, its files checked as graph_path checks them, several at a time (sha256
-    releases the GIL: on two cores half the hashing of a base-config translate's start-up) and each once; the first
-    damaged one in manifest order is the error. Runtimes check the graphs they do not run too: a damaged directory
-    is refused whole."""
-    with ThreadPoolExecutor(HASH_THREADS) as pool:
-        futures = [pool.submit(verified_file, directory, *file) for file in _distinct_files(directory, manifest)]
-    for future in futures:
-        future.result()
-    return {graph: directory / manifest["graphs"][graph]["file"] for graph in manifest["graphs"]}
-
-
-def shared_initializers(directory: Path, manifest: dict[str, Any], graph: str,
-                        check: bool = True) -> dict[str, np.ndarray]:
-    """The initializers a graph shares with the encoder, mapped from its external weights (sha256 checked, unless the
-    caller checks the whole directory itself: ModelDir.opening). Mapped, not read: the embedding lookups touch only
-    the rows of the tokens they meet, and the pages are the page cache's, shared between processes. Copy-on-write:
-    whatever writes to the table gets its own pages; the file never changes."""
-    entries = manifest["graphs"][graph].get(SHARED, [])
-    if not entries:
-        return {}
-    # ONNX Runtime takes a supplied initializer of any shape and fails (or reads it wrongly) mid-decode, so the
-    # entries must describe the one table sharing is for: the tied embedding, in the directory's weight type
-    shape = ModelConfig.from_dict(manifest["model"]).tied_table
-    table = {"dtype": shared_dtype(manifest, shape), "shape": list(shape)}
-    if not isinstance(entries, list) or not all(_shared_entry(e, table) for e in entries):
-        raise ModelDirError(f"{directory / MANIFEST}: has an invalid graphs.{graph}.{SHARED} (each entry: name, "
-                            f"dtype {table['dtype']}, shape {table['shape']}, offset); {REMAKE}")
-    data, what = data_file(manifest, graph), f"external weights of {graph}"
-    path = verified_file(directory, data, manifest["files"].get(data), what) if check else \
-        contained_file(directory, data, ModelDirError, what, REMAKE)
-    arrays, size = {}, path.stat().st_size
-    for entry in entries:
-        dtype = np.dtype(entry["dtype"])
-        if entry["offset"] + math.prod(entry["shape"]) * dtype.itemsize > size:
-            raise ModelDirError(f"{path}: ends before {entry['name']!r} does (the manifest's {SHARED}); {REMAKE}")
-        arrays[entry["name"]] = np.memmap(path, dtype, mode="c", offset=entry["offset"], shape=tuple(entry["shape"]))
-    return arrays
-
-
-def shared_dtype(manifest: dict[str, Any], table: tuple[int, int]) -> str | None:
+def shared_dtype(manifest: ModelManifest, table: tuple[int, int]) -> str | None:
     """The type the tied table has in a directory: its precision's, except in int8 directories whose tables
     stayed float (too small to quantize, or --float-embeddings)."""
-    if manifest["precision"] == "int8" and (math.prod(table) < EMBEDDING_MIN_ELEMENTS or
-                                            manifest.get("int8", {}).get("embeddings") == FLOAT_EMBEDDINGS):
+    if manifest.precision == "int8" and (math.prod(table) < EMBEDDING_MIN_ELEMENTS or
+                                         (manifest.int8 or {}).get("embeddings") == FLOAT_EMBEDDINGS):
         return "float32"
-    return SHARED_DTYPES.get(manifest["precision"])
+    return SHARED_DTYPES.get(manifest.precision)
 
 
 def _shared_entry(entry: object, table: dict[str, Any]) -> bool:
@@ -250,57 +172,22 @@ def _shared_entry(entry: object, table: dict[str, Any]) -> bool:
             and not isinstance(entry["offset"], bool) and entry["offset"] >= 0)
 
 
-def tokenizer_file(directory: Path, manifest: dict[str, Any], side: str) -> Path:
-    """The source or target tokenizer file, inside the directory and as hashed."""
-    name = manifest["tokenizer"][side]
-    return verified_file(directory, name, manifest["files"].get(name), f"{side} tokenizer")
-
-
-def tokenizer_paths(directory: Path, manifest: dict[str, Any]) -> list[Path]:
-    """The tokenizer files as --vocab takes them: one when shared, else source then target (checked)."""
-    source, target = (tokenizer_file(directory, manifest, side) for side in ("source", "target"))
-    return [source] if source == target else [source, target]
-
-
-def tokenizer_names(manifest: dict[str, Any]) -> list[str]:
-    """Every tokenizer file a manifest names, each once: the source's and target's, and the SentencePiece model."""
-    spm = manifest.get(SENTENCEPIECE)
-    return list(dict.fromkeys([*manifest["tokenizer"].values(), *([spm["file"]] if spm else [])]))
-
-
-def copy_tokenizers(directory: Path, manifest: dict[str, Any], target: Path) -> list[str]:
-    """The directory's tokenizer files (checked against their sha256) copied into `target`; returns their names."""
-    names = tokenizer_names(manifest)
-    for name in names:
-        shutil.copyfile(verified_file(directory, name, manifest["files"].get(name), "tokenizer file"), target / name)
-    return names
-
-
-def load_vocabulary(directory: Path, manifest: dict[str, Any]) -> Vocabulary:
-    """The tokenizers a model or engine directory carries, checked against the vocabulary sizes of its graphs."""
-    model, shared = manifest["model"], manifest["tokenizer"]["target"] == manifest["tokenizer"]["source"]
-    seed = TOKEN_RULES not in manifest
-    source = load_tokenizer(tokenizer_file(directory, manifest, "source"), model["src_vocab_size"], "source", seed)
-    target = source if shared else load_tokenizer(tokenizer_file(directory, manifest, "target"),
-                                                  model["trg_vocab_size"], "target", seed)
-    return Vocabulary(source, target)
-
-
 _Read = TypeVar("_Read", bound="ReadDirectory")
 
 
 @dataclass(frozen=True)
 class ReadDirectory:
-    """A model or engine directory read once: its manifest checked and what readers take from it parsed, the model
-    config and decoding rules among it, so that no reader looks fields up or rebuilds the config again."""
+    """A model or engine directory read once: its manifest checked and parsed into its record, the model config and
+    decoding rules among it, so that no reader looks fields up or rebuilds the config again. Its files are read
+    through it, each checked against the manifest's sha256."""
 
     path: Path
-    manifest: dict[str, Any]  # as read: what writers copy, and fields one reader alone needs
+    manifest: Any  # ModelManifest | EngineManifest: the subclass's record
     config: ModelConfig
     rules: TokenRules
 
     @staticmethod
-    def _checked(directory: Path) -> tuple[dict[str, Any], ModelConfig, TokenRules]:
+    def _checked(directory: Path) -> tuple[Any, ModelConfig, TokenRules]:
         raise NotImplementedError
 
     @classmethod
@@ -310,57 +197,121 @@ class ReadDirectory:
 
     @property
     def precision(self) -> str:
-        return self.manifest["precision"]
+        return self.manifest.precision
+
+    @property
+    def int8_mode(self) -> str | None:
+        return self.manifest.int8_mode
+
+    @property
+    def tokenizer_files(self) -> tuple[str, ...]:
+        return tuple(self.manifest.tokenizer_names())
+
+    def verified(self, name: object, what: str) -> Path:
+        """A file of the directory, inside it and as the manifest hashed it."""
+        return verified_file(self.path, name, self.manifest.files.get(name), what)
+
+    def tokenizer_file(self, side: str) -> Path:
+        """The source or target tokenizer file, inside the directory and as hashed."""
+        return self.verified(self.manifest.tokenizer[side], f"{side} tokenizer")
+
+    def tokenizer_paths(self) -> list[Path]:
+        """The tokenizer files as --vocab takes them: one when shared, else source then target (checked)."""
+        source, target = (self.tokenizer_file(side) for side in ("source", "target"))
+        return [source] if source == target else [source, target]
+
+    def copy_tokenizers(self, target: Path) -> list[str]:
+        """The tokenizer files (checked against their sha256) copied into `target`; returns their names."""
+        names = self.manifest.tokenizer_names()
+        for name in names:
+            shutil.copyfile(self.verified(name, "tokenizer file"), target / name)
+        return names
+
+    def vocabulary(self) -> Vocabulary:
+        """The tokenizers the directory carries, checked against the vocabulary sizes of its graphs."""
+        manifest = self.manifest
+        shared, seed = manifest.tokenizer["target"] == manifest.tokenizer["source"], manifest.token_rules is None
+        source = load_tokenizer(self.tokenizer_file("source"), self.config.src_vocab_size, "source", seed)
+        target = source if shared else load_tokenizer(self.tokenizer_file("target"), self.config.trg_vocab_size,
+                                                      "target", seed)
+        return Vocabulary(source, target)
 
 
 @dataclass(frozen=True)
 class ModelDir(ReadDirectory):
-    """A model directory (ONNX graphs); its files are read through it, each checked against the manifest's sha256."""
+    """A model directory (ONNX graphs)."""
 
+    manifest: ModelManifest
     _checked = staticmethod(_checked)
 
     @property
     def limits(self) -> dict[str, int]:
-        return {key: self.manifest["limits"][key] for key in ("max_source_length", "max_target_length")}
-
-    @property
-    def int8_mode(self) -> str | None:
-        return self.manifest.get("int8", {}).get("mode") if self.precision == "int8" else None
+        return {key: self.manifest.limits[key] for key in ("max_source_length", "max_target_length")}
 
     @property
     def graphs(self) -> tuple[str, ...]:
-        return tuple(self.manifest["graphs"])
+        return tuple(self.manifest.graphs)
 
     def has(self, graph: str) -> bool:
-        return _name(graph) in self.manifest["graphs"]
+        return _name(graph) in self.manifest.graphs
+
+    def entry(self, graph: str) -> GraphEntry:
+        """A graph's manifest entry: file, sha256, inputs and outputs (name, dtype, shape), external weights."""
+        return self.manifest.graphs[_name(graph)]
+
+    def tensor_types(self, graph: str) -> dict[str, str]:
+        """A graph's inputs and outputs, name -> dtype, as its manifest entry records them."""
+        return self.entry(graph).tensor_types()
+
+    def graph_files(self, graph: str) -> list[tuple[str, object, str]]:
+        """(name, the manifest's sha256, what it is) of the graph's file and of its external weights, if it has
+        any."""
+        graph = _name(graph)
+        entry = self.manifest.graphs[graph]
+        files = [(entry.file, entry.sha256, f"graph file of {graph}")]
+        data = entry.data_file
+        if data in self.manifest.files or entry.data is not None or (self.path / data).exists():
+            files.append((data, self.manifest.files.get(data), f"external weights of {graph}"))
+        return files
 
     def run_bytes(self) -> int:
         """What a translation maps: the encoder's files and its largest decoder's, each file once (the external
         layout's shared weights file counted once)."""
         def files(graph: str) -> set[str]:
-            return {name for name, _, _ in graph_files(self.path, self.manifest, graph)}
+            return {name for name, _, _ in self.graph_files(graph)}
         encoder = files(Graph.ENCODER.value)
         return max((sum(_size(self.path / name) for name in encoder | files(graph))
-                    for graph in self.manifest["graphs"] if graph != Graph.ENCODER.value), default=0)
+                    for graph in self.graphs if graph != Graph.ENCODER.value), default=0)
 
-    def entry(self, graph: str) -> dict[str, Any]:
-        """A graph's manifest entry: file, sha256, inputs and outputs (name, dtype, shape)."""
-        return self.manifest["graphs"][_name(graph)]
+    def graph_path(self, graph: str, sha256: Hasher = file_sha256) -> Path:
+        """The graph's file (and its external weights, if it has them), checked against the manifest's sha256."""
+        paths = [verified_file(self.path, name, expected, what, sha256=sha256)
+                 for name, expected, what in self.graph_files(graph)]
+        return paths[0]
 
-    def tensor_types(self, graph: str) -> dict[str, str]:
-        """A graph's inputs and outputs, name -> dtype, as its manifest entry records them."""
-        entry = self.entry(graph)
-        return {t["name"]: t["dtype"] for t in (*entry["inputs"], *entry["outputs"])}
+    def unchecked_path(self, graph: str) -> Path:
+        """The graph's file, for a caller that checks the directory whole itself (opening, verified_graphs)."""
+        return contained_file(self.path, self.entry(graph).file, ModelDirError, f"graph file of {_name(graph)}",
+                              REMAKE)
 
-    @property
-    def tokenizer_files(self) -> tuple[str, ...]:
-        return tuple(tokenizer_names(self.manifest))
-
-    def graph_path(self, graph: str) -> Path:
-        return graph_path(self.path, self.manifest, _name(graph))
+    def _distinct_files(self) -> list[tuple[str, object, str]]:
+        """Every graph's files, each once in manifest order: a weights file the graphs share is hashed once."""
+        found: dict[str, tuple[str, object, str]] = {}
+        for graph in self.graphs:
+            for file in self.graph_files(graph):
+                found.setdefault(file[0], file)
+        return list(found.values())
 
     def verified_graphs(self) -> dict[str, Path]:
-        return verified_graphs(self.path, self.manifest)
+        """Every graph by name, its files checked as graph_path checks them, several at a time (sha256 releases the
+        GIL: on two cores half the hashing of a base-config translate's start-up) and each once; the first damaged
+        one in manifest order is the error. Runtimes check the graphs they do not run too: a damaged directory is
+        refused whole."""
+        with ThreadPoolExecutor(HASH_THREADS) as pool:
+            futures = [pool.submit(verified_file, self.path, *file) for file in self._distinct_files()]
+        for future in futures:
+            future.result()
+        return {graph: self.path / self.manifest.graphs[graph].file for graph in self.graphs}
 
     @contextlib.contextmanager
     def opening(self, sha256: Hasher = file_sha256) -> Iterator[dict[str, Path]]:
@@ -371,20 +322,40 @@ class ModelDir(ReadDirectory):
         hashed (core.stamps: not again, where a writer stamped it)."""
         pool = ThreadPoolExecutor(HASH_THREADS)
         pending = [pool.submit(verified_file, self.path, name, expected, what, sha256=sha256)
-                   for name, expected, what in _distinct_files(self.path, self.manifest)]
+                   for name, expected, what in self._distinct_files()]
         pool.shutdown(wait=False)
         try:
-            yield {graph: contained_file(self.path, self.manifest["graphs"][graph]["file"], ModelDirError,
-                                         f"graph file of {graph}", REMAKE) for graph in self.graphs}
+            yield {graph: self.unchecked_path(graph) for graph in self.graphs}
         finally:
             for future in pending:  # the first damaged one in manifest order is the error
                 future.result()
 
     def shared_initializers(self, graph: str, check: bool = True) -> dict[str, np.ndarray]:
-        return shared_initializers(self.path, self.manifest, _name(graph), check)
-
-    def vocabulary(self) -> Vocabulary:
-        return load_vocabulary(self.path, self.manifest)
+        """The initializers a graph shares with the encoder, mapped from its external weights (sha256 checked,
+        unless the caller checks the whole directory itself: opening). Mapped, not read: the embedding lookups
+        touch only the rows of the tokens they meet, and the pages are the page cache's, shared between processes.
+        Copy-on-write: whatever writes to the table gets its own pages; the file never changes."""
+        graph = _name(graph)
+        entries = self.manifest.graphs[graph].shared
+        if not entries:
+            return {}
+        # ONNX Runtime takes a supplied initializer of any shape and fails (or reads it wrongly) mid-decode, so the
+        # entries must describe the one table sharing is for: the tied embedding, in the directory's weight type
+        shape = self.config.tied_table
+        table = {"dtype": shared_dtype(self.manifest, shape), "shape": list(shape)}
+        if not isinstance(entries, list) or not all(_shared_entry(e, table) for e in entries):
+            raise ModelDirError(f"{self.path / MANIFEST}: has an invalid graphs.{graph}.{SHARED} (each entry: name, "
+                                f"dtype {table['dtype']}, shape {table['shape']}, offset); {REMAKE}")
+        data, what = self.entry(graph).data_file, f"external weights of {graph}"
+        path = self.verified(data, what) if check else contained_file(self.path, data, ModelDirError, what, REMAKE)
+        arrays, size = {}, path.stat().st_size
+        for entry in entries:
+            dtype = np.dtype(entry["dtype"])
+            if entry["offset"] + math.prod(entry["shape"]) * dtype.itemsize > size:
+                raise ModelDirError(f"{path}: ends before {entry['name']!r} does (the manifest's {SHARED}); {REMAKE}")
+            arrays[entry["name"]] = np.memmap(path, dtype, mode="c", offset=entry["offset"],
+                                              shape=tuple(entry["shape"]))
+        return arrays
 
 
 def _name(graph: str) -> str:

@@ -66,7 +66,7 @@ def open_model(path: Path, fp32_dir: Path | None = None) -> BenchModel:
         ckpt = load_checkpoint(path)
         if fp32_dir is not None:
             export = _fp32(fp32_dir, "bench --fp32-dir takes an fp32 export of the checkpoint")
-            if export.manifest["source_checkpoint"]["sha256"] != ckpt.sha256:
+            if export.manifest.source_checkpoint.sha256 != ckpt.sha256:
                 raise TfmExportError(f"{fp32_dir}: was not exported from {path} (its manifest names another "
                                      "checkpoint's sha256); give that checkpoint's export, or leave it out")
         return BenchModel(path, ckpt, fp32_dir, ckpt.config.n_position, ckpt.vocab, ckpt.rules)

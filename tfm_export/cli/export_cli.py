@@ -158,8 +158,8 @@ def onnx_cmd(checkpoint: Path, vocab: tuple[Path, ...], output: Path, opset: str
     manifest = export_model_dir(ckpt, output, int(opset), optimize=not no_optimize, force=force,
                                 progress=sys.stderr.isatty(), prepacked=False if no_prepack else None,
                                 external_data=WEIGHT_LAYOUTS[weights])
-    click.echo(f"wrote {output}: {', '.join(g['file'] for g in manifest['graphs'].values())}, manifest.json "
-               f"(opset {manifest['opset']}, {manifest['precision']}, max {manifest['limits']['max_source_length']} "
+    click.echo(f"wrote {output}: {', '.join(g.file for g in manifest.graphs.values())}, manifest.json "
+               f"(opset {manifest.opset}, {manifest.precision}, max {manifest.limits['max_source_length']} "
                "positions)")
 
 
@@ -198,8 +198,8 @@ def quantize_cmd(model_dir: Path, precision: str, mode: str | None, calibration:
     manifest = quantize_model_dir(model_dir, output, precision, mode, calib, keep_io_types, force,
                                   progress=sys.stderr.isatty(), float_embeddings=float_embeddings,
                                   prepacked=False if no_prepack else None)
-    sizes = {g: (output / e["file"]).stat().st_size / 1e6 for g, e in manifest["graphs"].items()}
-    kind = f"int8 {manifest['int8']['mode']}" if precision == "int8" else precision
+    sizes = {g: (output / e.file).stat().st_size / 1e6 for g, e in manifest.graphs.items()}
+    kind = f"int8 {manifest.int8_mode}" if precision == "int8" else precision
     click.echo(f"wrote {output}: {kind}, " + ", ".join(f"{g} {mb:.1f} MB" for g, mb in sizes.items()))
 
 
@@ -389,8 +389,8 @@ def trt_cmd(model_dir: Path, fp16: bool, int8: bool, output: Path, max_batch: in
                          opt_past_length)
     manifest = build_engines(model_dir, output, precision, limits, timing_cache, workspace_mib, weak_typing, force,
                              progress=sys.stderr.isatty(), target=target)
-    info = manifest["tensorrt"]
-    click.echo(f"wrote {output}: {manifest['precision']} engines ({info['precision_source']}), "
+    info = manifest.tensorrt
+    click.echo(f"wrote {output}: {manifest.precision} engines ({info['precision_source']}), "
                f"{Platform.from_dict(info).describe()}")
 
 

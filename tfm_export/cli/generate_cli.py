@@ -28,7 +28,8 @@ def generate(model_dir: Path, output: Path, early_stopping: bool, force: bool) -
     require_extra("export", "tfm-export generate")
     from ..graphs.generate_dir import write_generate_dir
     manifest = write_generate_dir(model_dir, output, early_stopping, force, progress=sys.stderr.isatty())
-    entry = manifest["generate"]
-    size = (output / entry["file"]).stat().st_size / 1e6
-    click.echo(f"wrote {output}: {entry['file']} ({size:.1f} MB, {entry['op']}, early_stopping "
-               f"{int(entry['early_stopping'])}, max_length up to {entry['max_length']} with <s>)")
+    entry = manifest.generate
+    op = entry.extra
+    size = (output / entry.file).stat().st_size / 1e6
+    click.echo(f"wrote {output}: {entry.file} ({size:.1f} MB, {op['op']}, early_stopping "
+               f"{int(op['early_stopping'])}, max_length up to {op['max_length']} with <s>)")

@@ -10,19 +10,19 @@ from __future__ import annotations
 import dataclasses
 import shutil
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import onnx
 from tqdm import tqdm
 
 from ..artifacts.manifest import write_manifest
-from ..artifacts.model_dir import DATA_KEY, TOKEN_RULES, ModelDir, data_file, file_hashes
+from ..artifacts.model_dir import ModelDir, file_hashes
+from ..artifacts.records import GraphEntry, ModelManifest
 from ..artifacts.staging import staged_directory
 from ..core.config import ModelConfig
 from ..core.errors import TfmExportError
 from ..core.files import file_sha256
-from ..core.generate_spec import GENERATE, GENERATE_FILE, MIN_ONNXRUNTIME, OP, OP_MAX_LENGTH
+from ..core.generate_spec import GENERATE_FILE, MIN_ONNXRUNTIME, OP, OP_MAX_LENGTH
 from ..core.graph_spec import CONTRACT_GRAPHS, Graph
 from ..core.token_rules import SEED_RULES
 from ..core.tokenizer import BOS_ID, EOS_ID, PAD_ID
@@ -38,21 +38,21 @@ CHECK_ROWS, CHECK_SOURCE, CHECK_STEPS, CHECK_BEAM = 4, 16, 12, 4  # the closing 
 
 
 def write_generate_dir(model_dir: Path, output: Path, early_stopping: bool = False, force: bool = False,
-                       progress: bool = True) -> dict[str, Any]:
+                       progress: bool = True) -> ModelManifest:
     """Write `output`: `model_dir` plus generate.onnx; returns the new manifest. Refuses, before any work,
     a directory whose graphs the BeamSearch op cannot take, saying why."""
     source = ModelDir.read(model_dir)
     manifest, cfg = source.manifest, source.config  # the new manifest copies the old one
-    if TOKEN_RULES in manifest:
+    if manifest.token_rules is not None:
         raise TfmExportError(f"{model_dir}: generate.onnx is built for the seed's token layout; a Hugging Face model "
                              "decodes with `tfm-run translate` on the model directory itself")
     refusal = op_refusal(source)
     if refusal:
         raise TfmExportError(refusal)
     vocab = source.vocabulary()
-    shared = {entry.get(DATA_KEY) for entry in manifest["graphs"].values()} - {None}  # the external layout's file
+    shared = {entry.data for entry in manifest.graphs.values()} - {None}  # the external layout's file
     # in the external layout the subgraphs keep their references into the shared file, which is copied beside
-    graphs = {g: load_graph(model_dir, manifest, g.value, external_data=not shared) for g in CONTRACT_GRAPHS}
+    graphs = {g: load_graph(source, g.value, external_data=not shared) for g in CONTRACT_GRAPHS}
     with staged_directory(output, force, keep=(model_dir,)) as staging, \
             tqdm(total=3, desc="generate", disable=not progress) as bar:
         proto = generate_graph(graphs[Graph.ENCODER], graphs[Graph.DECODER_STEP], cfg, early_stopping)
@@ -63,23 +63,22 @@ def write_generate_dir(model_dir: Path, output: Path, early_stopping: bool = Fal
         bar.update()
         source.verified_graphs()
         for name in source.graphs:  # the contract's graphs and any other the directory lists, each file once
-            for path in (source.path / source.entry(name)["file"], source.path / data_file(manifest, name)):
+            for path in (source.path / source.entry(name).file, source.path / source.entry(name).data_file):
                 if path.is_file() and not (staging / path.name).exists():
                     shutil.copyfile(path, staging / path.name)
-        for side, name in manifest["tokenizer"].items():
+        for side, name in manifest.tokenizer.items():
             getattr(vocab, side).save(staging / name)
-        files = {**manifest["files"], **file_hashes(staging, source.tokenizer_files)}
-        entry = {"file": GENERATE_FILE, "sha256": file_sha256(staging / GENERATE_FILE),
-                 **({DATA_KEY: shared.pop()} if shared else {}), "op": OP, "model_type": 1,
-                 "early_stopping": early_stopping, "inputs": tensors_of(proto.graph.input),
-                 "outputs": tensors_of(proto.graph.output),
-                 "special_tokens": {"decoder_start": BOS_ID, "eos": EOS_ID, "pad": PAD_ID, "never_generated": PAD_ID},
-                 "max_length": min(cfg.n_position + 1, OP_MAX_LENGTH),
-                 "min_onnxruntime": ".".join(map(str, MIN_ONNXRUNTIME)),
-                 "note": "max_length and min_length count the decoder start token <s>; sequences start with it and "
-                         "are padded with <blank>; </s> is not written; sequences_scores are summed log-probabilities "
-                         "/ (length with <s>) ** length_penalty"}
-        new = {**manifest, "files": files, GENERATE: entry}
+        files = {**manifest.files, **file_hashes(staging, source.tokenizer_files)}
+        op = {"op": OP, "model_type": 1, "early_stopping": early_stopping,
+              "special_tokens": {"decoder_start": BOS_ID, "eos": EOS_ID, "pad": PAD_ID, "never_generated": PAD_ID},
+              "max_length": min(cfg.n_position + 1, OP_MAX_LENGTH),
+              "min_onnxruntime": ".".join(map(str, MIN_ONNXRUNTIME)),
+              "note": "max_length and min_length count the decoder start token <s>; sequences start with it and "
+                      "are padded with <blank>; </s> is not written; sequences_scores are summed log-probabilities "
+                      "/ (length with <s>) ** length_penalty"}
+        entry = GraphEntry(GENERATE_FILE, file_sha256(staging / GENERATE_FILE), tensors_of(proto.graph.input),
+                           tensors_of(proto.graph.output), shared.pop() if shared else None, extra=op)
+        new = dataclasses.replace(manifest, files=files, generate=entry)
         write_manifest(staging, new)
         bar.update()
         check_generate(staging, cfg, output)

@@ -35,7 +35,7 @@ def inspect_model(model_dir: Path) -> tuple[ModelDir, list[GraphInfo]]:
     infos = []
     for name in [g.value for g in Graph if directory.has(g)]:
         path = directory.graph_path(name)
-        proto = load_graph(directory.path, directory.manifest, name)
+        proto = load_graph(directory, name)
         opset = next(o.version for o in proto.opset_import if o.domain in ("", "ai.onnx"))
         inits = proto.graph.initializer
         infos.append(GraphInfo(
@@ -50,10 +50,10 @@ def summary_lines(directory: ModelDir, infos: list[GraphInfo]) -> list[str]:
     """What `tfm-export inspect` prints: the model line, then per graph its size, tensors and op counts. Only
     what ModelDir.read checked is read, so a damaged manifest is its one-line error, never a KeyError here."""
     cfg, manifest = directory.config, directory.manifest
-    lines = [f"{directory.path}: {directory.precision}, opset {manifest['opset']}, d_model {cfg.d_model}, "
+    lines = [f"{directory.path}: {directory.precision}, opset {manifest.opset}, d_model {cfg.d_model}, "
              f"{cfg.n_layers}+{cfg.n_layers} layers, {cfg.n_head} heads, vocab "
              f"{cfg.src_vocab_size}/{cfg.trg_vocab_size}, max {directory.limits['max_source_length']} "
-             f"positions; optimizations: {', '.join(manifest['optimizations']) or 'none'}",
+             f"positions; optimizations: {', '.join(manifest.optimizations) or 'none'}",
              f"architecture: {describe(cfg.variant())}"]
     for g in infos:
         lines += ["", f"{g.file.name}: {g.size_bytes / 1e6:.2f} MB, {g.weight_count} weights "

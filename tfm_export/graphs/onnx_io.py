@@ -15,7 +15,8 @@ import numpy as np
 import onnx
 from onnx import external_data_helper, helper, numpy_helper
 
-from ..artifacts.model_dir import SHARED, SHARED_DTYPES, SHARED_MIN_BYTES, ModelDirError, graph_path
+from ..artifacts.model_dir import SHARED_DTYPES, SHARED_MIN_BYTES, ModelDir, ModelDirError
+from ..artifacts.records import ModelManifest
 from ..core.errors import TfmExportError, first_line
 from ..core.graph_spec import Graph, GraphSpec
 from .weights import gather_from_transposed
@@ -192,36 +193,35 @@ def sharing_note(graph: str) -> str:
             "it once for both sessions")
 
 
-def add_shared(manifest: dict[str, Any], shared: dict[Graph, list[dict]]) -> None:
+def add_shared(manifest: ModelManifest, shared: dict[Graph, list[dict]]) -> None:
     """Records save_graph_of's entries in the graphs' manifest entries, and says so in `optimizations`."""
     for graph, entries in shared.items():
         if entries:
-            manifest["graphs"][graph.value][SHARED] = entries
-            manifest["optimizations"].append(sharing_note(graph.value))
+            manifest.graphs[graph.value].shared = entries
+            manifest.note(sharing_note(graph.value))
 
 
 def _same_tensor(a: onnx.TensorProto, b: onnx.TensorProto) -> bool:
     return a.data_type == b.data_type and list(a.dims) == list(b.dims) and a.raw_data == b.raw_data
 
 
-def load_graph(directory: Path, manifest: dict[str, Any], graph: str, external_data: bool = True,
-               check: bool = True) -> onnx.ModelProto:
+def load_graph(directory: ModelDir, graph: str, external_data: bool = True, check: bool = True) -> onnx.ModelProto:
     """The graph's ModelProto (sha256 checked, unless the caller checked the directory); a file that does not parse
     is one line, not a protobuf trace."""
-    path = graph_path(directory, manifest, graph) if check else directory / manifest["graphs"][graph]["file"]
+    path = directory.graph_path(graph) if check else directory.path / directory.entry(graph).file
     try:
         proto = onnx.load_model(str(path), load_external_data=external_data)
     except Exception as exc:  # protobuf DecodeError, onnx's own errors, OSError for external data
         raise ModelDirError(f"{path}: not a readable ONNX graph ({type(exc).__name__}); export the model again") \
             from None
-    _check_precision(proto, manifest.get("precision"), path)
+    _check_precision(proto, directory.precision, path)
     return proto
 
 
-def graph_weight_bytes(directory: Path, manifest: dict[str, Any], graph: str) -> int:
+def graph_weight_bytes(directory: ModelDir, graph: str) -> int:
     """The bytes of a graph's initializers, read from its structure (a file that does not parse is load_graph's one
     line)."""
-    return weight_bytes(load_graph(directory, manifest, graph, external_data=False, check=False))
+    return weight_bytes(load_graph(directory, graph, external_data=False, check=False))
 
 
 def weight_bytes(proto: onnx.ModelProto) -> int:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 from pathlib import Path
-from typing import Any
 
 import onnx
 import torch
@@ -13,7 +12,8 @@ from tqdm import tqdm
 
 from .. import __version__
 from ..artifacts.manifest import MODEL_FORMAT, MODEL_FORMAT_VERSION, write_manifest
-from ..artifacts.model_dir import SENTENCEPIECE, TOKEN_RULES, file_hashes
+from ..artifacts.model_dir import file_hashes
+from ..artifacts.records import GraphEntry, ModelManifest, SourceCheckpoint
 from ..artifacts.staging import staged_directory
 from ..core.errors import TfmExportError
 from ..core.graph_spec import DEFAULT_OPSET, LOGITS, Graph, all_specs
@@ -63,27 +63,26 @@ def special_tokens(ckpt: Checkpoint) -> dict[str, int]:
 
 
 def build_manifest(ckpt: Checkpoint, opset: int, hashes: dict[Graph, str], files: dict[str, str],
-                   applied: list[str]) -> dict[str, Any]:
+                   applied: list[str]) -> ModelManifest:
     cfg = ckpt.config
     specs = all_specs(cfg)
-    return {
-        "format": MODEL_FORMAT, "format_version": MODEL_FORMAT_VERSION, "tool": "tfm-export",
-        "tool_version": __version__,
-        "model": cfg.to_dict(), "precision": "fp32", "opset": opset, "optimizations": applied,
-        "optimizations_not_applied": {"onnxruntime.transformers fusions": NOT_SAVED_REASON},
-        "special_tokens": special_tokens(ckpt),
-        **({} if ckpt.rules == SEED_RULES else {TOKEN_RULES: ckpt.rules.to_dict()}),
-        "limits": {"max_source_length": cfg.n_position, "max_target_length": cfg.n_position,
-                   "note": "source length counts <s> and </s>; past + new decoder tokens (with <s>) "
-                           "must stay <= max_target_length"},
-        "tokenizer": tokenizer_files(ckpt.vocab.shared),
-        **({SENTENCEPIECE: spm.manifest_entry()} if (spm := ckpt.vocab.source.sentencepiece) else {}),
-        "graphs": {g.value: {**specs[g].to_dict(), "sha256": sha256} for g, sha256 in hashes.items()},
-        "files": files,
+    spm = ckpt.vocab.source.sentencepiece
+    return ModelManifest(
+        format=MODEL_FORMAT, format_version=MODEL_FORMAT_VERSION, tool_version=__version__,
+        model=cfg.to_dict(), precision="fp32", opset=opset, optimizations=applied,
+        optimizations_not_applied={"onnxruntime.transformers fusions": NOT_SAVED_REASON},
+        special_tokens=special_tokens(ckpt),
+        token_rules=None if ckpt.rules == SEED_RULES else ckpt.rules.to_dict(),
+        limits={"max_source_length": cfg.n_position, "max_target_length": cfg.n_position,
+                "note": "source length counts <s> and </s>; past + new decoder tokens (with <s>) "
+                        "must stay <= max_target_length"},
+        tokenizer=tokenizer_files(ckpt.vocab.shared),
+        sentencepiece=spm.manifest_entry() if spm else None,
+        graphs={g.value: GraphEntry.from_dict({**specs[g].to_dict(), "sha256": sha256})
+                for g, sha256 in hashes.items()},
+        files=files,
         # its name, not its path: the directory is shipped and served on machines where that path means nothing
-        "source_checkpoint": {"file": ckpt.path.name, "sha256": ckpt.sha256, "format": ckpt.kind,
-                              **({"model_type": ckpt.model_type} if ckpt.model_type else {})},
-    }
+        source_checkpoint=SourceCheckpoint(ckpt.sha256, ckpt.path.name, ckpt.kind, ckpt.model_type or None))
 
 
 def check_parity(ckpt: Checkpoint, directory: Path, steps: int = 3, seed: int = 0) -> float:
@@ -129,7 +128,7 @@ def check_parity(ckpt: Checkpoint, directory: Path, steps: int = 3, seed: int = 
 
 def export_model_dir(ckpt: Checkpoint, output: Path, opset: int = DEFAULT_OPSET, optimize: bool = True,
                      force: bool = False, progress: bool = True, prepacked: bool | None = None,
-                     external_data: bool | None = None) -> dict[str, Any]:
+                     external_data: bool | None = None) -> ModelManifest:
     """Write the model directory (docs/graph-contract.md); returns its manifest. One graph at a time: traced, its
     weights written as it is saved, checked on disk, and let go before the next. external_data: every graph's
     weights in one shared file (WEIGHTS_FILE), each tensor once (None: for a model of EXTERNAL_DATA_BYTES or
@@ -164,7 +163,7 @@ def export_model_dir(ckpt: Checkpoint, output: Path, opset: int = DEFAULT_OPSET,
         manifest = build_manifest(ckpt, opset, saver.hashes, dict(sorted(files.items())), applied)
         saver.describe(manifest)
         if optimize and external:
-            manifest["optimizations_not_applied"]["onnxscript optimizer"] = UNOPTIMIZED_REASON
+            manifest.optimizations_not_applied["onnxscript optimizer"] = UNOPTIMIZED_REASON
         write_manifest(staging, manifest)
         if external:  # the parity check's loads, and later ones, need not read gigabytes to check the files
             stamp_new(staging, {**files, **{g.filename: sha256 for g, sha256 in saver.hashes.items()}})

@@ -19,7 +19,8 @@ from typing import Any
 import onnx
 import torch
 
-from ..artifacts.model_dir import DATA_KEY, SHARED, SHARED_DTYPES, SHARED_MIN_BYTES, WEIGHTS_FILE
+from ..artifacts.model_dir import SHARED_DTYPES, SHARED_MIN_BYTES, WEIGHTS_FILE
+from ..artifacts.records import ModelManifest
 from ..core.errors import TfmExportError
 from ..core.files import file_sha256
 from ..core.graph_spec import Graph, GraphSpec
@@ -130,13 +131,14 @@ class GraphSaver:
         if self.file is not None:
             self.file.__exit__(*exc)
 
-    def describe(self, manifest: dict[str, Any]) -> None:
+    def describe(self, manifest: ModelManifest) -> None:
         """The graphs' manifest entries: the shared file they read (external), or the tied table they share."""
         for graph in self.hashes:
+            entry = manifest.graphs[graph.value]
             if self.external:
-                manifest["graphs"][graph.value][DATA_KEY] = WEIGHTS_FILE
+                entry.data = WEIGHTS_FILE
             if self.shared.get(graph):
-                manifest["graphs"][graph.value][SHARED] = self.shared[graph]
-                manifest["optimizations"].append(sharing_note(graph.value))
+                entry.shared = self.shared[graph]
+                manifest.note(sharing_note(graph.value))
         if self.external:
-            manifest["optimizations"].append(f"every graph's weights in {WEIGHTS_FILE}, each tensor once")
+            manifest.note(f"every graph's weights in {WEIGHTS_FILE}, each tensor once")

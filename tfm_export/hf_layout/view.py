@@ -93,10 +93,10 @@ def graph_file(stem: str, precision: str) -> str:
 def family(model_dir: ModelDir) -> str:
     """The model_type config.json declares: the seed's and its variants' present as Marian, a Hugging Face
     family's as itself."""
-    source = model_dir.manifest["source_checkpoint"]
-    if source.get("format") != HUGGINGFACE:
+    source = model_dir.manifest.source_checkpoint
+    if source.format != HUGGINGFACE:
         return SEED_MODEL_TYPE
-    model_type = source.get("model_type")
+    model_type = source.model_type
     if model_type not in (*BART_NAMED, *T5_NAMED):
         raise HfViewError(f"{model_dir.path}: its manifest does not name its Hugging Face family (exported before "
                           "manifests recorded it); export it again with `tfm-export onnx`")
@@ -277,8 +277,8 @@ def _write_graphs(model_dir: ModelDir, staging: Path, precision: str, external_a
     """The four graphs: weights inline below protobuf's 2 GB; above, copied into `<file>.onnx_data` a chunk at a
     time, the decoders' once for all three. The directory's graphs and weights are checked against its manifest
     and read once, their weights only where they go inline."""
-    manifest, directory, cfg = model_dir.manifest, model_dir.path, model_dir.config
-    encoder, decoder = (load_graph(directory, manifest, g.value, external_data=False)
+    directory, cfg = model_dir.path, model_dir.config
+    encoder, decoder = (load_graph(model_dir, g.value, external_data=False)
                         for g in (Graph.ENCODER, Graph.DECODER_STEP))
     streamed = weight_bytes(encoder) + weight_bytes(decoder) >= external_above
     if not streamed:
@@ -314,5 +314,5 @@ def _manifest(model_dir: ModelDir, staging: Path, files: list[str]) -> dict[str,
     return {"format": HF_VIEW_FORMAT, "format_version": HF_VIEW_FORMAT_VERSION, "tool": "tfm-export",
             "precision": model_dir.precision,
             "source_model": {"manifest_sha256": file_sha256(model_dir.path / MANIFEST),
-                             "source_checkpoint_sha256": model_dir.manifest["source_checkpoint"]["sha256"]},
+                             "source_checkpoint_sha256": model_dir.manifest.source_checkpoint.sha256},
             "files": {name: file_sha256(staging / name) for name in files}}

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import hashlib
 import logging
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import onnx
@@ -23,16 +23,14 @@ from tqdm import tqdm
 
 from ..artifacts.manifest import write_manifest
 from ..artifacts.model_dir import (
-    DATA_KEY,
     FLOAT_EMBEDDINGS,
     INT8_MODES,
-    SHARED,
     WEIGHTS_FILE,
     ModelDir,
-    copy_tokenizers,
     file_hashes,
 )
 from ..artifacts.model_dir import PRECISIONS as MODEL_PRECISIONS
+from ..artifacts.records import GraphEntry, ModelManifest
 from ..artifacts.staging import staged_directory
 from ..core.errors import TfmExportError
 from ..core.files import file_sha256
@@ -112,8 +110,7 @@ def check_request(directory: ModelDir, precision: str, mode: str | None,
         raise TfmExportError(f"--calibration-max-length {calibration.max_length} is beyond the model's {positions} "
                              "target positions; give at most that")
     if directory.precision != "fp32":
-        recorded = directory.manifest.get("parent")
-        parent = recorded.get("path", "its fp32 parent") if isinstance(recorded, dict) else "its fp32 parent"
+        parent = directory.manifest.parent_path or "its fp32 parent"
         raise TfmExportError(f"{directory.path}: is already {directory.precision}; quantize the fp32 model directory "
                              f"({parent}) instead")
     if precision == "int8" and mode not in INT8_MODES:
@@ -131,7 +128,7 @@ def check_request(directory: ModelDir, precision: str, mode: str | None,
 def quantize_model_dir(source: Path, output: Path, precision: str, mode: str | None = None,
                        calibration: Calibration | None = None, keep_io_types: bool = False, force: bool = False,
                        progress: bool = True, float_embeddings: bool = False,
-                       prepacked: bool | None = None) -> dict[str, Any]:
+                       prepacked: bool | None = None) -> ModelManifest:
     """Write the fp16/int8 sibling of an fp32 model directory; returns its manifest. float_embeddings: int8
     keeps the embedding tables (and a projection tied to them) float: the strict reading of "embeddings in higher
     precision", at 2x the size. prepacked: the pre-packed graphs made (None: for the inline layout only, as
@@ -144,7 +141,7 @@ def quantize_model_dir(source: Path, output: Path, precision: str, mode: str | N
     variants = _variants(parent, precision, mode)
     graphs = [*CONTRACT_GRAPHS, *variants]
     parent.verified_graphs()  # the converted ones and the others: a damaged directory is refused
-    external = any(DATA_KEY in entry for entry in manifest["graphs"].values())  # graphs.saving's external layout
+    external = manifest.external
     keep = (source, *([calibration.path] if calibration else []))
     with staged_directory(output, force, keep=keep) as staging, contextlib.ExitStack() as stack, \
             tqdm(total=len(graphs) + 2, desc=f"{precision}", disable=not progress) as bar:
@@ -160,7 +157,7 @@ def quantize_model_dir(source: Path, output: Path, precision: str, mode: str | N
         weights = stack.enter_context(WeightFile(staging / WEIGHTS_FILE)) if external else None
         for graph in graphs:  # one at a time: loaded, converted, saved and let go
             bar.set_postfix_str(graph.value)
-            converted, kept[graph.value] = _convert(load_graph(source, manifest, graph.value, check=False),
+            converted, kept[graph.value] = _convert(load_graph(parent, graph.value, check=False),
                                                     precision, mode, keep_io_types, traces, specs[graph],
                                                     not float_embeddings)
             _set_precision_metadata(converted, precision)
@@ -173,10 +170,9 @@ def quantize_model_dir(source: Path, output: Path, precision: str, mode: str | N
                 checked = check_contract(converted, specs[graph])
                 files, shared[graph] = save_graph_of(specs[graph], converted, staging, encoder, config.tied_table)
                 listed += [p.name for p in files[1:]]
-            entry = {k: v for k, v in manifest["graphs"][graph.value].items() if k != SHARED}
-            entries[graph.value] = {**entry, "sha256": file_sha256(staging / graph.filename),
-                                    "inputs": tensors_of(checked.graph.input),
-                                    "outputs": tensors_of(checked.graph.output)}
+            entries[graph.value] = dataclasses.replace(
+                manifest.graphs[graph.value], sha256=file_sha256(staging / graph.filename), shared=[],
+                inputs=tensors_of(checked.graph.input), outputs=tensors_of(checked.graph.output))
             del converted, checked
             return_freed_heap()
             bar.update()
@@ -184,14 +180,14 @@ def quantize_model_dir(source: Path, output: Path, precision: str, mode: str | N
         if weights is not None:
             weights.close()
             written[WEIGHTS_FILE] = weights.sha256
-        listed += copy_tokenizers(source, manifest, staging)
+        listed += parent.copy_tokenizers(staging)
         new = _manifest(manifest, source, precision, mode, keep_io_types, entries, kept, calibration, traces)
-        new["files"] = dict(sorted((file_hashes(staging, listed) | written).items()))
+        new.files = dict(sorted((file_hashes(staging, listed) | written).items()))
         if precision == "int8" and float_embeddings:
-            new["int8"]["embeddings"] = FLOAT_EMBEDDINGS
+            new.int8["embeddings"] = FLOAT_EMBEDDINGS
         not_applied = {Graph.DECODER_STEP_SEARCH: NO_STATIC_SEARCH, Graph.DECODER_STEP_SEARCH_FUSED: NO_FUSED}
         for graph in [g for g in not_applied if parent.has(g) and g not in variants]:
-            new.setdefault("optimizations_not_applied", {})[graph.value] = not_applied[graph]
+            new.optimizations_not_applied[graph.value] = not_applied[graph]
         add_shared(new, shared)
         write_manifest(staging, new)
         bar.set_postfix_str("smoke test")
@@ -201,7 +197,7 @@ def quantize_model_dir(source: Path, output: Path, precision: str, mode: str | N
             bar.set_postfix_str("prepack")
             prepack_new(staging, output)
         elif external:  # no pre-packed graphs: stamps alone, for the first load of gigabytes
-            stamp_new(staging, {**new["files"], **{e["file"]: e["sha256"] for e in entries.values()}})
+            stamp_new(staging, {**new.files, **{e.file: e.sha256 for e in entries.values()}})
         bar.update()
     return new
 
@@ -210,8 +206,7 @@ def check_memory(directory: ModelDir) -> None:
     """Before any work: the graphs are converted one at a time, and the largest one's weights, its tied table twice
     more (transposed, then quantized) and QUANTIZE_EXTRA_BYTES must fit this machine's memory; else one line says
     what it needs against what there is."""
-    manifest = directory.manifest
-    largest = max(graph_weight_bytes(directory.path, manifest, graph) for graph in manifest["graphs"])
+    largest = max(graph_weight_bytes(directory, graph) for graph in directory.graphs)
     table = math.prod(directory.config.tied_table) * 4
     needed, total = largest + 2 * table + QUANTIZE_EXTRA_BYTES, total_memory_bytes()
     if total is not None and needed > total:
@@ -252,33 +247,32 @@ def _set_precision_metadata(proto: onnx.ModelProto, precision: str) -> None:
     onnx.helper.set_model_props(proto, props)
 
 
-def _manifest(parent: dict[str, Any], source: Path, precision: str, mode: str, keep_io_types: bool,
-              entries: dict[str, Any], kept: dict[str, dict[str, int]], calibration: Calibration | None,
-              traces: Traces | None) -> dict[str, Any]:
-    new = copy.deepcopy(parent)
-    new.pop("generate", None)  # generate.onnx wraps the parent's graphs; `tfm-export generate` makes one for these
-    new.update(precision=precision, graphs=entries,
-               parent={"path": str(source.resolve()), "precision": parent["precision"],
-                       "graphs_sha256": {g: e["sha256"] for g, e in parent["graphs"].items()}})
+def _manifest(parent: ModelManifest, source: Path, precision: str, mode: str, keep_io_types: bool,
+              entries: dict[str, GraphEntry], kept: dict[str, dict[str, int]], calibration: Calibration | None,
+              traces: Traces | None) -> ModelManifest:
+    # generate.onnx wraps the parent's graphs; `tfm-export generate` makes one for these
+    new = dataclasses.replace(copy.deepcopy(parent), generate=None, precision=precision, graphs=entries,
+                              parent={"path": str(source.resolve()), "precision": parent.precision,
+                                      "graphs_sha256": {g: e.sha256 for g, e in parent.graphs.items()}})
     if precision == "fp16":
-        new["fp16"] = {"keep_io_types": keep_io_types, "kept_fp32": kept,
-                       "converter": "onnxruntime.transformers.float16 (weights clamped to fp16's finite range)"}
+        new.fp16 = {"keep_io_types": keep_io_types, "kept_fp32": kept,
+                    "converter": "onnxruntime.transformers.float16 (weights clamped to fp16's finite range)"}
     else:
-        new["int8"] = {"mode": mode, "kept_float": kept, "weights": "int8 symmetric per output channel",
-                       "activations": "int8 symmetric per tensor, zero point 0, calibrated ranges (MinMax)"
-                       if mode == "static" else "quantized per call at run time (ONNX Runtime CPU)",
-                       "embeddings": "int8 per row, gathered from DequantizeLinear(table)" if mode == "static"
-                       else "int8 per row, dequantized after the Gather"}
+        new.int8 = {"mode": mode, "kept_float": kept, "weights": "int8 symmetric per output channel",
+                    "activations": "int8 symmetric per tensor, zero point 0, calibrated ranges (MinMax)"
+                    if mode == "static" else "quantized per call at run time (ONNX Runtime CPU)",
+                    "embeddings": "int8 per row, gathered from DequantizeLinear(table)" if mode == "static"
+                    else "int8 per row, dequantized after the Gather"}
     if calibration is not None and traces is not None:
-        new["int8"]["calibration"] = {
+        new.int8["calibration"] = {
             "file": str(calibration.path.resolve()), "sha256": calibration.sha256 or file_sha256(calibration.path),
             "sentences": traces.sentences,
             "unknown_token_rate": round(traces.unknown_rate, 4), "max_length": calibration.max_length,
             "calls": {g.value: traces.calls[g] for g in CONTRACT_GRAPHS},
             "calls_sampled": {g.value: len(traces.feeds[g]) for g in CONTRACT_GRAPHS}}
-    notes = {sharing_note(g) for g in parent["graphs"]}  # add_shared says it again for the graphs that share here
-    new["optimizations"] = [*(o for o in parent["optimizations"] if o not in notes),
-                            f"{precision}" + (f" {mode}" if precision == "int8" else "")]
+    notes = {sharing_note(g) for g in parent.graphs}  # add_shared says it again for the graphs that share here
+    new.optimizations = [*(o for o in parent.optimizations if o not in notes),
+                         f"{precision}" + (f" {mode}" if precision == "int8" else "")]
     return new
 
 

@@ -39,7 +39,7 @@ from typing import Any
 import onnxruntime as ort
 
 from ..artifacts.manifest import ModelDirError
-from ..artifacts.model_dir import ModelDir, data_file
+from ..artifacts.model_dir import ModelDir
 from ..artifacts.staging import STAGING_SUFFIX
 from ..core.errors import TfmExportError, first_line
 from ..core.files import process_alive, read_json, umask
@@ -233,9 +233,9 @@ def entry_key(model_dir: ModelDir, graph: str, options: SessionOptions, shared: 
               prepacked: bool) -> dict[str, Any]:
     """Everything an entry depends on. The source's sha256 are the manifest's (the directory checks its files
     against them on this very load), so an entry made from other bytes never matches."""
-    name = str(getattr(graph, "value", graph))
-    return {"format": CACHE_FORMAT, "graph": name, "sha256": model_dir.entry(graph)["sha256"],
-            "data_sha256": model_dir.manifest["files"].get(data_file(model_dir.manifest, name)),
+    name, entry = str(getattr(graph, "value", graph)), model_dir.entry(graph)
+    return {"format": CACHE_FORMAT, "graph": name, "sha256": entry.sha256,
+            "data_sha256": model_dir.manifest.files.get(entry.data_file),
             "onnxruntime": onnxruntime_build(), "machine": cpu_kernel_key(), "optimization": options.optimization,
             "fold_qdq": options.fold_qdq, "prepacked": prepacked,
             "shared": sorted([name, value.data_type(), list(value.shape())] for name, value in shared.items())}

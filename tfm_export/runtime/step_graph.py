@@ -16,7 +16,7 @@ def fused_usable(model_dir: ModelDir) -> bool:
     an older export's computes it on the device), and this ONNX Runtime computes it right."""
     if not model_dir.has(FUSED) or not runs_fused_graphs():
         return False
-    return TOTAL_LENGTH in {t["name"] for t in model_dir.entry(FUSED)["inputs"]}
+    return TOTAL_LENGTH in {t["name"] for t in model_dir.entry(FUSED).inputs}
 
 
 def chosen_step(model_dir: ModelDir, options: SessionOptions) -> Graph:

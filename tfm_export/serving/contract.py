@@ -59,9 +59,10 @@ def native_graphs(directory: ModelDir | EngineDir) -> dict[Graph, NativeGraph]:
     """Both graphs of a model or engine directory, from its manifest."""
     if isinstance(directory, EngineDir):
         return _engine_graphs(directory)
-    return {g: NativeGraph(g, *(tuple(_tensor(t["name"], t["dtype"], t["shape"]) for t in directory.entry(g)[side])
-                                for side in ("inputs", "outputs")))
-            for g in CONTRACT_GRAPHS}
+    entries = {g: directory.entry(g) for g in CONTRACT_GRAPHS}
+    return {g: NativeGraph(g, *(tuple(_tensor(t["name"], t["dtype"], t["shape"]) for t in tensors)
+                                for tensors in (entry.inputs, entry.outputs)))
+            for g, entry in entries.items()}
 
 
 def _engine_graphs(directory: EngineDir) -> dict[Graph, NativeGraph]:

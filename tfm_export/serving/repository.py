@@ -18,7 +18,6 @@ import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from .. import __version__
 from ..artifacts.engine_dir import RTX, EngineDir
@@ -31,7 +30,7 @@ from ..artifacts.manifest import (
     manifest_format,
     write_manifest,
 )
-from ..artifacts.model_dir import ModelDir, data_file, tokenizer_file
+from ..artifacts.model_dir import ModelDir
 from ..artifacts.staging import staged_directory
 from ..core.graph_spec import CONTRACT_GRAPHS, Graph
 from .contract import DEFAULT_MAX_BATCH, DEFAULT_NAME, DEVICES, LAYOUTS, native_graphs
@@ -86,8 +85,9 @@ class _Source:
         against the manifest's sha256 (a model directory's every file at once, by checked_graphs)."""
         if self.engines:
             return [self.view.plan_path(Graph(graph))]
-        data = self.directory / data_file(self.view.manifest, graph)
-        return [self.directory / self.view.entry(graph)["file"], *([data] if data.is_file() else [])]
+        entry = self.view.entry(graph)
+        data = self.directory / entry.data_file
+        return [self.directory / entry.file, *([data] if data.is_file() else [])]
 
     def check_graphs(self) -> None:
         """Every graph file of a model directory, each once, against the manifest (plans: as they are listed)."""
@@ -96,7 +96,7 @@ class _Source:
 
     def tokenizer_files(self) -> list[Path]:
         """The tokenizer file(s), checked against the manifest's sha256."""
-        return sorted({tokenizer_file(self.directory, self.view.manifest, side) for side in ("source", "target")})
+        return sorted({self.view.tokenizer_file(side) for side in ("source", "target")})
 
 
 def write_repository(request: RepositoryRequest) -> Repository:
@@ -116,13 +116,15 @@ def write_repository(request: RepositoryRequest) -> Repository:
                 (staging / relative).write_text(content, encoding="utf-8")
         write_manifest(staging, {"format": REPOSITORY_FORMAT, "format_version": REPOSITORY_FORMAT_VERSION,
                                  "tool_version": __version__, "layout": request.layout, "models": list(models),
-                                 "source_sha256": {g.value: e.get("sha256") for g, e in _graph_entries(source)}})
+                                 "source_sha256": {g.value: sha256 for g, sha256 in _graph_hashes(source)}})
     return Repository(models, deployment)
 
 
-def _graph_entries(source: _Source) -> list[tuple[Graph, dict[str, Any]]]:
-    entries = source.view.manifest["engines" if source.engines else "graphs"]
-    return [(g, entries[g.value]) for g in CONTRACT_GRAPHS]
+def _graph_hashes(source: _Source) -> list[tuple[Graph, object]]:
+    """The sha256 of the contract's graphs (or of their plans) as the source's manifest records them."""
+    if source.engines:
+        return [(g, source.view.manifest.engines[g.value].get("sha256")) for g in CONTRACT_GRAPHS]
+    return [(g, source.view.entry(g).sha256) for g in CONTRACT_GRAPHS]
 
 
 def _check_request(request: RepositoryRequest) -> None:

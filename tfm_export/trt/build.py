@@ -21,16 +21,14 @@ from typing import Any
 from tqdm import tqdm
 
 from .. import __version__
-from ..artifacts.engine_dir import RTX, TARGET_NAMES, TENSORRT, plan_name, read_engine_manifest
+from ..artifacts.engine_dir import RTX, TARGET_NAMES, TENSORRT, EngineDir, plan_name
 from ..artifacts.manifest import ENGINE_FORMAT, ENGINE_FORMAT_VERSION, write_manifest
 from ..artifacts.model_dir import (
     PRECISIONS,
-    SENTENCEPIECE,
-    TOKEN_RULES,
     ModelDir,
-    copy_tokenizers,
     file_hashes,
 )
+from ..artifacts.records import EngineManifest
 from ..artifacts.staging import check_output, staged_directory
 from ..core.errors import TfmExportError
 from ..core.files import file_sha256, write_atomically
@@ -100,11 +98,11 @@ def check_target_options(target: str, weak_typing: bool, timing_cache: Path | No
 
 def build_engines(model_dir: Path, output: Path, precision: str | None = None, limits: ShapeLimits | None = None,
                   timing_cache: Path | None = None, workspace_mib: int | None = None, weak_typing: bool = False,
-                  force: bool = False, progress: bool = True, target: str = TENSORRT) -> dict[str, Any]:
+                  force: bool = False, progress: bool = True, target: str = TENSORRT) -> EngineManifest:
     """Write the engine directory; returns its manifest."""
     check_target_options(target, weak_typing, timing_cache)
     directory = ModelDir.read(model_dir)
-    config, manifest = directory.config, directory.manifest
+    config = directory.config
     limits = (limits or ShapeLimits()).resolved(config.n_position)
     precision = precision or directory.precision
     source_precision, mode = directory.precision, directory.int8_mode
@@ -135,12 +133,12 @@ def build_engines(model_dir: Path, output: Path, precision: str | None = None, l
             engines[graph.value] = _write_plan(graph, graphs, profile_shapes(specs[graph], limits),
                                                plan, settings, target, staging)
             bar.update()
-        tokenizers = file_hashes(staging, copy_tokenizers(model_dir, manifest, staging))
-        write_manifest(staging, _engine_manifest(manifest, model_dir, graphs, plan, platform, limits,
+        tokenizers = file_hashes(staging, directory.copy_tokenizers(staging))
+        write_manifest(staging, _engine_manifest(directory, model_dir, graphs, plan, platform, limits,
                                                  engines, tokenizers))
         if timing_cache:
             write_atomically({timing_cache: lambda tmp: shutil.copyfile(cache, tmp)}, "the timing cache")
-    return read_engine_manifest(output)
+    return EngineDir.read(output).manifest
 
 
 def _write_plan(graph: Graph, source: ModelDir, shapes: Shapes, plan: BuildPlan, settings: BuildSettings,
@@ -152,7 +150,7 @@ def _write_plan(graph: Graph, source: ModelDir, shapes: Shapes, plan: BuildPlan,
         _check_precision_applied(import_tensorrt(target), plan_bytes, plan.precision, onnx_path, shapes)
     (staging / plan_name(graph)).write_bytes(plan_bytes)
     return {"file": plan_name(graph), "sha256": file_sha256(staging / plan_name(graph)),
-            "source_graph": source.entry(graph)["file"], "source_graph_sha256": source.entry(graph)["sha256"],
+            "source_graph": source.entry(graph).file, "source_graph_sha256": source.entry(graph).sha256,
             "profile": {name: [list(s) for s in min_opt_max] for name, min_opt_max in shapes.items()}}
 
 
@@ -186,23 +184,19 @@ def layer_precisions(info: dict[str, Any]) -> set[str]:
     return found
 
 
-def _engine_manifest(parent: dict[str, Any], model_dir: Path, source: ModelDir, plan: BuildPlan,
+def _engine_manifest(parent: ModelDir, model_dir: Path, source: ModelDir, plan: BuildPlan,
                      platform: Platform, limits: ShapeLimits, engines: dict[str, Any],
-                     files: dict[str, str]) -> dict[str, Any]:
-    return {
-        "format": ENGINE_FORMAT, "format_version": ENGINE_FORMAT_VERSION, "tool": "tfm-export",
-        "tool_version": __version__, "model": parent["model"], "special_tokens": parent["special_tokens"],
-        **({TOKEN_RULES: parent[TOKEN_RULES]} if TOKEN_RULES in parent else {}),
-        "tokenizer": parent["tokenizer"], **({SENTENCEPIECE: parent[SENTENCEPIECE]} if SENTENCEPIECE in parent else {}),
-        "precision": plan.precision,
-        "limits": {"max_batch": limits.max_batch, "max_source_length": limits.max_source_length,
-                   "max_target_length": limits.max_target_length},
-        "tensorrt": {**platform.to_dict(), "precision_source": plan.precision_source,
-                     "strongly_typed": plan.strongly_typed, "builder_flags": list(plan.flags),
-                     "shape_limits": limits.to_dict()},
-        "engines": engines, "files": files,
-        "source": {"path": str(model_dir.resolve()), "precision": source.precision,
-                   "made_fp16_graphs": plan.make_fp16,
-                   "graphs_sha256": {g: source.entry(g)["sha256"] for g in source.graphs}},
-    }
+                     files: dict[str, str]) -> EngineManifest:
+    return EngineManifest(
+        format=ENGINE_FORMAT, format_version=ENGINE_FORMAT_VERSION, tool_version=__version__,
+        **parent.manifest.tokens_of(), precision=plan.precision,
+        limits={"max_batch": limits.max_batch, "max_source_length": limits.max_source_length,
+                "max_target_length": limits.max_target_length},
+        tensorrt={**platform.to_dict(), "precision_source": plan.precision_source,
+                  "strongly_typed": plan.strongly_typed, "builder_flags": list(plan.flags),
+                  "shape_limits": limits.to_dict()},
+        engines=engines, files=files,
+        source={"path": str(model_dir.resolve()), "precision": source.precision,
+                "made_fp16_graphs": plan.make_fp16,
+                "graphs_sha256": {g: source.entry(g).sha256 for g in source.graphs}})
 

@@ -89,7 +89,7 @@ def check_model_dir(model_dir: Path) -> CompatReport:
     for name in [g for g in directory.graphs if g not in {graph.value for graph in specs}]:
         directory.graph_path(name)  # not TensorRT's to check, but a damaged directory is refused
     for graph, spec in specs.items():
-        findings += graph_findings(load_graph(model_dir, directory.manifest, graph.value), spec)
+        findings += graph_findings(load_graph(directory, graph.value), spec)
     return CompatReport(model_dir, directory.precision, tuple(findings), tuple(r.name for r in RELEASES))
 
 

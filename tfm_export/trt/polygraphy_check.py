@@ -100,8 +100,8 @@ def feeds(spec: GraphSpec, case: Case, types: dict[str, np.dtype], vocab: int, s
     return out
 
 
-def _input_types(model_dir: Path, manifest: dict[str, Any], graph: Graph) -> dict[str, np.dtype]:
-    model = load_graph(model_dir, manifest, graph.value, external_data=False)
+def _input_types(directory: ModelDir, graph: Graph) -> dict[str, np.dtype]:
+    model = load_graph(directory, graph.value, external_data=False)
     return {v.name: np.dtype(onnx.helper.tensor_dtype_to_np_dtype(v.type.tensor_type.elem_type))
             for v in model.graph.input}
 
@@ -144,7 +144,7 @@ def check_onnxruntime(model_dir: Path, trt: bool = False) -> list[CheckResult]:
     results = []
     for graph, spec in tensorrt_specs(config, directory.graphs).items():
         path = directory.graph_path(graph)
-        types = _input_types(model_dir, directory.manifest, graph)
+        types = _input_types(directory, graph)
         vocab = config.src_vocab_size if graph is Graph.ENCODER else config.trg_vocab_size
         case_list = cases(config)
         data = [feeds(spec, c, types, vocab, seed=i) for i, c in enumerate(case_list)]

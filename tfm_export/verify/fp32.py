@@ -11,7 +11,7 @@ import numpy as np
 import onnx
 import torch
 
-from ..artifacts.model_dir import ModelDir, tokenizer_paths
+from ..artifacts.model_dir import ModelDir
 from ..core.batching import pad_batch
 from ..core.errors import TfmExportError
 from ..core.graph_spec import Graph, all_specs
@@ -61,15 +61,15 @@ def checkpoint_for(directory: Path, given: Path | None, vocab: Sequence[Path]) -
     the export wrote from it (a seed checkpoint carries none)."""
     model_dir = ModelDir.read(directory)
     model_dir.vocabulary()  # the directory must be whole, its tokenizer included
-    source = model_dir.manifest["source_checkpoint"]
+    source = model_dir.manifest.source_checkpoint
     if given is None:
-        name = source.get("file") or "its checkpoint"
-        raise TfmExportError(f"{directory}: was exported from {name} (sha256 {str(source['sha256'])[:12]}...); "
+        name = source.file or "its checkpoint"
+        raise TfmExportError(f"{directory}: was exported from {name} (sha256 {source.sha256[:12]}...); "
                              "pass it as --checkpoint PATH to compare with it")
     if not vocab and not is_hf_directory(given):
-        vocab = tokenizer_paths(directory, model_dir.manifest)
+        vocab = model_dir.tokenizer_paths()
     ckpt = load_checkpoint(given, list(vocab))
-    if ckpt.sha256 != source["sha256"]:
+    if ckpt.sha256 != source.sha256:
         raise TfmExportError(f"{given}: is not the checkpoint {directory} was exported from (sha256 differs); "
                              "pass the right --checkpoint")
     return ckpt

@@ -80,7 +80,7 @@ class PrecisionReport:
 
 def parent_directory(directory: Path, given: Path | None) -> Path:
     """The fp32 directory this one was made from: the one given, else the manifest's; graphs checked."""
-    recorded = ModelDir.read(directory).manifest.get("parent")
+    recorded = ModelDir.read(directory).manifest.parent
     if not isinstance(recorded, dict) or not isinstance(recorded.get("path"), str) \
             or not isinstance(recorded.get("graphs_sha256"), dict):
         raise TfmExportError(f"{directory}/manifest.json: names no fp32 parent (parent.path, parent.graphs_sha256); "
@@ -89,7 +89,7 @@ def parent_directory(directory: Path, given: Path | None) -> Path:
     if not parent.is_dir():
         raise TfmExportError(f"{directory}: its fp32 parent {parent} is not here; pass --reference DIR")
     parent_dir = ModelDir.read(parent)
-    parent_graphs = {g: parent_dir.entry(g)["sha256"] for g in parent_dir.graphs}
+    parent_graphs = {g: parent_dir.entry(g).sha256 for g in parent_dir.graphs}
     if parent_graphs != recorded["graphs_sha256"]:
         raise TfmExportError(f"{parent}: is not the fp32 directory {directory} was made from (graph sha256 "
                              "differs); pass the right --reference")

@@ -69,18 +69,18 @@ class GenerateSearcher:
 
 def load_generate(model_dir: ModelDir, options: SessionOptions) -> GenerateSearcher:
     """generate.onnx of a model directory (runtime.backends opens it), the directory verified whole."""
-    directory, entry = model_dir.path, model_dir.manifest.get(GENERATE)
-    if not isinstance(entry, dict):
+    directory, entry = model_dir.path, model_dir.manifest.generate
+    if entry is None:
         raise TfmExportError(f"{directory}: has no {GENERATE_FILE}; make one with `tfm-export generate --model "
                              f"{directory} --output DIR` and run that directory")
-    path = verified_file(directory, entry.get("file"), entry.get("sha256"), f"graph file of {GENERATE}")
+    path = verified_file(directory, entry.file, entry.sha256, f"graph file of {GENERATE}")
     model_dir.verified_graphs()  # not run here, but a damaged directory is refused whole
     if tuple(int(p) for p in ort.__version__.split(".")[:2]) < MIN_ONNXRUNTIME:
         raise TfmExportError(f"{path}: needs ONNX Runtime {'.'.join(map(str, MIN_ONNXRUNTIME))} or later (this is "
                              f"{ort.__version__}, whose BeamSearch takes an older subgraph format); upgrade "
                              "onnxruntime, or run the directory with --backend onnxruntime")
     return GenerateSearcher(open_session(path, directory_options(model_dir, options)), model_dir.config,
-                            bool(entry.get("early_stopping")), model_dir)
+                            bool(entry.extra.get("early_stopping")), model_dir)
 
 
 def _hypothesis(sequence: np.ndarray, score: float, op_penalty: float, max_length: int,

@@ -57,7 +57,7 @@ class TensorRTEngines:
         plans = {g: engine_dir.plan_path(g) for g in CONTRACT_GRAPHS}  # a damaged directory is refused anywhere
         here = current_platform(engine_dir.target)
         check_gpu_supported(here)
-        problem = engine_mismatch(engine_dir.manifest["tensorrt"], here)
+        problem = engine_mismatch(engine_dir.manifest.tensorrt, here)
         if problem:
             rebuild = " --target rtx" if engine_dir.target == RTX else ""
             raise TfmExportError(f"{engine_dir.path}: engines {problem}; rebuild them here with "
