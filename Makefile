@@ -118,7 +118,7 @@ BENCH := build/bench
 # base-config model (d_model 512, 6+6 layers, vocab 32,000), each backend in a fresh process with both cores, and
 # CTranslate2 with one as well (on some machines, or under other jobs' load, it is faster so: the targets take it at
 # its faster setting in each cell and round), rounds interleaved; ends with the targets table and a plot
-# (scripts/plot_bench.py). 20-45 minutes on 2 cores. The demo model's steps are tiny, so its cells repeat for at
+# (tfm_export/benchmarks/plot.py). 20-45 minutes on 2 cores. The demo model's steps are tiny, so its cells repeat for at
 # least a second each.
 # `tfm-run bench` is the same measurement for one model in one pass, with plots. On the demo model the C++
 # example's loop (`make cpp`; left out, saying why, where it cannot be built) is timed too: its steps are where
@@ -130,28 +130,28 @@ bench: setup
 	mkdir -p $(BENCH)
 	-@$(PY) scripts/build_cpp.py
 	$(VENV)/bin/tfm-export random-checkpoint --output $(BENCH)/base-model --force
-	$(PY) scripts/bench_interleaved.py --model models/demo/ckpt.pt --work-dir $(BENCH)/demo $(BENCH_CELLS) \
+	$(PY) -m tfm_export.benchmarks.interleaved --model models/demo/ckpt.pt --work-dir $(BENCH)/demo $(BENCH_CELLS) \
 		--backends $(BENCH_BACKENDS),cpp --rounds 3 --repeats 3 --min-time 1 --json $(BENCH)/demo.json > $(BENCH)/demo.md
-	$(PY) scripts/bench_interleaved.py --model $(BENCH)/base-model/ckpt.pt --work-dir $(BENCH)/base $(BENCH_CELLS) \
+	$(PY) -m tfm_export.benchmarks.interleaved --model $(BENCH)/base-model/ckpt.pt --work-dir $(BENCH)/base $(BENCH_CELLS) \
 		--backends $(BENCH_BACKENDS) --rounds 3 --repeats 1 --min-time 0 --json $(BENCH)/base.json > $(BENCH)/base.md
-	$(PY) scripts/bench_interleaved.py --targets demo=$(BENCH)/demo.json base=$(BENCH)/base.json > $(BENCH)/targets.md
-	$(PY) scripts/fixed_shapes.py --model $(BENCH)/demo/onnx-fp32 > $(BENCH)/fixed-shapes.md
+	$(PY) -m tfm_export.benchmarks.interleaved --targets demo=$(BENCH)/demo.json base=$(BENCH)/base.json > $(BENCH)/targets.md
+	$(PY) -m tfm_export.benchmarks.fixed_shapes --model $(BENCH)/demo/onnx-fp32 > $(BENCH)/fixed-shapes.md
 	rm -f $(BENCH)/startup.md
 	for m in base demo; do for p in fp32:float32 int8-dynamic:int8; do \
-		$(PY) scripts/startup_phases.py --ort $(BENCH)/$$m/onnx-$${p%%:*} --ct2 $(BENCH)/$$m/ctranslate2 \
+		$(PY) -m tfm_export.benchmarks.startup --ort $(BENCH)/$$m/onnx-$${p%%:*} --ct2 $(BENCH)/$$m/ctranslate2 \
 			--ct2-compute-type $${p##*:} --ct2-threads 2,1 --variant off:TFM_GRAPH_CACHE=off --rounds 5 \
 			>> $(BENCH)/startup.md || exit 1; \
 	done; done
 	for p in fp32 int8-dynamic; do \
-		$(PY) scripts/cache_steps.py --model $(BENCH)/base/onnx-$$p --rounds 9 >> $(BENCH)/startup.md || exit 1; done
-	$(PY) scripts/plot_bench.py --output $(BENCH)/bench.png demo=$(BENCH)/demo.json base=$(BENCH)/base.json
+		$(PY) -m tfm_export.benchmarks.prepacked_steps --model $(BENCH)/base/onnx-$$p --rounds 9 >> $(BENCH)/startup.md || exit 1; done
+	$(PY) -m tfm_export.benchmarks.plot --output $(BENCH)/bench.png demo=$(BENCH)/demo.json base=$(BENCH)/base.json
 	cat $(BENCH)/demo.md $(BENCH)/base.md $(BENCH)/targets.md $(BENCH)/fixed-shapes.md $(BENCH)/startup.md
 
 # The contract's decoder_step (whole-cache Concat) beside decoder_step_search and CTranslate2, base config, 64 tokens.
 bench-anchor: setup
 	mkdir -p $(BENCH)
 	$(VENV)/bin/tfm-export random-checkpoint --output $(BENCH)/base-model --force
-	$(PY) scripts/bench_interleaved.py --model $(BENCH)/base-model/ckpt.pt --work-dir $(BENCH)/il \
+	$(PY) -m tfm_export.benchmarks.interleaved --model $(BENCH)/base-model/ckpt.pt --work-dir $(BENCH)/il \
 		--rounds 3 --lengths 64 --batch-sizes 1,8,32 --beam-sizes 1,4 --repeats 2 --min-time 0 --threads 1 \
 		--backends ort-fp32,ct2-fp32,ort-int8-dynamic,ct2-int8,ort-fp32-contract --json $(BENCH)/il.json
 
@@ -165,9 +165,9 @@ SCALE := build/scale
 SCALE_MODELS ?= nllb-600m,nllb-1.3b,m2m100-1.3b
 bench-scale: setup
 	mkdir -p $(SCALE)
-	$(PY) scripts/bench_scale.py --work-dir $(SCALE) --models $(SCALE_MODELS) --rounds 2 --json $(SCALE)/scale.json \
+	$(PY) -m tfm_export.benchmarks.scale --work-dir $(SCALE) --models $(SCALE_MODELS) --rounds 2 --json $(SCALE)/scale.json \
 		> $(SCALE)/scale.md
-	$(PY) scripts/bench_interleaved.py --model $(SCALE)/nllb-1.3b/ckpt.pt --fp32-dir $(SCALE)/nllb-1.3b-onnx \
+	$(PY) -m tfm_export.benchmarks.interleaved --model $(SCALE)/nllb-1.3b/ckpt.pt --fp32-dir $(SCALE)/nllb-1.3b-onnx \
 		--work-dir $(SCALE)/il-1.3b \
 		--lengths 64 --batch-sizes 1,32 --beam-sizes 1,4 --threads 2 --rounds 1 --repeats 1 --min-time 0 \
 		--backends ort-fp32,ct2-fp32,ct2-fp32+threads=1,ort-int8-dynamic,ct2-int8,ct2-int8+threads=1 \
@@ -175,18 +175,18 @@ bench-scale: setup
 	cat $(SCALE)/scale.md $(SCALE)/speed-1.3b.md
 
 # ONNX Runtime against CTranslate2 on the same Hugging Face weights: a random opus-mt-en-de-shaped Marian directory
-# (scripts/opus_like_marian.py), two interleaved rounds, one thread each (docs/benchmarks-history.md).
+# (tfm_export/benchmarks/marian_shape.py), two interleaved rounds, one thread each (docs/benchmarks-history.md).
 bench-hf: setup
 	mkdir -p $(BENCH)
-	$(PY) scripts/opus_like_marian.py --output $(BENCH)/opus-like
-	$(PY) scripts/bench_interleaved.py --model $(BENCH)/opus-like --work-dir $(BENCH)/il-opus \
+	$(PY) -m tfm_export.benchmarks.marian_shape --output $(BENCH)/opus-like
+	$(PY) -m tfm_export.benchmarks.interleaved --model $(BENCH)/opus-like --work-dir $(BENCH)/il-opus \
 		--rounds 2 --lengths 64 --batch-sizes 1,8 --beam-sizes 1,4 --repeats 2 --min-time 0 --threads 1 \
 		--backends ort-fp32,ct2-fp32,ort-int8-dynamic,ct2-int8 --json $(BENCH)/il-opus.json
 
 # The translator layout on a real tritonserver under concurrent load, beside in-process tfm-run; see docs/benchmarks.md.
 bench-serving: setup serving-env
 	mkdir -p $(BENCH)
-	$(PY) scripts/triton_load.py --serving-python $(SERVING_VENV)/bin/python --work-dir $(BENCH)/serving \
+	$(PY) -m tfm_export.benchmarks.serving_load --serving-python $(SERVING_VENV)/bin/python --work-dir $(BENCH)/serving \
 		--markdown $(BENCH)/serving.md
 
 # Retrain the shipped demo model (8-14 minutes on 2 CPU cores; bit-identical weights).

@@ -77,7 +77,7 @@ class Scale:
     numbers: int  # held-out numbers translated per comparison
     generate_numbers: int  # per generate.onnx comparison: it decodes one input per call (at most `numbers`)
     calibration: int | None  # int8 calibration lines (None: the whole file)
-    marian: dict[str, int]  # the speed part's model sizes (scripts/opus_like_marian.py's names)
+    marian: dict[str, int]  # the speed part's model sizes (tfm_export.benchmarks.marian_shape's names)
     vocab: int
     cells: str  # tfm-run bench --cells
     output_length: int
@@ -712,10 +712,11 @@ def child_probe(args: argparse.Namespace) -> int:
 
 
 def child_marian(args: argparse.Namespace) -> int:
-    """A random Marian directory (scripts/opus_like_marian.py's model) with a tokenizers-only tokenizer.json: words
-    w2 ... of a WordLevel vocabulary, </s> 0 framing sources as MarianTokenizer does, <pad> last."""
-    from opus_like_marian import random_marian
+    """A random Marian directory (tfm_export.benchmarks.marian_shape's model) with a tokenizers-only tokenizer.json:
+    words w2 ... of a WordLevel vocabulary, </s> 0 framing sources as MarianTokenizer does, <pad> last."""
     from tokenizers import Tokenizer, models, pre_tokenizers, processors
+
+    from tfm_export.benchmarks.marian_shape import random_marian
     size = args.vocab_size
     vocab = {"</s>": 0, "<unk>": 1, **{f"w{i}": i for i in range(2, size - 1)}, "<pad>": size - 1}
     tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))

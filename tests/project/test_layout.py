@@ -19,7 +19,7 @@ from support.common import HEAVY, REPO, modules_after, tiny_config
 PACKAGE = REPO / "tfm_export"
 # Dependency order; packages in one tuple are siblings and may not import each other.
 ORDER = ("core", "artifacts", "model", "runtime", "graphs", "precision", "trt", ("verify", "bench", "demo", "serving"),
-         "hf_layout", "cli")
+         "hf_layout", "cli", "benchmarks")
 # Third-party modules a package may not import at all, lazily or not.
 BANNED = {"core": HEAVY, "artifacts": HEAVY, "runtime": HEAVY - {"torch", "onnxruntime", "tensorrt"},
           "precision": {"torch"}, "trt": {"torch"}}
@@ -28,6 +28,10 @@ TORCH_IN_RUNTIME = {"runtime/backends/reference.py", "runtime/backends/__init__.
 # Test directories beside one per package: the shared helpers and oracles, the hostile battery, the examples in
 # other languages, the project as a whole, and data files.
 TEST_DIRS = {"support", "hostile", "examples", "project", "data"}
+# scripts/ holds tooling only, each file with what runs it; benchmarks are tfm_export.benchmarks, one-off
+# investigations the docs cite are experiments/.
+TOOLING = {"build_cpp.py": "make cpp", "demo_verdict.py": "make demo",
+           "gpu_check.py": "the lent GPU machine's one call (docs/runtime.md)"}
 
 
 def _tier(package: str) -> int:
@@ -142,6 +146,23 @@ def test_only_the_runtime_reads_a_backends_parts():
     assert backend_reads() == [], "ask tfm_export.runtime for it (Opened.source, open_contract_sessions)"
 
 
+def _is_manifest(node: ast.AST) -> bool:
+    return (isinstance(node, ast.Name) and node.id == "manifest") or \
+        (isinstance(node, ast.Attribute) and node.attr == "manifest")
+
+
+def manifest_reads(root: Path = PACKAGE) -> list[str]:
+    """Where code outside artifacts looks a manifest's fields up by key (`manifest["graphs"]`,
+    `x.manifest.get("parent")`) instead of reading its record (artifacts.records) or its directory's methods."""
+    return ast_findings(root, lambda parts: parts[0] == "artifacts", lambda node: (
+        (isinstance(node, ast.Subscript) and _is_manifest(node.value)) or
+        (isinstance(node, ast.Attribute) and node.attr == "get" and _is_manifest(node.value))))
+
+
+def test_only_artifacts_reads_a_manifests_keys():
+    assert manifest_reads() == [], "read the manifest's record (tfm_export.artifacts.records) or ModelDir's methods"
+
+
 def backend_imports(root: Path = PACKAGE) -> list[str]:
     """Where the export or precision code imports one of the runtime's backend modules instead of its door
     (runtime.backends: open_backend, graph_decoders, open_graph) or a runtime module made for it
@@ -156,6 +177,34 @@ def backend_imports(root: Path = PACKAGE) -> list[str]:
 
 def test_export_and_precision_code_use_the_runtimes_door():
     assert backend_imports() == []
+
+
+def non_tooling(scripts: Path = REPO / "scripts", makefile: Path = REPO / "Makefile") -> list[str]:
+    """Files in scripts/ that are not tooling: not in TOOLING, or said to be run by make but not in the Makefile."""
+    recipes = makefile.read_text()
+    found = []
+    for path in sorted(p for p in scripts.iterdir() if p.name != "__pycache__"):
+        if path.name not in TOOLING:
+            found.append(f"{path.name}: not tooling (a benchmark is a module of tfm_export.benchmarks, an "
+                         "investigation the docs cite a file of experiments/)")
+        elif TOOLING[path.name].startswith("make ") and f"scripts/{path.name}" not in recipes:
+            found.append(f"{path.name}: {TOOLING[path.name]} does not run it")
+    return found
+
+
+def test_scripts_holds_only_tooling():
+    assert non_tooling() == []
+
+
+def test_the_tooling_check_sees_a_stray_script_and_one_make_does_not_run(tmp_path):
+    scripts, makefile = tmp_path / "scripts", tmp_path / "Makefile"
+    scripts.mkdir()
+    makefile.write_text("cpp:\n\tpython scripts/build_cpp.py\n")
+    for name in ("build_cpp.py", "demo_verdict.py", "gpu_check.py", "timing.py"):
+        (scripts / name).write_text("print()\n")
+    found = non_tooling(scripts, makefile)
+    assert [line.split(":")[0] for line in found] == ["demo_verdict.py", "timing.py"], found
+    assert "make demo does not run it" in found[0] and "not tooling" in found[1], found
 
 
 def test_the_tests_mirror_the_packages():
@@ -230,7 +279,11 @@ def test_the_contracts_tensor_names_are_written_once():
     ("backend_imports", "graphs/m.py", "from ..runtime.backends import open_backend\n"
      "from ..runtime.backends.search_step import SEARCH\n",
      "graphs/m.py:2 imports {root}.runtime.backends.search_step"),
-], ids=["isinstance", "backend-read", "literal", "backend-import"])
+    ("manifest_reads", "pkg/m.py", "def f(d, manifest):\n    return d.manifest.opset, manifest.graphs,\\\n"
+     "        d.manifest.get('parent')\n", "pkg/m.py:3"),
+    ("manifest_reads", "pkg/m.py", "def f(manifest):\n    return manifest.files\n\n\ng = lambda m: m['graphs'] or "
+     "manifest['graphs']\n", "pkg/m.py:5"),
+], ids=["isinstance", "backend-read", "literal", "backend-import", "manifest-get", "manifest-key"])
 def test_each_check_sees_what_it_forbids(tmp_path, check, module, code, found):
     """Each rule above has teeth: a small package that breaks it once is found, at that line and only there."""
     (tmp_path / module).parent.mkdir()

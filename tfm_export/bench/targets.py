@@ -1,5 +1,5 @@
 """The speed and memory targets of docs/benchmarks.md, judged from the reports of one `make bench` run
-(scripts/bench_interleaved.py's JSON, one per model): ONNX Runtime against CTranslate2 in every cell, peak memory
+(benchmarks.interleaved's JSON, one per model): ONNX Runtime against CTranslate2 in every cell, peak memory
 and the bandwidth floor on the base config; first-translation latency and ONNX Runtime's weight-MatMul floor
 (bench.kernel_floor) reported. A target is met only where every cell meets it; shortfalls are shown cut, never
 rounded, to three decimals (1.2497x reads 1.249x, not 1.250x). An anchor measured at several settings in the run

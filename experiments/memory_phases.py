@@ -2,9 +2,9 @@
 model): after the imports, after loading, after decoding (RSS and its peak, VmHWM). `make bench` gives only each
 backend's peak over all its cells; this says which phase the peak belongs to.
 
-    python scripts/memory_phases.py ort build/bench/base/onnx-fp32 --batch 32 --beam 4 --length 128
-    python scripts/memory_phases.py ct2 build/bench/base/ctranslate2 --batch 32 --beam 4 --length 128
-    python scripts/memory_phases.py ort build/bench/base/onnx-fp32 --batch 32 --beam 4 --length 128 --trace
+    python experiments/memory_phases.py ort build/bench/base/onnx-fp32 --batch 32 --beam 4 --length 128
+    python experiments/memory_phases.py ct2 build/bench/base/ctranslate2 --batch 32 --beam 4 --length 128
+    python experiments/memory_phases.py ort build/bench/base/onnx-fp32 --batch 32 --beam 4 --length 128 --trace
 
 Run each in its own process (this script is one): peaks never go down.
 """

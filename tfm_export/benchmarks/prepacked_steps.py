@@ -3,7 +3,7 @@ process (`--graph-cache on` and `off`), the same random sentences decoded by eac
 round; tokens/s per cell and the median on/off ratio with its spread (the packed weights must be what the steps use
 either way, so the ratio should sit at 1 within the machine's noise):
 
-    python scripts/cache_steps.py --model build/bench/base/onnx-fp32 --rounds 9 --threads 2
+    python -m tfm_export.benchmarks.prepacked_steps --model build/bench/base/onnx-fp32 --rounds 9 --threads 2
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
-from tfm_export import DecodeOptions, Translator
-from tfm_export.runtime.session import SessionOptions
+from .. import DecodeOptions, Translator
+from ..runtime.session import SessionOptions
 
 CELLS = {"greedy, batch 1": (1, 1, 2), "greedy, batch 8": (1, 8, 8), "beam 4, batch 8": (4, 8, 8)}  # beam, batch, lines
 

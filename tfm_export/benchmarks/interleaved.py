@@ -20,7 +20,7 @@ Backends besides `tfm-run bench`'s names:
                       peak memory): `make bench` gives CTranslate2 one thread beside --threads, since on some
                       machines it is faster with fewer
 
-    python scripts/bench_interleaved.py --model build/bench/base-model/ckpt.pt --work-dir build/bench/il \
+    python -m tfm_export.benchmarks.interleaved --model build/bench/base-model/ckpt.pt --work-dir build/bench/il \
         --rounds 3 --backends ort-fp32,ct2-float32,ort-int8-dynamic,ct2-int8 --json build/bench/il.json
 """
 
@@ -37,10 +37,10 @@ from pathlib import Path
 
 import numpy as np
 
-from tfm_export.bench import protocol
-from tfm_export.bench.runners import unavailable
-from tfm_export.bench.targets import cell_name, cell_sizes, floor_ms, ms_per_token, round_ratios, settings_of, targets
-from tfm_export.core.machine import return_large_blocks
+from ..bench import protocol
+from ..bench.runners import unavailable
+from ..bench.targets import cell_name, cell_sizes, floor_ms, ms_per_token, round_ratios, settings_of, targets
+from ..core.machine import return_large_blocks
 
 # Every backend runs in a spawned process, which imports this script again: the export side (torch, onnx:
 # ~230 MB) is imported inside main() and finish() only, so that it is in no backend's peak memory.
@@ -69,14 +69,14 @@ def _ct2_setting(name: str, threads: int) -> tuple[str, dict[str, str], int]:
 
 
 def _decoder(name: str, artifacts, threads: int):
-    from tfm_export.bench import runners
+    from ..bench import runners
     if name.startswith("ct2-"):
         compute, env, threads = _ct2_setting(name, threads)
         os.environ.update(env)  # before ctranslate2 is imported in this fresh process
         return runners._ctranslate2(artifacts, compute, threads)
     if name.startswith("ort-fp32+"):  # settings levers: +arena, +nospin
-        from tfm_export.runtime.backends import open_backend
-        from tfm_export.runtime.session import SessionOptions
+        from ..runtime.backends import open_backend
+        from ..runtime.session import SessionOptions
         flags = set(name.split("+")[1:])
         if flags - {"arena", "nospin"}:
             raise SystemExit(f"unknown ONNX Runtime setting in {name}: use +arena, +nospin")
@@ -84,8 +84,8 @@ def _decoder(name: str, artifacts, threads: int):
                                  spinning="nospin" not in flags)
         return runners._searching(open_backend(artifacts.onnx["fp32"], options=options).searcher, artifacts.rules)
     if name == "ort-fp32-contract":
-        from tfm_export.runtime.backends import open_backend
-        from tfm_export.runtime.session import SessionOptions
+        from ..runtime.backends import open_backend
+        from ..runtime.session import SessionOptions
         options = SessionOptions(intra_op_threads=threads, cache="concat")
         return runners._searching(open_backend(artifacts.onnx["fp32"], options=options).searcher, artifacts.rules)
     return runners.open_decoder(name, artifacts, threads)
@@ -130,7 +130,7 @@ def weight_bytes_per_token(checkpoint) -> int:
     """fp32 bytes of the weights one greedy step reads at batch 1: every decoder layer's (less the
     cross-attention key/value projections, applied once to the encoder output) and the output projection
     (the tied embedding matrix; the input embedding reads one row of it)."""
-    from tfm_export.bench.kernel_floor import ONCE_PER_SOURCE
+    from ..bench.kernel_floor import ONCE_PER_SOURCE
     params = dict(checkpoint.model.named_parameters())
     layers = sum(p.numel() for n, p in params.items() if n.startswith("decoder.")
                  and not any(f".{once}." in n for once in ONCE_PER_SOURCE) and "word_emb" not in n
@@ -164,8 +164,8 @@ def first_latencies(fp32: Path, ct2: Path, sentence: str, ct2_tokens: str, round
     """`tfm-run translate` and the C++ command (where `make cpp` built it) on the fp32 directory (the sentence), and
     CTranslate2's Python API in a fresh interpreter (its tokens) at each of its thread counts, alternating; all at
     most `length` tokens (random weights rarely stop earlier)."""
-    from tfm_export.bench.runners import cpp_binary
-    from tfm_export.bench.targets import CPP_FIRST_LINE
+    from ..bench.runners import cpp_binary
+    from ..bench.targets import CPP_FIRST_LINE
     options = ["--max-length", str(length), "--threads", str(threads), "--beam-size", "1"]
     commands = {"tfm-run translate (fp32)": [str(Path(sys.executable).with_name("tfm-run")), "translate", "--model",
                                              str(fp32), *options, sentence]}
@@ -198,8 +198,8 @@ def main() -> None:
     parser.add_argument("--json", type=Path, required=True)
     parser.add_argument("--resume", type=Path, default=None, help="a .partial.json: skip the rounds it holds")
     args = parser.parse_args()
-    from tfm_export.bench.artifacts import build_fp32, build_variants, calibration_for, open_model
-    from tfm_export.bench.run import _sources, _texts
+    from ..bench.artifacts import build_fp32, build_variants, calibration_for, open_model
+    from ..bench.run import _sources, _texts
     backends = args.backends.split(",")
     for name in backends:  # a misspelt setting fails now, not after the exports
         if name.startswith("ct2-"):
@@ -261,8 +261,8 @@ def anchor_threads(partial: dict, threads: int) -> list[int]:
 
 def finish(args, model, partial: dict) -> None:
     """First-translation latency, the weights a token reads, the report."""
-    from tfm_export.bench.run import _sources, _texts
-    from tfm_export.core.token_rules import SEED_RULES
+    from ..bench.run import _sources, _texts
+    from ..core.token_rules import SEED_RULES
     say = lambda text: print(f"[{time.strftime('%H:%M:%S')}] {text}", file=sys.stderr, flush=True)  # noqa: E731
     say("first translation latency")
     vocab = model.vocab.source.tokens()
@@ -273,7 +273,7 @@ def finish(args, model, partial: dict) -> None:
                             _texts(model, len(vocab), 1)[0], " ".join(vocab[i] for i in ct2_ids),
                             args.rounds, args.threads, anchor_threads(partial, args.threads))
     if model.checkpoint is not None:  # the MatMuls by its weights: the fastest any ONNX Runtime step could be
-        from tfm_export.bench.kernel_floor import matmul_floor_ms
+        from ..bench.kernel_floor import matmul_floor_ms
         say("ONNX Runtime's weight MatMuls alone")
         partial = {**partial, "matmul_floor_ms": matmul_floor_ms(model.checkpoint.model, args.threads)}
         partial = {**partial, **step_floors(model.checkpoint.model, partial, sources, args.threads, say)}
@@ -288,7 +288,7 @@ def finish(args, model, partial: dict) -> None:
 def step_floors(model, partial: dict, sources: list[list[int]], threads: int, say) -> dict:
     """Per cell, ONNX Runtime's fastest whole step (bench.step_floor) at the cell's rows, at the mean cache
     length of its steps and the shortest source (a floor: no real step of the cell has less to do)."""
-    from tfm_export.bench.step_floor import exported_step, step_floor_ms
+    from ..bench.step_floor import exported_step, step_floor_ms
     say("ONNX Runtime's fastest whole step, per cell")
     source = min(len(s) for s in sources)
     floors = {}
@@ -336,7 +336,7 @@ def summarise(report: dict) -> None:
             ms = ms_per_token(report, n, cell)
             print(f"{n}, {cell}: {ms:.2f} ms/token = {ms / floor:.2f}x the floor")
     if "matmul_floor_ms" in report:
-        from tfm_export.bench.kernel_floor import RUNS
+        from ..bench.kernel_floor import RUNS
         print(f"ONNX Runtime's weight MatMuls alone, one batch-1 step, best of {RUNS}: "
               + ", ".join(f"{k} {v:.3f} ms" for k, v in report["matmul_floor_ms"].items()))
     if "step_floor_ms" in report:

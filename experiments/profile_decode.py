@@ -2,7 +2,7 @@
 (decoder_step_search, as tfm-run translate runs it), and a cProfile of the Python search loop around the sessions,
 at batch 1 greedy and at --batch x --beam.
 
-    python scripts/profile_decode.py --model build/bench/base/onnx-fp32 --batch 32 --beam 4
+    python experiments/profile_decode.py --model build/bench/base/onnx-fp32 --batch 32 --beam 4
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ vocab.json filled to the published vocabulary size (the filler pieces are never 
 a joint vocabulary are not). What `save_pretrained` writes plus the tokenizer files: `tfm-export onnx` and
 `tfm-run bench` take the directory as they take a downloaded one.
 
-    python scripts/opus_like_marian.py --output build/bench/opus-like
+    python -m tfm_export.benchmarks.marian_shape --output build/bench/opus-like
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 import transformers
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]  # the checkout: its docs and sources train the tokenizers
 VOCAB_SIZE = 58101  # opus-mt-en-de's
 SIZES = dict(d_model=512, encoder_layers=6, decoder_layers=6, encoder_attention_heads=8, decoder_attention_heads=8,
              encoder_ffn_dim=2048, decoder_ffn_dim=2048, max_position_embeddings=512, activation_function="swish",

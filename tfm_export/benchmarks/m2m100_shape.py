@@ -7,7 +7,7 @@ repository's own text and a vocab.json filled to the published vocabulary size, 
 produced. `save_pretrained` writes the weights as model-0000N-of-0000M.safetensors shards of --shard-size, so that
 `tfm-export onnx` reads a directory as it reads a downloaded large model: nothing fetched, nothing but local files.
 
-    python scripts/nllb_like_m2m100.py --output build/scale/nllb-like-1.3b
+    python -m tfm_export.benchmarks.m2m100_shape --output build/scale/nllb-like-1.3b
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 import transformers
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]  # the checkout: its docs and sources train the tokenizers
 VOCAB_SIZE = 256206  # NLLB-200's
 LANGUAGE_CODES = 108  # M2M100Tokenizer's table ends with its 100 language codes and 8 made-up words
 SIZES = dict(d_model=1024, encoder_layers=24, decoder_layers=24, encoder_attention_heads=16,

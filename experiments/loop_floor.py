@@ -3,7 +3,7 @@ length into the bound arrays, run the session, read the best id. No beam bookkee
 stay within one capacity block): every greedy or beam search does at least this much, so where a cell's allowed
 step (docs/benchmarks.md) is shorter, no search loop in Python meets it.
 
-    python scripts/loop_floor.py --model build/bench/demo/onnx-fp32 --rows 1,4,8
+    python experiments/loop_floor.py --model build/bench/demo/onnx-fp32 --rows 1,4,8
 """
 
 from __future__ import annotations

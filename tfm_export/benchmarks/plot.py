@@ -2,7 +2,8 @@
 """One PNG from `make bench`'s JSON reports: tokens/s of every backend in every cell (median of the rounds), one
 panel per model, dated and labelled with the machine the reports record. Draws what was measured; measures nothing.
 
-    python scripts/plot_bench.py --output docs/benchmarks.png demo=build/bench/demo.json base=build/bench/base.json
+    python -m tfm_export.benchmarks.plot --output docs/benchmarks.png \
+        demo=build/bench/demo.json base=build/bench/base.json
 """
 
 from __future__ import annotations

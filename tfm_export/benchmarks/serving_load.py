@@ -1,7 +1,8 @@
 """The translator layout on a real tritonserver under concurrent load, beside in-process `tfm-run` throughput, for
 docs/benchmarks.md ("Serving"); `make bench-serving` runs it.
 
-    python scripts/triton_load.py --serving-python .venv-serving/bin/python --work-dir build/bench/serving
+    python -m tfm_export.benchmarks.serving_load --serving-python .venv-serving/bin/python \
+        --work-dir build/bench/serving
 
 Each round sends REQUESTS one-sentence requests (the held-out demo numbers, cycled) from CLIENTS HTTP clients, then
 translates the same sentences in this process with the Translator that `tfm-run translate` runs (its default
@@ -17,12 +18,12 @@ import sys
 import time
 from pathlib import Path
 
-from tfm_export.runtime.translator import DecodeOptions, Translator
-from tfm_export.serving.load import LoadResult, run_load
-from tfm_export.serving.local_server import LocalTritonServer, ServerEnvironment
-from tfm_export.serving.repository import RepositoryRequest, write_repository
+from ..runtime.translator import DecodeOptions, Translator
+from ..serving.load import LoadResult, run_load
+from ..serving.local_server import LocalTritonServer, ServerEnvironment
+from ..serving.repository import RepositoryRequest, write_repository
 
-REPO = Path(__file__).resolve().parents[1]
+DEMO = Path("models/demo")  # the shipped demo model, from the repository's root (make bench-serving runs there)
 
 
 def main() -> int:
@@ -31,7 +32,7 @@ def main() -> int:
     work.mkdir(parents=True, exist_ok=True)
     model = args.model or _export_demo(work / "demo-onnx")
     write_repository(RepositoryRequest(model, work / "repo", max_batch=args.max_batch, force=True))
-    lines = (REPO / "models/demo/heldout.en.txt").read_text().splitlines()
+    lines = (DEMO / "heldout.en.txt").read_text().splitlines()
     texts = [lines[i % len(lines)] for i in range(args.requests)]
     translator = Translator.load(model)
     expected = [t.text for t in translator.translate(texts)]
@@ -69,10 +70,10 @@ def _arguments() -> argparse.Namespace:
 
 
 def _export_demo(output: Path) -> Path:
-    from tfm_export.graphs.pipeline import export_model_dir
-    from tfm_export.model.loading import load_checkpoint
+    from ..graphs.pipeline import export_model_dir
+    from ..model.loading import load_checkpoint
     _log(f"exporting the demo model to {output}")
-    export_model_dir(load_checkpoint(REPO / "models/demo/ckpt.pt"), output, force=True, progress=False)
+    export_model_dir(load_checkpoint(DEMO / "ckpt.pt"), output, force=True, progress=False)
     return output
 
 

@@ -2,7 +2,7 @@
 inputs, per decoding setting; the loop at tfm-run's default batch and at one input per call (as generate.onnx
 runs), all timed side by side, interleaved, several times.
 
-    python scripts/generate_agreement.py --model build/demo-generate --input models/demo/heldout.en.txt
+    python experiments/generate_agreement.py --model build/demo-generate --input models/demo/heldout.en.txt
 """
 
 from __future__ import annotations

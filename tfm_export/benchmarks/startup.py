@@ -1,7 +1,7 @@
 """Where the time to the first translation goes, phase by phase, for `tfm-run translate` on a model directory and
 for CTranslate2's Python API on its converted model, each in fresh processes, alternating round by round:
 
-    python scripts/startup_phases.py --ort build/bench/base/onnx-fp32 --ct2 build/bench/base/ctranslate2 \
+    python -m tfm_export.benchmarks.startup --ort build/bench/base/onnx-fp32 --ct2 build/bench/base/ctranslate2 \
         --rounds 5 --threads 2 --ct2-threads 2,1 --variant off:TFM_GRAPH_CACHE=off \
         [--variant before:PYTHONPATH=OTHER_CHECKOUT]
 
@@ -173,7 +173,7 @@ def main() -> None:
     args.ort, args.ct2 = [p.resolve() for p in args.ort], [p.resolve() for p in args.ct2]
     if not args.ort:
         parser.error("give at least one --ort model directory: its vocabulary makes the sentence")
-    from tfm_export.core.errors import TfmExportError
+    from ..core.errors import TfmExportError
     try:
         sentence, tokens = first_sentence(args.ort[0])
     except TfmExportError as exc:  # not a model directory, or a damaged one: one line
@@ -225,10 +225,10 @@ def table(results: dict[str, list[dict[str, float]]], load: tuple[float, float, 
 def first_sentence(model: Path) -> tuple[str, str]:
     """make bench's first sentence (bench.run's random sources, seed 0) as text for tfm-run and as the tokens
     CTranslate2 takes, from the model directory's own vocabulary."""
-    from tfm_export.artifacts.model_dir import ModelDir
-    from tfm_export.bench.artifacts import BenchModel
-    from tfm_export.bench.run import _sources, _texts
-    from tfm_export.core.token_rules import SEED_RULES
+    from ..artifacts.model_dir import ModelDir
+    from ..bench.artifacts import BenchModel
+    from ..bench.run import _sources, _texts
+    from ..core.token_rules import SEED_RULES
     directory = ModelDir.read(model)
     vocab = directory.vocabulary()
     bench = BenchModel(model, None, model, directory.config.n_position, vocab, directory.rules)

@@ -6,7 +6,7 @@ Models (made once in --work-dir, random weights, real shapes):
                   vocabulary 256,000 (615M parameters, 2.46 GB)
   nllb-1.3b       the same at NLLB-200 1.3B's: 24+24 layers, FFN 8192 (1.37B parameters, 5.5 GB)
   nllb-3.3b       NLLB-200 3.3B's: d_model 2048, 24+24 layers, FFN 8192 (3.3B parameters, 13.4 GB)
-  m2m100-1.3b     transformers' M2M100 at NLLB-1.3B's shape, sharded safetensors (scripts/nllb_like_m2m100.py)
+  m2m100-1.3b     transformers' M2M100 at NLLB-1.3B's shape, sharded safetensors (benchmarks.m2m100_shape)
 
 Stages, ours: `tfm-export onnx` (parity checked), `tfm-export verify` (against PyTorch), `tfm-export quantize
 --precision int8 --mode dynamic`, the first translation with `tfm-run translate` (fp32 and int8: start, load,
@@ -14,7 +14,7 @@ one sentence of 64 tokens); CTranslate2's: its converter (spec API, as `tfm-run 
 translation (float32 and int8, the same 64 tokens). Peak memory is the process's maximum resident set (wait4's
 ru_maxrss), on a page cache warmed by the round before (the first round is the cold one, and is reported apart).
 
-    python scripts/bench_scale.py --work-dir build/scale --models nllb-600m,nllb-1.3b --rounds 2 \\
+    python -m tfm_export.benchmarks.scale --work-dir build/scale --models nllb-600m,nllb-1.3b --rounds 2 \\
         --json build/scale/scale.json > build/scale/scale.md
 """
 
@@ -30,14 +30,13 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 SEED_SHAPES = {  # random-checkpoint flags
     "nllb-600m": ["--d-model", "1024", "--heads", "16", "--layers", "12", "--ffn", "4096", "--vocab-size", "256000"],
     "nllb-1.3b": ["--d-model", "1024", "--heads", "16", "--layers", "24", "--ffn", "8192", "--vocab-size", "256000"],
     "nllb-3.3b": ["--d-model", "2048", "--heads", "16", "--layers", "24", "--ffn", "8192", "--vocab-size", "256000"],
 }
-HF_SHAPES = {"m2m100-1.3b": []}  # scripts/nllb_like_m2m100.py's defaults
+HF_SHAPES = {"m2m100-1.3b": []}  # benchmarks.m2m100_shape's defaults
 SENTENCE = "w11 w203 w3000 w47 w9 w1200 w77 w5 w600 w34 w18 w2500"  # the seed-shaped models' random vocabulary
 HF_SENTENCE = "the model translates every line of the input"
 HF_TARGET = "__fr__"
@@ -90,7 +89,7 @@ def make_model(name: str, work: Path) -> Path:
         return directory / "ckpt.pt"
     directory = work / name
     if not (directory / "config.json").is_file():
-        subprocess.run([sys.executable, str(ROOT / "scripts" / "nllb_like_m2m100.py"), "--output", str(directory)],
+        subprocess.run([sys.executable, "-m", "tfm_export.benchmarks.m2m100_shape", "--output", str(directory)],
                        check=True)
     return directory
 

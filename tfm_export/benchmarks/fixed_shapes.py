@@ -3,7 +3,7 @@ in-place backend (rows shrink as inputs finish) and by the device backend on hos
 half the inputs are done, sources padded to a bucket, the cache's capacity doubling), interleaved round by round,
 both on the same step graph (decoder_step_search; the CPU's default fused step is not what the GPU runs).
 
-    python scripts/fixed_shapes.py --model build/demo-onnx --rounds 3 > build/bench/fixed-shapes.md
+    python -m tfm_export.benchmarks.fixed_shapes --model build/demo-onnx --rounds 3 > build/bench/fixed-shapes.md
 
 Per cell: sentences/s of each (best of the rounds), their ratio, and the wasted share: the row-steps the device
 backend computed for rows that had already finished, over all row-steps it computed. On a GPU a wasted row costs
@@ -17,11 +17,11 @@ import argparse
 import time
 from pathlib import Path
 
-from tfm_export.demo.numbers import held_out_pairs
-from tfm_export.runtime.backends import open_backend
-from tfm_export.runtime.counts import WorkCounts
-from tfm_export.runtime.session import SessionOptions
-from tfm_export.runtime.translator import DecodeOptions, Translator
+from ..demo.numbers import held_out_pairs
+from ..runtime.backends import open_backend
+from ..runtime.counts import WorkCounts
+from ..runtime.session import SessionOptions
+from ..runtime.translator import DecodeOptions, Translator
 
 CACHES = ("in-place", "device")
 

@@ -3,7 +3,7 @@ how the anchor's best CPU settings were chosen (docs/benchmarks-history.md). Set
 environment (CT2_USE_MKL, CT2_USE_EXPERIMENTAL_PACKED_GEMM, CT2_FORCE_CPU_ISA) are given to the process:
 
     for spec in float32 "float32 CT2_USE_MKL=1" int8 int8_float32 int16 "int8 CT2_FORCE_CPU_ISA=AVX2" ...; do
-        set -- $spec; ct=$1; shift; env "$@" python scripts/ct2_settings.py build/bench/il/ctranslate2 $ct; done
+        set -- $spec; ct=$1; shift; env "$@" python experiments/ct2_settings.py build/bench/il/ctranslate2 $ct; done
 """
 
 import os
