@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -342,3 +343,25 @@ def test_bench_times_a_checkpoints_own_export_as_is_and_refuses_anothers(demo_on
     other = random_checkpoint(tiny_config(), tmp_path / "other")
     with pytest.raises(TfmExportError, match=f"{demo_onnx}: was not exported from {other}"):
         open_model(other, demo_onnx)
+
+
+def test_a_backends_name_and_its_settings_are_one_record():
+    """Names as the benchmark runs give them: a backend, or a setting of one; misspellings are one line each."""
+    from tfm_export.bench.runners import BENCH_BACKENDS, CPU_BACKENDS, TIMED_BACKENDS, bench_backend, wrong_device
+    from tfm_export.core.errors import TfmExportError
+    ct2, settings = bench_backend("ct2-int8+packed+isa=AVX2+threads=1")
+    assert (ct2.compute_type, settings.threads) == ("int8", 1)
+    assert dict(settings.env) == {"CT2_USE_EXPERIMENTAL_PACKED_GEMM": "1", "CT2_FORCE_CPU_ISA": "AVX2"}
+    assert bench_backend("ct2-int16")[0].compute_type == "int16"
+    ort = {name: bench_backend(name)[1] for name in ("ort-fp32+arena+nospin", "ort-fp32+nospin", "ort-fp32")}
+    assert {name: (s.memory_arena, s.spinning) for name, s in ort.items()} == {
+        "ort-fp32+arena+nospin": (True, False), "ort-fp32+nospin": (False, False), "ort-fp32": (None, True)}
+    for name, message in (("ct2-fp32+thread=1", "unknown CTranslate2 setting 'thread=1' in ct2-fp32+thread=1"),
+                          ("ort-fp32+fast", "unknown ONNX Runtime setting in ort-fp32+fast: use +arena"),
+                          ("ort-int8-dynamic+arena", "ort-int8-dynamic+arena: ort-int8-dynamic takes no settings"),
+                          ("ort-fp64", "unknown backend 'ort-fp64'")):
+        with pytest.raises(TfmExportError, match=re.escape(message)):
+            bench_backend(name)
+    assert "ort-fp32-contract" in BENCH_BACKENDS and "ort-fp32-contract" not in TIMED_BACKENDS
+    assert "ort-fp16-graphs" not in CPU_BACKENDS and wrong_device("ort-fp16", "cpu") == "fp16 is for GPUs; time it with " \
+        "--device cuda" and wrong_device("ort-int8-dynamic", "cuda").startswith("CPU only: its int8 operators")

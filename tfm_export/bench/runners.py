@@ -22,40 +22,115 @@ from ..core.token_rules import SEED_RULES, TokenRules
 from ..core.tokenizer import BOS_ID, EOS_ID
 from ..runtime.search import Searcher, SearchOptions
 
-TIMED_BACKENDS = {
-    "torch-full": "PyTorch eager, full recompute every step (how the seed code decodes)",
-    "torch-cache": "PyTorch eager with a KV cache",
-    "ort-fp32": "ONNX Runtime fp32",
-    "ort-int8-static": "ONNX Runtime, int8 Q/DQ graph (static, calibrated; on CPU its Q/DQ run as float ops)",
-    "ort-int8-dynamic": "ONNX Runtime int8 dynamic",
-    "ort-fp16": "ONNX Runtime fp16 on CUDA",
-    "ort-fp32-graphs": "ONNX Runtime fp32, the device backend's steps captured as CUDA graphs and replayed "
-                       "(on the CPU: the same backend, uncaptured)",
-    "ort-fp16-graphs": "ONNX Runtime fp16 on CUDA, the device backend's steps captured as CUDA graphs and replayed",
-    "ort-generate": "ONNX Runtime fp32, the whole search in generate.onnx (BeamSearch op, one input per call)",
-    "tensorrt": "TensorRT fp16 engines (built from the fp32 graphs' fp16 version)",
-    "ct2-fp32": "CTranslate2 float32 (same weights)",
-    "ct2-int8": "CTranslate2 int8 (same weights)",
-    "hf-generate": "transformers' own generate(), eager fp32 (a Hugging Face model directory's weights)",
-    "hf-generate-fp16": "transformers' own generate(), eager fp16 on CUDA (a Hugging Face model directory's weights)",
-    "cpp": "the C++ example's loop (examples/cpp, `make cpp`): ONNX Runtime fp32, decoder_step_search in place, "
-           "a call's inputs as one batch",
-}
 DEVICES = ("cpu", "cuda")
-GPU_ONLY = {"ort-fp16": "fp16 is for GPUs; time it with --device cuda",
-            "ort-fp16-graphs": "fp16 is for GPUs; time it with --device cuda",
-            "tensorrt": "TensorRT engines run on GPUs; time them with --device cuda",
-            "hf-generate-fp16": "fp16 is for GPUs; time it with --device cuda"}
-CPU_ONLY = {"ort-int8-dynamic":
-            "its int8 operators (DynamicQuantizeLinear, MatMulInteger) are ONNX Runtime CPU kernels"}
+GPU_FP16 = "fp16 is for GPUs; time it with --device cuda"
+
+
+@dataclass(frozen=True)
+class BenchBackend:
+    """One timed backend: what it is, the library that runs it, where it runs, what it loads and how it is set."""
+
+    name: str
+    description: str
+    library: str  # "ort", "torch", "ct2", "hf", "cpp" or "tensorrt": how it is opened and what it needs
+    devices: tuple[str, ...] = DEVICES
+    why_one_device: str = ""  # why it runs on its one device only
+    variant: str | None = None  # ONNX Runtime: the model directory it loads ("fp32", "int8-dynamic", "generate")
+    compute_type: str | None = None  # CTranslate2's; "fp16" for generate()
+    cache: str | None = None  # ONNX Runtime: SessionOptions.cache (None: by the directory and device)
+    cuda_graphs: bool = False  # ONNX Runtime: the device backend's steps captured (on the CPU: run uncaptured)
+    full_recompute: bool = False  # PyTorch without a KV cache
+    offered: bool = True  # in `tfm-run bench` (False: a benchmark run's own comparison)
+
+
+BENCH_BACKENDS = {b.name: b for b in (
+    BenchBackend("torch-full", "PyTorch eager, full recompute every step (how the seed code decodes)", "torch",
+                 full_recompute=True),
+    BenchBackend("torch-cache", "PyTorch eager with a KV cache", "torch"),
+    BenchBackend("ort-fp32", "ONNX Runtime fp32", "ort", variant="fp32"),
+    BenchBackend("ort-int8-static", "ONNX Runtime, int8 Q/DQ graph (static, calibrated; on CPU its Q/DQ run as "
+                 "float ops)", "ort", variant="int8-static"),
+    BenchBackend("ort-int8-dynamic", "ONNX Runtime int8 dynamic", "ort", ("cpu",),
+                 "its int8 operators (DynamicQuantizeLinear, MatMulInteger) are ONNX Runtime CPU kernels",
+                 variant="int8-dynamic"),
+    BenchBackend("ort-fp16", "ONNX Runtime fp16 on CUDA", "ort", ("cuda",), GPU_FP16, variant="fp16"),
+    BenchBackend("ort-fp32-graphs", "ONNX Runtime fp32, the device backend's steps captured as CUDA graphs and "
+                 "replayed (on the CPU: the same backend, uncaptured)", "ort", variant="fp32", cache="device",
+                 cuda_graphs=True),
+    BenchBackend("ort-fp16-graphs", "ONNX Runtime fp16 on CUDA, the device backend's steps captured as CUDA graphs "
+                 "and replayed", "ort", ("cuda",), GPU_FP16, variant="fp16", cache="device", cuda_graphs=True),
+    BenchBackend("ort-generate", "ONNX Runtime fp32, the whole search in generate.onnx (BeamSearch op, one input "
+                 "per call)", "ort", variant="generate"),
+    BenchBackend("tensorrt", "TensorRT fp16 engines (built from the fp32 graphs' fp16 version)", "tensorrt",
+                 ("cuda",), "TensorRT engines run on GPUs; time them with --device cuda"),
+    BenchBackend("ct2-fp32", "CTranslate2 float32 (same weights)", "ct2", compute_type="float32"),
+    BenchBackend("ct2-int8", "CTranslate2 int8 (same weights)", "ct2", compute_type="int8"),
+    BenchBackend("hf-generate", "transformers' own generate(), eager fp32 (a Hugging Face model directory's "
+                 "weights)", "hf"),
+    BenchBackend("hf-generate-fp16", "transformers' own generate(), eager fp16 on CUDA (a Hugging Face model "
+                 "directory's weights)", "hf", ("cuda",), GPU_FP16, compute_type="fp16"),
+    BenchBackend("cpp", "the C++ example's loop (examples/cpp, `make cpp`): ONNX Runtime fp32, decoder_step_search "
+                 "in place, a call's inputs as one batch", "cpp"),
+    BenchBackend("ort-fp32-contract", "ONNX Runtime fp32, the contract's decoder_step (whole-cache Concat, arrays in "
+                 "and out, logits reduced in NumPy) instead of decoder_step_search", "ort", variant="fp32",
+                 cache="concat", offered=False),
+)}
+TIMED_BACKENDS = {name: b.description for name, b in BENCH_BACKENDS.items() if b.offered}  # tfm-run bench's names
 # what `--device cuda` times by default: every GPU backend, and generate() as the anchor
 GPU_BACKENDS = ("ort-fp32", "ort-fp32-graphs", "ort-fp16", "ort-fp16-graphs", "ort-generate", "tensorrt",
                 "torch-cache", "hf-generate", "hf-generate-fp16")
 # the device backend with its steps captured as CUDA graphs: a GPU measurement, so not in the CPU default
-CUDA_GRAPHS = ("ort-fp32-graphs", "ort-fp16-graphs")
+CUDA_GRAPHS = tuple(name for name in TIMED_BACKENDS if BENCH_BACKENDS[name].cuda_graphs)
 CPU_BACKENDS = tuple(name for name in TIMED_BACKENDS if name not in CUDA_GRAPHS)  # what `--device cpu` times
-ONNX_VARIANTS = {"ort-fp32": "fp32", "ort-int8-static": "int8-static", "ort-int8-dynamic": "int8-dynamic",
-                 "ort-fp16": "fp16", "ort-generate": "generate", "ort-fp32-graphs": "fp32", "ort-fp16-graphs": "fp16"}
+CT2_SETTINGS = "use +packed, +mkl, +nomkl, +isa=NAME, +threads=N"
+ORT_SETTINGS = "use +arena, +nospin"
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What a name's `+...` suffix sets (benchmarks.interleaved's levers): `ct2-int8+packed+threads=1`,
+    `ort-fp32+arena+nospin`. Empty: the backend as `tfm-run bench` runs it."""
+
+    env: tuple[tuple[str, str], ...] = ()  # CTranslate2's switches, set before it is imported
+    threads: int | None = None  # CTranslate2: this many threads instead of the run's
+    memory_arena: bool | None = None  # ONNX Runtime: SessionOptions.memory_arena
+    spinning: bool = True  # ONNX Runtime: SessionOptions.spinning
+
+
+def bench_backend(name: str) -> tuple[BenchBackend, Settings]:
+    """A name as benchmarks give it: a backend, or a setting of one (`+...`); a CTranslate2 compute type this table
+    does not list (`ct2-int16`) is a CTranslate2 backend of its own. Unknown names and settings are one line."""
+    base, *parts = name.split("+")
+    backend = BENCH_BACKENDS.get(base)
+    if backend is None and base.startswith("ct2-"):
+        backend = BenchBackend(base, f"CTranslate2 {base[4:]}", "ct2", compute_type=base[4:])
+    if backend is None:
+        raise TfmExportError(f"unknown backend {base!r}; choose one of {', '.join(BENCH_BACKENDS)}")
+    if not parts:
+        return backend, Settings()
+    if backend.library == "ct2":
+        return backend, _ct2_settings(name, parts)
+    if backend.name == "ort-fp32" and set(parts) <= {"arena", "nospin"}:
+        return backend, Settings(memory_arena="arena" in parts, spinning="nospin" not in parts)
+    raise TfmExportError(f"unknown ONNX Runtime setting in {name}: {ORT_SETTINGS}" if backend.name == "ort-fp32"
+                         else f"{name}: {backend.name} takes no settings")
+
+
+def _ct2_settings(name: str, parts: list[str]) -> Settings:
+    switches = {"packed": ("CT2_USE_EXPERIMENTAL_PACKED_GEMM", "1"), "mkl": ("CT2_USE_MKL", "1"),
+                "nomkl": ("CT2_USE_MKL", "0")}
+    env, threads = [], None
+    for part in parts:
+        if part in switches:
+            env.append(switches[part])
+        elif part.startswith("isa="):
+            env.append(("CT2_FORCE_CPU_ISA", part[4:]))
+        elif part.startswith("threads=") and part[8:].isdigit() and int(part[8:]) > 0:
+            threads = int(part[8:])
+        else:
+            raise TfmExportError(f"unknown CTranslate2 setting {part!r} in {name}: {CT2_SETTINGS}")
+    return Settings(tuple(env), threads)
+
 
 Decode = Callable[[Sequence[Sequence[int]], int, int, bool], list[tuple[int, ...]]]
 
@@ -82,48 +157,48 @@ class Artifacts:
 
 def wrong_device(name: str, device: str) -> str | None:
     """Why a backend never runs on `device`, known before any artifact is built; or None."""
-    if device == "cpu" and name in GPU_ONLY:
-        return GPU_ONLY[name]
-    if device == "cuda" and name in CPU_ONLY:
-        return f"CPU only: {CPU_ONLY[name]}"
-    return None
+    backend = bench_backend(name)[0]
+    if device in backend.devices:
+        return None
+    return backend.why_one_device if device == "cpu" else f"CPU only: {backend.why_one_device}"
 
 
 def unavailable(name: str, artifacts: Artifacts, device: str = "cpu") -> str | None:
-    """Why a backend cannot run here on `device`, or None."""
+    """Why a backend (or a setting of one) cannot run here on `device`, or None."""
     if reason := wrong_device(name, device):
         return reason
-    if name.startswith("hf-"):
+    backend = bench_backend(name)[0]
+    if backend.library == "hf":
         return _generate_unavailable(artifacts, device)
     if device == "cuda":
-        problem = _no_gpu(name)
+        problem = _no_gpu(backend.library)
         if problem:
             return problem
-    if name == "cpp":
+    if backend.library == "cpp":
         return _cpp_unavailable(artifacts)
-    if name == "ort-generate" and artifacts.rules != SEED_RULES:
+    if backend.variant == "generate" and artifacts.rules != SEED_RULES:
         return "generate.onnx is built for the seed's token layout; a Hugging Face model decodes with the loop"
-    if name == "tensorrt" and artifacts.tensorrt is None:
+    if backend.library == "tensorrt" and artifacts.tensorrt is None:
         from ..runtime.tensorrt_platform import missing_reason
         return missing_reason() or "the engines could not be built (see the [bench] log)"
-    if name in ONNX_VARIANTS and ONNX_VARIANTS[name] not in artifacts.onnx:
-        return f"no {ONNX_VARIANTS[name]} model directory"
-    if name.startswith("torch") and artifacts.checkpoint is None:
+    if backend.variant is not None and backend.variant not in artifacts.onnx:
+        return f"no {backend.variant} model directory"
+    if backend.library == "torch" and artifacts.checkpoint is None:
         return NO_CHECKPOINT
-    if name.startswith("ct2") and artifacts.ctranslate2 is None:
+    if backend.library == "ct2" and artifacts.ctranslate2 is None:
         return artifacts.ctranslate2_unsupported or "CTranslate2 is not installed or the model could not be converted"
     return None
 
 
-def _no_gpu(name: str) -> str | None:
-    """Why `name` cannot run on a CUDA GPU here, or None."""
-    if name.startswith("ct2"):
+def _no_gpu(library: str) -> str | None:
+    """Why a library's backends cannot run on a CUDA GPU here, or None."""
+    if library == "ct2":
         import ctranslate2
         return None if ctranslate2.get_cuda_device_count() else "CTranslate2 sees no CUDA GPU"
-    if name.startswith("torch"):
+    if library == "torch":
         import torch
         return None if torch.cuda.is_available() else "PyTorch sees no CUDA GPU"
-    if name.startswith("ort") and not _has_cuda_provider():
+    if library == "ort" and not _has_cuda_provider():
         return "this onnxruntime has no CUDA provider"
     return None
 
@@ -139,35 +214,58 @@ def _generate_unavailable(artifacts: Artifacts, device: str) -> str | None:
 def open_decoder(name: str, artifacts: Artifacts, threads: int, device: str = "cpu") -> Decode:
     """decode(sources with <s>/</s>, beam size, length, forced) -> generated ids per source (best only). Our
     backends are opened as `tfm-run translate` opens them (Translator.load), but for the cache-less baseline."""
-    if name.startswith("ct2"):
-        return _ctranslate2(artifacts, "int8" if name == "ct2-int8" else "float32", threads, device)
-    if name.startswith("hf-"):
-        return _generate(artifacts, name == "hf-generate-fp16", threads, device)
-    if name == "cpp":
-        return CppDecoder(artifacts.onnx["fp32"], threads)
+    backend, settings = bench_backend(name)
+    return OPENERS[backend.library](backend, settings, artifacts, threads, device)
+
+
+def _open_ct2(backend: BenchBackend, settings: Settings, artifacts: Artifacts, threads: int, device: str) -> Decode:
+    os.environ.update(dict(settings.env))  # before ctranslate2 is imported (each backend runs in a fresh process)
+    return _ctranslate2(artifacts, backend.compute_type or "float32", settings.threads or threads, device)
+
+
+def _open_hf(backend: BenchBackend, settings: Settings, artifacts: Artifacts, threads: int, device: str) -> Decode:
+    return _generate(artifacts, backend.compute_type == "fp16", threads, device)
+
+
+def _open_cpp(backend: BenchBackend, settings: Settings, artifacts: Artifacts, threads: int, device: str) -> Decode:
+    return CppDecoder(artifacts.onnx["fp32"], threads)
+
+
+def _open_torch(backend: BenchBackend, settings: Settings, artifacts: Artifacts, threads: int,
+                device: str) -> Decode:
+    import torch
+
     from ..runtime.backends import open_backend
     from ..runtime.search import LoopSearcher
-    from ..runtime.session import SessionOptions
-    if name.startswith("torch"):
-        import torch
-        if threads:
-            torch.set_num_threads(threads)
-        if name == "torch-full":
-            from ..model.loading import load_checkpoint
-            from .torch_full import TorchFullBackend
-            return _searching(LoopSearcher(TorchFullBackend(load_checkpoint(artifacts.checkpoint).model)),
-                              artifacts.rules)
-        return _searching(open_backend(artifacts.checkpoint, "torch", device).searcher, artifacts.rules)
-    if name == "tensorrt":
-        return _searching(open_backend(artifacts.tensorrt, "tensorrt").searcher, artifacts.rules)
-    options = SessionOptions(intra_op_threads=threads, device=device)
-    if name in CUDA_GRAPHS:  # the device backend always, so that on the CPU it runs the same code uncaptured
-        options = dataclasses.replace(options, cache="device", cuda_graphs=True)
-    if name == "ort-generate":
-        return _searching(open_backend(artifacts.onnx["generate"], "onnxruntime-generate", device, options).searcher,
+    if threads:
+        torch.set_num_threads(threads)
+    if backend.full_recompute:
+        from ..model.loading import load_checkpoint
+        from .torch_full import TorchFullBackend
+        return _searching(LoopSearcher(TorchFullBackend(load_checkpoint(artifacts.checkpoint).model)),
                           artifacts.rules)
-    return _searching(open_backend(artifacts.onnx[ONNX_VARIANTS[name]], "onnxruntime", device, options).searcher,
-                      artifacts.rules)
+    return _searching(open_backend(artifacts.checkpoint, "torch", device).searcher, artifacts.rules)
+
+
+def _open_tensorrt(backend: BenchBackend, settings: Settings, artifacts: Artifacts, threads: int,
+                   device: str) -> Decode:
+    from ..runtime.backends import open_backend
+    return _searching(open_backend(artifacts.tensorrt, "tensorrt").searcher, artifacts.rules)
+
+
+def _open_ort(backend: BenchBackend, settings: Settings, artifacts: Artifacts, threads: int, device: str) -> Decode:
+    """The device backend always for captured steps, so that on the CPU it runs the same code uncaptured."""
+    from ..runtime.backends import open_backend
+    from ..runtime.session import SessionOptions
+    options = SessionOptions(intra_op_threads=threads, device=device, memory_arena=settings.memory_arena,
+                             spinning=settings.spinning, cache=backend.cache, cuda_graphs=backend.cuda_graphs)
+    kind = "onnxruntime-generate" if backend.variant == "generate" else "onnxruntime"
+    return _searching(open_backend(artifacts.onnx[backend.variant], kind, device, options).searcher, artifacts.rules)
+
+
+OPENERS: dict[str, Callable[[BenchBackend, Settings, Artifacts, int, str], Decode]] = {
+    "ct2": _open_ct2, "hf": _open_hf, "cpp": _open_cpp, "torch": _open_torch, "tensorrt": _open_tensorrt,
+    "ort": _open_ort}
 
 
 def cpp_binary() -> Path:

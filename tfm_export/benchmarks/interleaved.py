@@ -37,65 +37,20 @@ from pathlib import Path
 
 import numpy as np
 
-from ..bench import protocol
-from ..bench.runners import unavailable
+from ..bench import protocol, runners
 from ..bench.targets import cell_name, cell_sizes, floor_ms, ms_per_token, round_ratios, settings_of, targets
+from ..core.errors import TfmExportError
 from ..core.machine import return_large_blocks
 
 # Every backend runs in a spawned process, which imports this script again: the export side (torch, onnx:
 # ~230 MB) is imported inside main() and finish() only, so that it is in no backend's peak memory.
 
 
-def _ct2_setting(name: str, threads: int) -> tuple[str, dict[str, str], int]:
-    """'ct2-int8+packed+isa=AVX2+threads=1' -> ('int8', {...}, 1); 'ct2-fp32' is float32, as in tfm-run bench."""
-    parts = name[len("ct2-"):].split("+")
-    compute = {"fp32": "float32"}.get(parts[0], parts[0])
-    env = {}
-    for part in parts[1:]:
-        if part == "packed":
-            env["CT2_USE_EXPERIMENTAL_PACKED_GEMM"] = "1"
-        elif part == "mkl":
-            env["CT2_USE_MKL"] = "1"
-        elif part == "nomkl":
-            env["CT2_USE_MKL"] = "0"
-        elif part.startswith("isa="):
-            env["CT2_FORCE_CPU_ISA"] = part[4:]
-        elif part.startswith("threads=") and part[8:].isdigit() and int(part[8:]) > 0:
-            threads = int(part[8:])
-        else:
-            raise SystemExit(f"unknown CTranslate2 setting {part!r} in {name}: use +packed, +mkl, +nomkl, "
-                             "+isa=NAME, +threads=N")
-    return compute, env, threads
-
-
-def _decoder(name: str, artifacts, threads: int):
-    from ..bench import runners
-    if name.startswith("ct2-"):
-        compute, env, threads = _ct2_setting(name, threads)
-        os.environ.update(env)  # before ctranslate2 is imported in this fresh process
-        return runners._ctranslate2(artifacts, compute, threads)
-    if name.startswith("ort-fp32+"):  # settings levers: +arena, +nospin
-        from ..runtime.backends import open_backend
-        from ..runtime.session import SessionOptions
-        flags = set(name.split("+")[1:])
-        if flags - {"arena", "nospin"}:
-            raise SystemExit(f"unknown ONNX Runtime setting in {name}: use +arena, +nospin")
-        options = SessionOptions(intra_op_threads=threads, memory_arena="arena" in flags,
-                                 spinning="nospin" not in flags)
-        return runners._searching(open_backend(artifacts.onnx["fp32"], options=options).searcher, artifacts.rules)
-    if name == "ort-fp32-contract":
-        from ..runtime.backends import open_backend
-        from ..runtime.session import SessionOptions
-        options = SessionOptions(intra_op_threads=threads, cache="concat")
-        return runners._searching(open_backend(artifacts.onnx["fp32"], options=options).searcher, artifacts.rules)
-    return runners.open_decoder(name, artifacts, threads)
-
-
 def measure(name: str, artifacts, sources, lengths, settings, reference) -> dict:
     """One backend in this (fresh) process: load, unforced greedy outputs, then every cell timed."""
     return_large_blocks()  # as tfm-run does; CTranslate2's peak falls further with it, so every backend gets it
     start = time.perf_counter()
-    decode = _decoder(name, artifacts, settings.threads)
+    decode = runners.open_decoder(name, artifacts, settings.threads)
     load_s = time.perf_counter() - start
     outputs = [o for batch in protocol._batches(sources, 8) for o in decode(batch, 1, lengths[0], False)]
     cells = {}
@@ -201,9 +156,11 @@ def main() -> None:
     from ..bench.artifacts import build_fp32, build_variants, calibration_for, open_model
     from ..bench.run import _sources, _texts
     backends = args.backends.split(",")
-    for name in backends:  # a misspelt setting fails now, not after the exports
-        if name.startswith("ct2-"):
-            _ct2_setting(name, 1)
+    for name in backends:  # a misspelt backend or setting fails now, not after the exports
+        try:
+            runners.bench_backend(name)
+        except TfmExportError as exc:
+            raise SystemExit(str(exc)) from None
     lengths = [int(v) for v in args.lengths.split(",")]
     settings = protocol.BenchSettings(batch_sizes=tuple(int(v) for v in args.batch_sizes.split(",")),
                                       beam_sizes=tuple(int(v) for v in args.beam_sizes.split(",")),
@@ -221,7 +178,7 @@ def main() -> None:
     variants = {"ort-int8-dynamic"} & set(backends)
     build_variants(built, model, args.work_dir, calib, [*variants, "ct2-fp32"], 128, say=say)
     for name in list(backends):  # what cannot run here (no CTranslate2 model, no C++ binary) is left out, saying why
-        why = unavailable(name.split("+")[0], built.artifacts)
+        why = runners.unavailable(name, built.artifacts)
         if why:
             say(f"{name} left out: {why}")
             backends.remove(name)
@@ -255,8 +212,8 @@ def main() -> None:
 
 def anchor_threads(partial: dict, threads: int) -> list[int]:
     """The thread counts the run gave ct2-fp32 (its first line is timed at each)."""
-    return sorted({_ct2_setting(name, threads)[2] for name in settings_of(partial, "ct2-fp32")}, reverse=True) \
-        or [threads]
+    found = {runners.bench_backend(name)[1].threads or threads for name in settings_of(partial, "ct2-fp32")}
+    return sorted(found, reverse=True) or [threads]
 
 
 def finish(args, model, partial: dict) -> None:
