@@ -139,6 +139,24 @@ def test_inspect_reads_only_checked_manifest_fields(tiny_ckpt, tmp_path):
         assert result.exit_code == 1 and result.output.count("\n") == 1 and message in result.output, result.output
 
 
+@pytest.mark.parametrize("signalled", [True, False])
+def test_a_signal_deferred_past_an_import_interrupts_a_command_that_ends_first(tmp_path, signalled):
+    """A Ctrl-C that came during an import, and whose second delivery the command outran (here it fails at once,
+    its input missing, long before the resend), still ends it as "interrupted", exit 130; without the signal the
+    same command says its own error, exit 1."""
+    (tmp_path / "slow_module.py").write_text("import os, signal, time\nos.kill(os.getpid(), signal.SIGINT)\n"
+                                             "time.sleep(0.5)  # the signal arrives here, inside the import\n")
+    code = (f"import sys\nsys.path.insert(0, {str(tmp_path)!r})\n"
+            "from tfm_export.cli import entry, signals\nsignals.RETRY_S = 60  # the resend comes after the command\n"
+            f"signals.handle_signals()\n{'import slow_module' if signalled else ''}\n"
+            f"sys.argv = ['tfm-run', 'translate', '--model', {str(tmp_path / 'missing')!r}]\nentry.run_main()\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    if signalled:
+        assert (result.returncode, result.stderr) == (130, "interrupted\n"), result.stderr
+    else:
+        assert result.returncode == 1 and "model not found" in result.stderr, result.stderr
+
+
 def test_a_signal_during_an_import_is_delivered_after_it(tmp_path):
     """An extension module interrupted while it initialises can abort the process (`import torch` ends in
     std::terminate, exit 134, when the KeyboardInterrupt reaches Python code it calls back): the CLI's handler

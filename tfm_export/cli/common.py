@@ -15,7 +15,7 @@ from typing import Any
 import click
 
 from ..core.errors import TfmExportError
-from .signals import handle_signals, interrupted
+from .signals import end_if_interrupted, handle_signals, interrupted
 
 
 class OneLineUsageError(click.ClickException):
@@ -78,14 +78,17 @@ class ErrorReportingGroup(click.Group):
             sys.stdout.flush()
             return result
         except TfmExportError as exc:
+            end_if_interrupted()
             raise click.ClickException(str(exc)) from None
         except BrokenPipeError:  # the reader left (`| head`): stop quietly, as a process killed by SIGPIPE would
             drop_unwritable_stdout()
             sys.exit(128 + signal.SIGPIPE)
         except OSError as exc:  # stdout on a full device: no command's own check names this
+            end_if_interrupted()
             drop_unwritable_stdout()
             raise click.ClickException(f"cannot write to {exc.filename or 'stdout'} ({exc.strerror or exc})") from None
         except click.UsageError as exc:
+            end_if_interrupted()
             command = f" (see {exc.ctx.command_path} --help)" if exc.ctx is not None else ""
             raise OneLineUsageError(exc.format_message() + command) from None
         except KeyboardInterrupt as exc:

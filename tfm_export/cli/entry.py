@@ -4,19 +4,22 @@ staging directories of an unfinished write removed."""
 
 from __future__ import annotations
 
-from .signals import handle_signals, interrupted
+from .signals import deliver_pending, handle_signals, interrupted
 
 
 def _run(command: str) -> None:
     handle_signals()
     try:
-        if command == "tfm-export":
-            from .export_cli import main
-        else:
-            from ..core.machine import return_large_blocks
-            return_large_blocks()  # before anything allocates
-            from .run_cli import main
-        main(prog_name=command)
+        try:
+            if command == "tfm-export":
+                from .export_cli import main
+            else:
+                from ..core.machine import return_large_blocks
+                return_large_blocks()  # before anything allocates
+                from .run_cli import main
+            main(prog_name=command)
+        finally:  # click ends every command in sys.exit; a signal still pending outranks its code
+            deliver_pending()
     except KeyboardInterrupt as exc:
         interrupted(exc)
 
