@@ -209,6 +209,9 @@ def test_fp16_keeps_layernorm_softmax_residuals_and_logits_in_fp32(variants):
 
 
 def test_manifest_records_precision_calibration_and_parent(variants):
+    from tfm_export.artifacts.model_dir import ModelDir
+    for directory in variants.values():  # each record, copied from its parent's, reads back as the JSON on disk
+        assert ModelDir.read(directory).manifest.to_dict() == json.loads((directory / "manifest.json").read_text())
     parent = json.loads((variants["fp32"] / "manifest.json").read_text())
     manifest = json.loads((variants["int8-static"] / "manifest.json").read_text())
     assert manifest["precision"] == "int8" and manifest["int8"]["mode"] == "static"

@@ -95,10 +95,6 @@ class EngineDir(ReadDirectory):
         """The exact version of the library that built the plans, e.g. "10.3.0.30"."""
         return self.manifest.tensorrt["tensorrt"]
 
-    @property
-    def plans(self) -> tuple[str, ...]:
-        return tuple(self.manifest.engines)
-
     def plan_path(self, graph: Graph | str) -> Path:
         """The plan file, inside the directory and checked against the manifest's sha256 (a swapped plan is
         refused, not run)."""

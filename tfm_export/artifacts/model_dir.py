@@ -289,8 +289,8 @@ class ModelDir(ReadDirectory):
                  for name, expected, what in self.graph_files(graph)]
         return paths[0]
 
-    def unchecked_path(self, graph: str) -> Path:
-        """The graph's file, for a caller that checks the directory whole itself (opening, verified_graphs)."""
+    def _unchecked_path(self, graph: str) -> Path:
+        """The graph's file, for opening, which checks the directory whole itself."""
         return contained_file(self.path, self.entry(graph).file, ModelDirError, f"graph file of {_name(graph)}",
                               REMAKE)
 
@@ -325,7 +325,7 @@ class ModelDir(ReadDirectory):
                    for name, expected, what in self._distinct_files()]
         pool.shutdown(wait=False)
         try:
-            yield {graph: self.unchecked_path(graph) for graph in self.graphs}
+            yield {graph: self._unchecked_path(graph) for graph in self.graphs}
         finally:
             for future in pending:  # the first damaged one in manifest order is the error
                 future.result()
