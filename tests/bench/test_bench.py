@@ -12,7 +12,7 @@ import torch
 from click.testing import CliRunner
 from support.common import DEMO_CKPT, tiny_config
 
-from tfm_export.bench.protocol import _batches
+from tfm_export.bench.protocol import batches
 from tfm_export.bench.torch_full import TorchFullBackend
 from tfm_export.cli.run_cli import main as run_main
 from tfm_export.core.batching import pad_batch
@@ -103,8 +103,8 @@ def _scores_without_eos(ckpt, src, hyps) -> list[float]:
 
 def test_batches_are_whole_and_fill_up():
     rows = [[2, i, 3] for i in range(5)]
-    assert [len(b) for b in _batches(rows, 2)] == [2, 2]
-    assert _batches(rows, 8) == [(rows * 2)[:8]]
+    assert [len(b) for b in batches(rows, 2)] == [2, 2]
+    assert batches(rows, 8) == [(rows * 2)[:8]]
 
 
 def test_tiny_bench_run_writes_table_json_and_plot(tmp_path):

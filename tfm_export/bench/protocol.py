@@ -96,19 +96,19 @@ class BackendResult:
         return data
 
 
-def _batches(sources: Sequence[Sequence[int]], size: int) -> list[Sequence[Sequence[int]]]:
+def batches(sources: Sequence[Sequence[int]], size: int) -> list[Sequence[Sequence[int]]]:
     """Whole batches of `size`; fewer sources than that are repeated to fill one."""
     full = [sources[i:i + size] for i in range(0, len(sources) - size + 1, size)]
     return full or [(list(sources) * (size // len(sources) + 1))[:size]]
 
 
-def _time_batches(decode, batches, beam: int, length: int, forced: bool, settings: BenchSettings) -> Row:
-    decode(batches[0], beam, min(8, length), forced)  # warm-up: sessions, arenas, caches
+def time_batches(decode, timed, beam: int, length: int, forced: bool, settings: BenchSettings) -> Row:
+    decode(timed[0], beam, min(8, length), forced)  # warm-up: sessions, arenas, caches
     if isinstance(decode, CppDecoder):  # a process per decoding setting: the timed one started and warm
-        decode.warm(batches[0], beam, length, forced)
-    row = Row(beam, len(batches[0]), [], 0, 0)
+        decode.warm(timed[0], beam, length, forced)
+    row = Row(beam, len(timed[0]), [], 0, 0)
     while len(row.timings_s) < settings.repeats and (len(row.timings_s) < 2 or sum(row.timings_s) < settings.min_time):
-        batch = batches[len(row.timings_s) % len(batches)]
+        batch = timed[len(row.timings_s) % len(timed)]
         start = time.perf_counter()
         out = decode(batch, beam, length, forced)
         row.timings_s.append(time.perf_counter() - start)
@@ -128,7 +128,7 @@ def measure(name: str, artifacts: Artifacts, sources: list[list[int]], length: i
     start = time.perf_counter()
     decode = open_decoder(name, artifacts, settings.threads, settings.device)
     result.load_s = time.perf_counter() - start
-    result.outputs = [o for batch in _batches(sources, 8) for o in decode(batch, 1, length, False)]
+    result.outputs = [o for batch in batches(sources, 8) for o in decode(batch, 1, length, False)]
     if reference is not None and name in SAME_MODEL and agreement(result.outputs, reference) < SAME_MODEL_MIN:
         result.skipped = (f"not timed: its greedy output equals {REFERENCE}'s on only "
                           f"{agreement(result.outputs, reference):.0%} of the inputs, so it is not the same model")
@@ -137,10 +137,10 @@ def measure(name: str, artifacts: Artifacts, sources: list[list[int]], length: i
     for beam, size in settings.grid:
         if name == "torch-full" and beam * size > settings.full_recompute_max_rows:
             continue
-        result.rows.append(_time_batches(decode, _batches(sources, size), beam, length, forced, settings))
+        result.rows.append(time_batches(decode, batches(sources, size), beam, length, forced, settings))
     if name in settings.sweep_backends:
         for n in [n for n in settings.sweep_lengths if n <= positions]:
-            result.sweep[n] = _time_batches(decode, _batches(sources, 1), 1, n, True, settings).summary["median_ms"]
+            result.sweep[n] = time_batches(decode, batches(sources, 1), 1, n, True, settings).summary["median_ms"]
     result.peak_rss_mb = backend_peak_rss_mb(decode)
     return result
 

@@ -86,8 +86,8 @@ def run_benchmark(request: BenchRequest, say: Callable[[str], None] = lambda _: 
                                  "--work-dir") from None
         built = build_fp32(model, work, say)
         vocab = built.artifacts.source_tokens
-        sources = _sources(rows, model, len(vocab), request.sentences)
-        inputs = texts or _texts(model, len(vocab), request.sentences)
+        sources = bench_sources(rows, model, len(vocab), request.sentences)
+        inputs = texts or bench_texts(model, len(vocab), request.sentences)
         calib = calibration_for(inputs, request.calibration, calibration_texts, work / "calibration.txt",
                                 settings.output_length or None)
         build_variants(built, model, work, calib, settings.backends, settings.max_rows, say=say)
@@ -150,7 +150,7 @@ def _input_rows(texts: list[str], model: BenchModel) -> list[list[int]]:
     return rows
 
 
-def _sources(rows: list[list[int]] | None, model: BenchModel, vocab_size: int, count: int,
+def bench_sources(rows: list[list[int]] | None, model: BenchModel, vocab_size: int, count: int,
              seed: int = 0) -> list[list[int]]:
     """The given rows cycled to `count`, else random tokens (12 to 24 per sentence, fewer for models with
     fewer positions). A pretrained model's tokenizer frames sources its own way: it encodes random text."""
@@ -159,7 +159,7 @@ def _sources(rows: list[list[int]] | None, model: BenchModel, vocab_size: int, c
     if model.rules != SEED_RULES:
         tok = model.vocab.source
         return [cut_source(tok.encode(text, framed=True), model.positions)
-                for text in _texts(model, vocab_size, count, seed)]
+                for text in bench_texts(model, vocab_size, count, seed)]
     return [[BOS_ID, *ids, EOS_ID] for ids in _random_ids(model, vocab_size, count, seed)]
 
 
@@ -170,7 +170,7 @@ def _random_ids(model: BenchModel, vocab_size: int, count: int, seed: int) -> li
             for _ in range(count)]
 
 
-def _texts(model: BenchModel, vocab_size: int, count: int, seed: int = 0) -> list[str]:
+def bench_texts(model: BenchModel, vocab_size: int, count: int, seed: int = 0) -> list[str]:
     """The random sources as text (calibration for int8 static, a first sentence to time): the seed's tokens
     joined, or a pretrained model's random target ids decoded (its target tokenizer names every piece)."""
     if model.rules == SEED_RULES:

@@ -52,12 +52,12 @@ def measure(name: str, artifacts, sources, lengths, settings, reference) -> dict
     start = time.perf_counter()
     decode = runners.open_decoder(name, artifacts, settings.threads)
     load_s = time.perf_counter() - start
-    outputs = [o for batch in protocol._batches(sources, 8) for o in decode(batch, 1, lengths[0], False)]
+    outputs = [o for batch in protocol.batches(sources, 8) for o in decode(batch, 1, lengths[0], False)]
     cells = {}
     for length in lengths:
         for beam in settings.beam_sizes:
             for size in settings.batch_sizes:
-                row = protocol._time_batches(decode, protocol._batches(sources, size), beam, length, True, settings)
+                row = protocol.time_batches(decode, protocol.batches(sources, size), beam, length, True, settings)
                 cells[cell_name(length, beam, size)] = {**row.summary, "timings_s": row.timings_s}
     return {"name": name, "load_s": load_s, "peak_rss_mb": protocol.backend_peak_rss_mb(decode), "cells": cells,
             "agreement": None if reference is None else protocol.agreement(outputs, reference),
@@ -154,7 +154,7 @@ def main() -> None:
     parser.add_argument("--resume", type=Path, default=None, help="a .partial.json: skip the rounds it holds")
     args = parser.parse_args()
     from ..bench.artifacts import build_fp32, build_variants, calibration_for, open_model
-    from ..bench.run import _sources, _texts
+    from ..bench.run import bench_sources, bench_texts
     backends = args.backends.split(",")
     for name in backends:  # a misspelt backend or setting fails now, not after the exports
         try:
@@ -172,8 +172,8 @@ def main() -> None:
     args.work_dir.mkdir(parents=True, exist_ok=True)
     say = lambda text: print(f"[{time.strftime('%H:%M:%S')}] {text}", file=sys.stderr, flush=True)  # noqa: E731
     built = build_fp32(model, args.work_dir, say)
-    sources = _sources(None, model, len(built.artifacts.source_tokens), 32)
-    inputs = _texts(model, len(built.artifacts.source_tokens), 32)
+    sources = bench_sources(None, model, len(built.artifacts.source_tokens), 32)
+    inputs = bench_texts(model, len(built.artifacts.source_tokens), 32)
     calib = calibration_for(inputs, None, [], args.work_dir / "calibration.txt", None)
     variants = {"ort-int8-dynamic"} & set(backends)
     build_variants(built, model, args.work_dir, calib, [*variants, "ct2-fp32"], 128, say=say)
@@ -218,16 +218,16 @@ def anchor_threads(partial: dict, threads: int) -> list[int]:
 
 def finish(args, model, partial: dict) -> None:
     """First-translation latency, the weights a token reads, the report."""
-    from ..bench.run import _sources, _texts
+    from ..bench.run import bench_sources, bench_texts
     from ..core.token_rules import SEED_RULES
     say = lambda text: print(f"[{time.strftime('%H:%M:%S')}] {text}", file=sys.stderr, flush=True)  # noqa: E731
     say("first translation latency")
     vocab = model.vocab.source.tokens()
-    sources = _sources(None, model, len(vocab), 32)
+    sources = bench_sources(None, model, len(vocab), 32)
     first_source = sources[0]
     ct2_ids = first_source[1:-1] if model.rules == SEED_RULES else first_source  # CT2 frames only the seed's
     first = first_latencies(model.fp32_dir or args.work_dir / "onnx-fp32", args.work_dir / "ctranslate2",
-                            _texts(model, len(vocab), 1)[0], " ".join(vocab[i] for i in ct2_ids),
+                            bench_texts(model, len(vocab), 1)[0], " ".join(vocab[i] for i in ct2_ids),
                             args.rounds, args.threads, anchor_threads(partial, args.threads))
     if model.checkpoint is not None:  # the MatMuls by its weights: the fastest any ONNX Runtime step could be
         from ..bench.kernel_floor import matmul_floor_ms

@@ -227,15 +227,15 @@ def first_sentence(model: Path) -> tuple[str, str]:
     CTranslate2 takes, from the model directory's own vocabulary."""
     from ..artifacts.model_dir import ModelDir
     from ..bench.artifacts import BenchModel
-    from ..bench.run import _sources, _texts
+    from ..bench.run import bench_sources, bench_texts
     from ..core.token_rules import SEED_RULES
     directory = ModelDir.read(model)
     vocab = directory.vocabulary()
     bench = BenchModel(model, None, model, directory.config.n_position, vocab, directory.rules)
     size = len(vocab.source.tokens())
-    ids = _sources(None, bench, size, 1)[0]
+    ids = bench_sources(None, bench, size, 1)[0]
     ids = ids[1:-1] if directory.rules == SEED_RULES else ids
-    return _texts(bench, size, 1)[0], " ".join(vocab.source.tokens()[i] for i in ids)
+    return bench_texts(bench, size, 1)[0], " ".join(vocab.source.tokens()[i] for i in ids)
 
 
 if __name__ == "__main__":

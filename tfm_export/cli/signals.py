@@ -13,7 +13,7 @@ SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 RETRY_S = 0.05  # a signal that arrives during an import is delivered again this much later
 IMPORTING = "<frozen importlib._bootstrap"  # the file name of the frames that run an import
 _pending: set[int] = set()  # signals deferred past an import and not yet delivered again
-_ending: list[bool] = [False]  # interrupted() is ending the command: a signal that comes again is let go
+_ending = False  # interrupted() is ending the command: a signal that comes again is let go
 
 
 def unwind(signum: int, frame: FrameType | None) -> None:
@@ -22,7 +22,7 @@ def unwind(signum: int, frame: FrameType | None) -> None:
     the whole process (PyTorch's `import torch` ends in std::terminate, exit 134, when a KeyboardInterrupt
     reaches Python code it calls back), so there the signal is sent again a moment later, after the import, and
     is pending until then (deliver_pending: a command that ends first is interrupted all the same)."""
-    if _ending[0]:
+    if _ending:
         return
     if _importing(frame):
         _pending.add(signum)
@@ -63,7 +63,8 @@ def _importing(frame: FrameType | None) -> bool:
 
 
 def handle_signals() -> None:
-    _ending[0] = False
+    global _ending
+    _ending = False
     for signum in SIGNALS:
         signal.signal(signum, unwind)
 
@@ -71,7 +72,8 @@ def handle_signals() -> None:
 def interrupted(exc: KeyboardInterrupt) -> None:
     """One line (with what was kept, when the interrupted command says) and exit 130; a signal sent again after
     an import, still on its way, is ignored."""
+    global _ending
     _pending.clear()
-    _ending[0] = True
+    _ending = True
     print(f"interrupted: {exc}" if str(exc) else "interrupted", file=sys.stderr)
     sys.exit(130)

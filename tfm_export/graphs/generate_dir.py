@@ -62,8 +62,8 @@ def write_generate_dir(model_dir: Path, output: Path, early_stopping: bool = Fal
             save_graph(proto, staging / GENERATE_FILE)
         bar.update()
         source.verified_graphs()
-        for name in source.graphs:  # the contract's graphs and any other the directory lists, each file once
-            for path in (source.path / source.entry(name).file, source.path / source.entry(name).data_file):
+        for entry in source.manifest.graphs.values():  # the contract's graphs and any other listed, each file once
+            for path in (source.path / entry.file, source.path / entry.data_file):
                 if path.is_file() and not (staging / path.name).exists():
                     shutil.copyfile(path, staging / path.name)
         for side, name in manifest.tokenizer.items():
