@@ -509,10 +509,11 @@ def parity_part(report: Report, env: Environment, work: Path, scale: Scale, inje
     # the device side is tfm-run's default on CUDA: the device backend where the directory has decoder_step_search
     # (fp32, fp16), the contract's decoder_step where not (int8 static); the rehearsal asks for the same on the CPU
     device = env.device
-    cache = {name: ["--cache", "device"] if env.rehearse and name in ("fp32", "fp16") else [] for name in demo}
+    rehearsal = {name: ["--backend", "onnxruntime-device"] if env.rehearse and name in ("fp32", "fp16") else []
+                 for name in demo}
     for name in placements:
         part.step(f"placement {name}", [SCRIPT, "placement", "--model", demo[name], "--device", device,
-                                        *cache[name], "--label", f"{name} on {device}:"],
+                                        *rehearsal[name], "--label", f"{name} on {device}:"],
                   [demo[name] / "manifest.json"], timeout=120)
     numbers = {"loop": held_out(work, scale.numbers), "generate": held_out(work, min(scale.generate_numbers,
                                                                                       scale.numbers))}
@@ -532,7 +533,7 @@ def parity_part(report: Report, env: Environment, work: Path, scale: Scale, inje
         model, beam = reference.split()[1], int(reference.split()[-1])
         translate(reference, model, beam, "cpu")
     for n, check in enumerate(checks):
-        options = [] if check.model == "generate" else [*cache[check.model], *(["--cuda-graphs"] * check.graphs)]
+        options = [] if check.model == "generate" else [*rehearsal[check.model], *(["--cuda-graphs"] * check.graphs)]
         translate(check.name, check.model, check.beam, device, *options, "--against", file(check.reference),
                   "--reference", check.reference, "--floor", check.floor, *(["--perturb"] * (inject and n == 0)))
     part.done()
@@ -640,9 +641,9 @@ def child_translate(args: argparse.Namespace) -> int:
     from tfm_export.runtime.session import SessionOptions
     from tfm_export.runtime.translator import DecodeOptions, Translator
     lines = args.input.read_text(encoding="utf-8").splitlines()
-    options = SessionOptions(device=args.device, cache=args.cache, cuda_graphs=args.cuda_graphs)
+    options = SessionOptions(device=args.device, cuda_graphs=args.cuda_graphs)
     start = time.perf_counter()
-    translator = Translator.load(args.model, (), args.backend, args.device, options)
+    translator = Translator.load(args.model, (), args.backend, options)
     got = [t.text for t in translator.translate(lines, DecodeOptions(beam_size=args.beam))]
     seconds = time.perf_counter() - start
     if args.perturb:
@@ -674,7 +675,7 @@ def verdict(label: str, got: list[str], want: list[str], reference: str, floor: 
 def child_placement(args: argparse.Namespace) -> int:
     from tfm_export.bench.placement import step_placement
     from tfm_export.runtime.session import SessionOptions
-    print(f"{args.label} {step_placement(args.model, SessionOptions(device=args.device, cache=args.cache)).line}")
+    print(f"{args.label} {step_placement(args.model, SessionOptions(device=args.device), args.backend).line}")
     return 0
 
 
@@ -763,10 +764,9 @@ def child_parser() -> argparse.ArgumentParser:
         command = commands.add_parser(name)
         command.add_argument("--model", type=Path, required=True)
         command.add_argument("--device", default="cpu")
-        command.add_argument("--cache", default=None)
+        command.add_argument("--backend", default="onnxruntime")
         command.add_argument("--label", default="")
     translate = commands.choices["translate"]
-    translate.add_argument("--backend", default="onnxruntime")
     translate.add_argument("--cuda-graphs", action="store_true")
     translate.add_argument("--beam", type=int, default=1)
     translate.add_argument("--input", type=Path, required=True)

@@ -28,6 +28,7 @@ from tfm_export.graphs.onnx_io import save_graph
 from tfm_export.graphs.pipeline import export_model_dir
 from tfm_export.model.loading import load_checkpoint
 from tfm_export.model.synthetic import random_checkpoint
+from tfm_export.runtime.backends import INPLACE
 from tfm_export.runtime.translator import Translator
 
 
@@ -130,8 +131,8 @@ def damage(path: Path) -> None:
 
 
 # The runtime's backends read a directory's graphs (all of them) and external weights; Translator.load the tokenizers
-BACKENDS = (concat_backend, functools.partial(step_backend, cache="in-place"),
-            functools.partial(step_backend, cache="in-place", fused=True))
+BACKENDS = (concat_backend, functools.partial(step_backend, backend=INPLACE),
+            functools.partial(step_backend, backend=INPLACE, fused=True))
 
 
 def edit_hash(manifest: dict, keys: tuple[str, ...], edit: str) -> None:

@@ -14,6 +14,7 @@ from tfm_export.bench.runners import CPU_BACKENDS, CUDA_GRAPHS, GPU_BACKENDS, Ar
 from tfm_export.cli.run_cli import main as run_main
 from tfm_export.core.errors import TfmExportError
 from tfm_export.graphs.inputs import random_sources
+from tfm_export.runtime.backends import DEVICE
 from tfm_export.runtime.session import SessionOptions, has_cuda_provider
 
 
@@ -72,7 +73,7 @@ def test_placement_counts_the_step_nodes_where_they_ran_and_keeps_a_cuda_request
     """On the CPU every node of the chosen step graph ran on the CPU provider, with no Memcpy; a placement asked
     for on CUDA where ONNX Runtime has no CUDA provider is the strict device error, not a CPU profile."""
     in_place = step_placement(demo_onnx, SessionOptions(intra_op_threads=1, fused=False))
-    device = step_placement(demo_onnx, SessionOptions(intra_op_threads=1, cache="device"))
+    device = step_placement(demo_onnx, SessionOptions(intra_op_threads=1), DEVICE)
     for placement in (in_place, device):
         assert placement.graph == "decoder_step_search" and placement.memcpy == 0
         assert list(placement.nodes) == ["CPUExecutionProvider"] and placement.nodes["CPUExecutionProvider"] > 50

@@ -79,6 +79,15 @@ def test_unknown_backend_is_refused(tiny_ckpt):
     assert result.exit_code == 2 and "Invalid value for '--backend'" in result.output
 
 
+def test_no_search_graph_is_the_concat_backend_and_contradicts_any_other(tiny_ckpt):
+    """--no-search-graph picks onnxruntime-concat; beside --backend torch it is a usage error, not ignored."""
+    result = CliRunner().invoke(run_main, ["translate", "--model", str(tiny_ckpt), "--backend", "torch",
+                                           "--no-search-graph", "t1"])
+    assert result.exit_code == 2 and "--no-search-graph picks onnxruntime-concat" in result.output
+    result = CliRunner().invoke(run_main, ["translate", "--model", str(tiny_ckpt), "--no-search-graph", "t1"])
+    assert result.exit_code == 1 and "is a checkpoint; the onnxruntime backend" in result.output
+
+
 def test_version():
     from tfm_export import __version__
     for group, name in ((run_main, "tfm-run"), (export_main, "tfm-export")):

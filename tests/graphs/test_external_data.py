@@ -11,7 +11,6 @@ import logging
 import os
 import shutil
 import subprocess
-from dataclasses import replace
 from pathlib import Path
 
 import onnx
@@ -30,7 +29,7 @@ from tfm_export.graphs.parity import DEFAULT_TOLERANCE
 from tfm_export.graphs.pipeline import PARITY_OPTIONS, check_parity
 from tfm_export.graphs.weights import ALIGNMENT, INLINE_MAX_BYTES
 from tfm_export.model.loading import load_checkpoint
-from tfm_export.runtime.backends import open_backend
+from tfm_export.runtime.backends import CONCAT, open_backend
 from tfm_export.runtime.graph_cache import CACHE_DIR
 
 SAMPLES = REPO / "models" / "demo" / "samples.en.txt"
@@ -91,7 +90,7 @@ def test_the_export_check_reads_the_weights_where_they_lie(demo_external, caplog
         worst = check_parity(load_checkpoint(DEMO_CKPT), demo_external)
     assert hashed == [] and "pre-packed graphs" not in caplog.text
     assert worst <= DEFAULT_TOLERANCE.atol
-    backend = open_backend(demo_external, "onnxruntime", options=replace(PARITY_OPTIONS, cache="concat")).backend
+    backend = open_backend(demo_external, CONCAT, PARITY_OPTIONS).backend
     table = load_checkpoint(DEMO_CKPT).config.tied_table
     assert [tuple(value.shape()) for value in backend.shared.values()] == [table]
 

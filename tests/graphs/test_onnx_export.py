@@ -34,6 +34,7 @@ from tfm_export.model.checkpoint import file_sha256
 from tfm_export.model.loading import load_checkpoint
 from tfm_export.model.synthetic import random_checkpoint
 from tfm_export.runtime import decoding
+from tfm_export.runtime.backends import INPLACE
 from tfm_export.runtime.step_graph import FUSED, SEARCH
 
 
@@ -159,14 +160,14 @@ def test_the_tied_table_is_one_memory_for_both_sessions(tiny, graph):
     assert table in {i.name for i in onnx.load(str(directory / "encoder.onnx")).graph.initializer}
     plain = ort.InferenceSession(str(directory / graph.filename))  # reads the .data itself
     assert plain.get_inputs()[0].name == "input_ids"
-    backend = step_backend(directory, "in-place", fused=graph is FUSED)
+    backend = step_backend(directory, INPLACE, fused=graph is FUSED)
     src = np.array([[2, 5, 6, 7, 3]])
     before = backend.run_encoder(src)["last_hidden_state"]
     logits = backend.run_step(backend.encode(src), np.array([[2]]))[1]
     backend.sessions.shared[table].numpy()[:] = 0
     assert not np.allclose(backend.run_encoder(src)["last_hidden_state"], before)
     assert not np.allclose(backend.run_step(backend.encode(src), np.array([[2]]))[1], logits)
-    fresh = step_backend(directory, "in-place", fused=graph is FUSED)
+    fresh = step_backend(directory, INPLACE, fused=graph is FUSED)
     assert np.allclose(fresh.run_step(fresh.encode(src), np.array([[2]]))[1], logits)
 
 

@@ -24,6 +24,7 @@ from tfm_export.model.cache import ConcatCache
 from tfm_export.model.checkpoint import save_checkpoint
 from tfm_export.model.loading import load_checkpoint
 from tfm_export.model.synthetic import random_checkpoint
+from tfm_export.runtime.backends import INPLACE
 from tfm_export.runtime.decoding import StepRule
 
 SEARCH = Graph.DECODER_STEP_SEARCH
@@ -70,7 +71,7 @@ RULES = {"seed": StepRule(SEED_RULES, 1), "eos barred": StepRule(SEED_RULES, 1, 
 @pytest.mark.parametrize("name", ["random", "tied"])
 def test_the_graphs_candidates_are_its_logits_ranked_under_the_rules(models, name, rule):
     ckpt, directory = models[name]
-    backend = step_backend(directory, "in-place")
+    backend = step_backend(directory, INPLACE)
     k = search_top_k(ckpt.config)
     assert k == 2 * SEARCH_BEAMS < ckpt.config.trg_vocab_size
     state = backend.expand(backend.encode(short_sources(40, 3, 0)), 2)
@@ -95,7 +96,7 @@ def test_the_step_writes_each_new_key_and_value_in_place(models):
     ckpt, directory = models["random"]
     model, cfg = ckpt.model, ckpt.config
     src = short_sources(40, 2, 3)
-    backend = step_backend(directory, "in-place")
+    backend = step_backend(directory, INPLACE)
     state = backend.encode(src)
     tokens = np.array([[BOS_ID, 5, 9, 11, 6], [BOS_ID, 8, 8, 12, EOS_ID]])
     for t in range(tokens.shape[1]):

@@ -29,6 +29,7 @@ from tfm_export.model.synthetic import random_checkpoint, random_texts
 from tfm_export.precision.int8 import logits_nodes
 from tfm_export.precision.pipeline import Calibration, quantize_model_dir
 from tfm_export.runtime import decoding
+from tfm_export.runtime.backends import CONCAT, INPLACE
 from tfm_export.trt.compat import check_model_dir
 from tfm_export.verify.fp32 import decode_agreement, judged
 
@@ -83,7 +84,7 @@ def test_parity_over_30_cached_steps(exported):
         assert_stepwise_parity(ckpt, directory, batch)
 
 
-@pytest.mark.parametrize("cache", ["concat", "in-place"], ids=["decoder_step", "decoder_step_search"])
+@pytest.mark.parametrize("cache", [CONCAT, INPLACE], ids=["decoder_step", "decoder_step_search"])
 def test_greedy_and_beam_4_decode_as_the_reference_decoders(exported, cache):
     """Token-identical to the reference decoders, except where the reference itself cannot tell two tokens apart
     (verify's judgement): some of these tiny varied models have greedy gaps of 7e-5 and beams that another CPU's

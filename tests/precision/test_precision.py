@@ -40,6 +40,7 @@ from tfm_export.precision.int8 import (
 )
 from tfm_export.precision.pipeline import Calibration, quantize_model_dir
 from tfm_export.runtime import decoding
+from tfm_export.runtime.backends import DEVICE, INPLACE
 from tfm_export.runtime.step_graph import SEARCH
 from tfm_export.runtime.translator import DecodeOptions, Translator
 from tfm_export.verify.precision import compare_decodes
@@ -106,7 +107,7 @@ def test_int8_dynamic_search_step_shares_the_encoders_int8_table(variants):
     proto = onnx.load(str(directory / SEARCH.filename), load_external_data=False)
     readers = [n.op_type for n in proto.graph.node if entry["name"] in n.input]
     assert readers and set(readers) == {"Gather"}
-    backend = step_backend(directory, "in-place")
+    backend = step_backend(directory, INPLACE)
     src, first = np.array([[2, 5, 6, 7, 3]]), np.array([[2]])
     encoded = backend.run_encoder(src)["last_hidden_state"]
     logits = backend.run_step(backend.encode(src), first)[1]
@@ -415,17 +416,17 @@ def test_fp16_directories_carry_the_fused_step_which_decodes_as_their_search_ste
     the fp16 decoder_step_search's, in place and in the device backend's fixed shapes."""
     from tfm_export.demo import numbers as demo_numbers
     from tfm_export.runtime import DecodeOptions, Translator
-    from tfm_export.runtime.backends import open_backend
+    from tfm_export.runtime.backends import DEVICE, INPLACE, open_backend
     from tfm_export.runtime.session import SessionOptions
     from tfm_export.runtime.step_graph import FUSED, SEARCH
     texts = [en for en, _ in demo_numbers.held_out_pairs()[:200]]
     decoded = {}
-    for cache, fused in (("in-place", False), ("in-place", True), ("device", True)):
-        opened = open_backend(variants["fp16"], options=SessionOptions(cache=cache, fused=fused))
+    for cache, fused in ((INPLACE, False), (INPLACE, True), (DEVICE, True)):
+        opened = open_backend(variants["fp16"], cache, SessionOptions(fused=fused))
         graph = opened.backend.decoder.get_modelmeta().custom_metadata_map["tfm_export.graph"]
         assert graph == (FUSED if fused else SEARCH).value
         decoded[cache, fused] = [t.ids for t in Translator.of(opened).translate(texts, DecodeOptions(beam_size=4))]
-    assert decoded["in-place", True] == decoded["in-place", False] == decoded["device", True]
+    assert decoded[INPLACE, True] == decoded[INPLACE, False] == decoded[DEVICE, True]
     assert read_manifest(variants["fp16"])["graphs"][FUSED.value]["inputs"][5]["name"] == "total_sequence_length"
 
 
@@ -433,7 +434,7 @@ def test_the_device_backend_runs_fp16_caches(variants):
     """The GPU path's backend (all memory in OrtValues, here on the CPU) with an fp16 cache: as the contract's step."""
     from tfm_export.graphs.inputs import random_sources
     src = random_sources(88, 3, 8, seed=1)
-    plain, device = concat_backend(variants["fp16"]), step_backend(variants["fp16"], "device")
+    plain, device = concat_backend(variants["fp16"]), step_backend(variants["fp16"], DEVICE)
     assert device.sessions.cache_dtype == np.float16
     for search in (decoding.greedy, lambda b, s, n: [h[0] for h in decoding.beam_search(b, s, 3, n)]):
         assert [h.tokens for h in search(device, src, 10)] == [h.tokens for h in search(plain, src, 10)]

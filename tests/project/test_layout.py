@@ -300,7 +300,7 @@ def test_the_device_runtime_loads_neither_torch_nor_onnx(demo_onnx):
     onnx: run here on CPU OrtValues, the same code."""
     code = (f"import numpy as np\nfrom tfm_export.runtime import decoding\n"
             f"from tfm_export.runtime.backends import open_backend\nfrom tfm_export.runtime.session import "
-            f"SessionOptions\nbackend = open_backend({str(demo_onnx)!r}, options=SessionOptions(cache='device'))"
+            f"SessionOptions\nbackend = open_backend({str(demo_onnx)!r}, 'onnxruntime-device')"
             f".backend\nassert decoding.beam_search(backend, np.array([[2, 30, 31, 3]]), 2, 5)")
     loaded = modules_after(code)
     assert "onnxruntime" in loaded and not loaded & {"torch", "onnx"}

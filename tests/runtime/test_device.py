@@ -16,7 +16,7 @@ from tfm_export.core.token_rules import TokenRules
 from tfm_export.graphs.parity import DEFAULT_TOLERANCE, compare_stepwise
 from tfm_export.model import reference_decoding
 from tfm_export.runtime import decoding
-from tfm_export.runtime.backends import device
+from tfm_export.runtime.backends import CONCAT, DEVICE, device
 from tfm_export.runtime.backends.reference import TorchBackend
 from tfm_export.runtime.counts import WorkCounts
 
@@ -30,7 +30,7 @@ def test_a_shape_keeps_its_memory_from_batch_to_batch(flat):
     """A captured CUDA graph replays on the addresses it was captured with: the second batch of a shape decodes in
     the first one's workspace, bound once."""
     ckpt, directory = flat
-    backend = step_backend(directory, "device")
+    backend = step_backend(directory, DEVICE)
     src = short_sources(19, 4, 0)
     seen = []
     for _ in range(2):
@@ -46,7 +46,7 @@ def test_finished_rows_stay_until_half_the_sources_are_done(flat):
     then the decode moves to a workspace of the live sources only. Each step's logits are the reference's, for
     the rows the search kept, in its order (rows reordered within their source, as beams are)."""
     ckpt, directory = flat
-    ours, reference = step_backend(directory, "device"), TorchBackend(ckpt.model)
+    ours, reference = step_backend(directory, DEVICE), TorchBackend(ckpt.model)
     ours.counts = WorkCounts()
     src = short_sources(19, 8, 7)
     states = [b.expand(b.encode(src), 2) for b in (ours, reference)]
@@ -65,7 +65,7 @@ def test_finished_rows_stay_until_half_the_sources_are_done(flat):
 
 def test_rows_finishing_in_a_greedy_batch_decode_as_the_reference(flat):
     ckpt, directory = flat
-    backend = step_backend(directory, "device")
+    backend = step_backend(directory, DEVICE)
     backend.counts = WorkCounts()
     src = short_sources(19, 32, 7)
     got = decoding.greedy(backend, src, 20)
@@ -78,7 +78,7 @@ def test_the_rules_are_uploaded_only_when_they_change(flat):
     """The vocabulary-sized token bias goes to the device at the first step and when the rules change (</s>
     allowed from the minimum length on), not every step."""
     ckpt, directory = flat
-    backend = step_backend(directory, "device", cache_step=64)
+    backend = step_backend(directory, DEVICE, cache_step=64)
     backend.counts = WorkCounts()
     state = backend.encode(short_sources(19, 3, 1))
     for t in range(8):
@@ -93,7 +93,7 @@ def test_sources_padded_to_a_bucket_decode_as_the_reference(flat, length):
     ckpt, directory = flat
     rng = np.random.default_rng(length)
     src = np.concatenate([np.full((2, 1), 2), rng.integers(4, 19, (2, length - 2)), np.full((2, 1), 3)], axis=1)
-    backend = step_backend(directory, "device")
+    backend = step_backend(directory, DEVICE)
     assert backend.encode(src).shape.source_length == min(-(-length // device.SOURCE_BUCKET) * device.SOURCE_BUCKET,
                                                           24)
     got = decoding.beam_search(backend, src, 3, 10, n_best=3)
@@ -105,11 +105,11 @@ def test_a_state_made_from_given_encoder_outputs_steps_as_pytorch(flat):
     """encoded(): the checks give a backend encoder outputs another backend computed. Uploaded into the padded
     source buffers (7 positions padded to a bucket), the steps that follow match PyTorch's full-sequence forward."""
     ckpt, directory = flat
-    backend = step_backend(directory, "device")
+    backend = step_backend(directory, DEVICE)
     pad = ckpt.config.src_pad_idx
     src = np.array([[2, 5, 6, 7, 8, 9, 3], [2, 10, 11, 3, pad, pad, pad]])
     trg = np.array([[ckpt.rules.start, 4, 5, 6, 7], [ckpt.rules.start, 8, 9, 10, 11]])
-    encoded = step_backend(directory, "concat").run_encoder(src)
+    encoded = step_backend(directory, CONCAT).run_encoder(src)
     diffs = compare_stepwise(ckpt.model, backend, src, trg, encoded=encoded)
     assert backend.encoded(src, encoded).shape.source_length == device.SOURCE_BUCKET > src.shape[1]
     assert all(d.within(DEFAULT_TOLERANCE) for d in diffs), diffs

@@ -21,7 +21,7 @@ from tfm_export.core.token_rules import TokenRules
 from tfm_export.core.tokenizer import BOS_ID, EOS_ID, FIRST_TOKEN_ID
 from tfm_export.model import reference_decoding
 from tfm_export.runtime import decoding, step
-from tfm_export.runtime.backends import inplace
+from tfm_export.runtime.backends import DEVICE, INPLACE, inplace
 from tfm_export.runtime.backends.inplace import gathered, layer_views, move_order, widen
 from tfm_export.runtime.backends.reference import TorchBackend
 from tfm_export.runtime.step_graph import FUSED, SEARCH
@@ -77,9 +77,9 @@ def open_backend(name: str, ckpt, directory):
         return concat_backend(directory)
     growth = {"cache_step": 3} if name.endswith("-growing") else {}
     if name.startswith("device"):
-        return step_backend(directory, "device", **growth)
+        return step_backend(directory, DEVICE, **growth)
     if name.startswith(("search", "fused")):
-        backend = step_backend(directory, "in-place", fused=name.startswith("fused"), **growth)
+        backend = step_backend(directory, INPLACE, fused=name.startswith("fused"), **growth)
         return LogitsOnly(backend) if name.endswith("-logits") else backend
     from support.tensorrt import cache_handling_backend
     return cache_handling_backend(directory)[0]
@@ -112,7 +112,7 @@ def test_beam_reorders_in_one_row_pieces_equal_the_reference(flat, monkeypatch):
     """The search backend copies moved rows in pieces (move_order): here one row per piece wherever a cut is safe."""
     monkeypatch.setattr(inplace, "REORDER_BYTES", 1)
     ckpt, directory = flat
-    backend = CountingReorders(step_backend(directory, "in-place", cache_step=3))
+    backend = CountingReorders(step_backend(directory, INPLACE, cache_step=3))
     for k, count, seed in ((4, 7, 0), (3, 5, 2)):
         src = short_sources(ckpt.config.src_vocab_size, count, seed)
         got = decoding.beam_search(backend, src, k, MAX_LENGTH, 0.6, n_best=k)
@@ -304,7 +304,7 @@ def test_growing_cache_buffers_grow_in_place(flat, monkeypatch, graph):
     """When the buffers fill up they grow in their own memory: the same arrays, no new cache-sized array
     allocated and the other bound arrays (logits, the top candidates) kept, so growing never holds a second copy
     of any tensor; the logits after growing still equal the reference (test_beam_search_equals_the_reference...)."""
-    backend = step_backend(flat[1], "in-place", fused=graph is FUSED, cache_step=3)
+    backend = step_backend(flat[1], INPLACE, fused=graph is FUSED, cache_step=3)
     state, tokens = backend.encode(short_sources(19, 4, 0)), np.full(4, BOS_ID, np.int64)
     for _ in range(3):
         state, _ = backend.step(state, tokens, ONE)
@@ -344,7 +344,7 @@ def test_rows_in_any_grouping_give_the_reference_logits(flat, graph):
     source (a source's beams); other row selections fall back to a group per row. After each selection the
     logits equal the reference model's on the same rows: expansions, dropped sources, unequal groups."""
     ckpt, directory = flat
-    ours, reference = step_backend(directory, "in-place", fused=graph is FUSED), TorchBackend(ckpt.model)
+    ours, reference = step_backend(directory, INPLACE, fused=graph is FUSED), TorchBackend(ckpt.model)
     src = short_sources(ckpt.config.src_vocab_size, 3, 4)
     rng = np.random.default_rng(0)
     for rows, later, groups in (([0, 0, 1, 1, 2, 2], [2, 3, 4, 5], (2, 2)), ([0, 0, 0, 1, 2, 2], [5, 0, 1], (1, 1)),

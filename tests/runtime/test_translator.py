@@ -16,6 +16,7 @@ from tfm_export.cli.run_cli import main as run_main
 from tfm_export.core.errors import TfmExportError
 from tfm_export.core.files import file_sha256
 from tfm_export.demo import numbers as demo_numbers
+from tfm_export.runtime.backends import DEVICE
 from tfm_export.runtime.backends.concat import ConcatBackend
 from tfm_export.runtime.counts import WorkCounts
 from tfm_export.runtime.search import LoopSearcher
@@ -197,7 +198,7 @@ def test_the_device_backend_decodes_the_demo_as_plain_arrays_do(demo_onnx):
     from tfm_export.core.batching import pad_batch
     from tfm_export.core.tokenizer import BOS_ID, EOS_ID
     from tfm_export.runtime.decoding import beam_search, greedy
-    plain, bound = concat_backend(demo_onnx), step_backend(demo_onnx, "device")
+    plain, bound = concat_backend(demo_onnx), step_backend(demo_onnx, DEVICE)
     tok = Translator.load(demo_onnx).vocab.source
     src = pad_batch([[BOS_ID, *tok.encode(t), EOS_ID] for t in TEXTS[:48]])
     assert [h.tokens for h in greedy(plain, src, 40)] == [h.tokens for h in greedy(bound, src, 40)]
@@ -210,7 +211,8 @@ def test_cuda_translation_matches_cpu(demo_onnx, ort_translator):
     import torch
     if not torch.cuda.is_available() or "CUDAExecutionProvider" not in ort.get_available_providers():
         pytest.skip("needs an NVIDIA GPU with onnxruntime-gpu (CUDAExecutionProvider)")
-    cuda = Translator.load(demo_onnx, device="cuda")
+    from tfm_export.runtime.session import SessionOptions
+    cuda = Translator.load(demo_onnx, session_options=SessionOptions(device="cuda"))
     assert texts_of(cuda.translate(TEXTS[:100])) == texts_of(ort_translator.translate(TEXTS[:100]))
 
 

@@ -9,21 +9,21 @@ from pathlib import Path
 
 from tfm_export.graphs.inputs import random_sources, random_targets
 from tfm_export.graphs.parity import compare_stepwise
-from tfm_export.runtime.backends import open_backend
+from tfm_export.runtime.backends import CONCAT, GENERATE, open_backend
 from tfm_export.runtime.session import CAPACITY_STEP, DEFAULT_OPTIONS
 
 
-def step_backend(directory: Path, cache: str = "concat", fused: bool = False, cache_step: int = CAPACITY_STEP,
+def step_backend(directory: Path, backend: str = CONCAT, fused: bool = False, cache_step: int = CAPACITY_STEP,
                  **options):
-    """The step backend of a model directory that drives `cache` (runtime.backends.CACHES); fused: the fused twin
-    of decoder_step_search where the directory has it."""
-    chosen = dataclasses.replace(DEFAULT_OPTIONS, cache=cache, fused=fused, cache_step=cache_step, **options)
-    return open_backend(directory, "onnxruntime", options=chosen).backend
+    """The step backend of a model directory by its name (runtime.backend_names); fused: the fused twin of
+    decoder_step_search where the directory has it."""
+    chosen = dataclasses.replace(DEFAULT_OPTIONS, fused=fused, cache_step=cache_step, **options)
+    return open_backend(directory, backend, chosen).backend
 
 
 def concat_backend(directory: Path, **options):
     """The contract's decoder_step: the backend that runs every graph as the contract describes it."""
-    return step_backend(directory, "concat", **options)
+    return step_backend(directory, CONCAT, **options)
 
 
 def assert_stepwise_parity(ckpt, directory: Path, batch: int, atol: float = 1e-4) -> None:
@@ -40,4 +40,4 @@ def assert_stepwise_parity(ckpt, directory: Path, batch: int, atol: float = 1e-4
 
 def generate_searcher(directory: Path):
     """generate.onnx's searcher, opened as `tfm-run --backend onnxruntime-generate` opens it."""
-    return open_backend(directory, "onnxruntime-generate").searcher
+    return open_backend(directory, GENERATE).searcher

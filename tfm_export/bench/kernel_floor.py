@@ -63,7 +63,7 @@ def best_run_ms(path: Path, feeds: dict[str, np.ndarray], options: SessionOption
     memory of its own, sized by one uncaptured run first."""
     session = open_session(path, options, capture=captured)
     binding = session.io_binding()
-    values = {name: ort.OrtValue.ortvalue_from_numpy(value, options.device, 0) for name, value in feeds.items()}
+    values = {name: ort.OrtValue.ortvalue_from_numpy(value, options.placed, 0) for name, value in feeds.items()}
     for name, value in values.items():
         binding.bind_ortvalue_input(name, value)
     aliased = {alias(name): value for name, value in values.items() if alias(name)}
@@ -72,13 +72,13 @@ def best_run_ms(path: Path, feeds: dict[str, np.ndarray], options: SessionOption
         if name in aliased:
             binding.bind_ortvalue_output(name, aliased[name])
         else:
-            binding.bind_output(name, options.device)
+            binding.bind_output(name, options.placed)
     run = None
     if captured:
         session.run_with_iobinding(binding, graph_run_options(-1))
         for name, value in zip(outputs, binding.get_outputs(), strict=True):
             if name not in aliased:
-                binding.bind_ortvalue_output(name, ort.OrtValue.ortvalue_from_numpy(value.numpy(), options.device, 0))
+                binding.bind_ortvalue_output(name, ort.OrtValue.ortvalue_from_numpy(value.numpy(), options.placed, 0))
         run = graph_run_options(1)
     times = []
     for _ in range(RUNS):

@@ -19,7 +19,7 @@ import onnxruntime as ort
 from ..core.graph_spec import Graph
 from ..core.token_rules import SEED_RULES
 from ..core.tokenizer import BOS_ID, EOS_ID, FIRST_TOKEN_ID
-from ..runtime.backends import open_backend
+from ..runtime.backends import ONNXRUNTIME, open_backend
 from ..runtime.backends.loaders import open_graph
 from ..runtime.search import SearchOptions
 from ..runtime.session import SessionOptions
@@ -39,9 +39,9 @@ class Placement:
         return f"{self.graph}: {sum(self.nodes.values())} nodes ran: {where}; {self.memcpy} Memcpy"
 
 
-def step_placement(directory: Path, options: SessionOptions) -> Placement:
-    """The step graph the options choose, profiled over a two-step greedy decode of one random source on
-    options.device (given to the door as the device too: the door puts a backend on the device it is given)."""
+def step_placement(directory: Path, options: SessionOptions, backend: str = ONNXRUNTIME) -> Placement:
+    """The step graph the backend and options choose, profiled over a two-step greedy decode of one random source
+    on options.device."""
     with tempfile.TemporaryDirectory(prefix="tfm-placement-") as tmp:
         steps = []  # the step session the door opens, profiled
 
@@ -52,7 +52,7 @@ def step_placement(directory: Path, options: SessionOptions) -> Placement:
             so.enable_profiling, so.profile_file_prefix = True, f"{tmp}/step"
             steps.append(open_graph(path, spec, chosen, so))
             return steps[-1]
-        opened = open_backend(directory, "onnxruntime", options.device, options, loader=profiled)
+        opened = open_backend(directory, backend, options, loader=profiled)
         vocab = opened.config.src_vocab_size
         src = np.array([[BOS_ID, *np.random.default_rng(0).integers(FIRST_TOKEN_ID, vocab, 6), EOS_ID]])
         opened.searcher.search(src, SearchOptions(2, min_length=2), SEED_RULES)

@@ -20,6 +20,7 @@ from ..core.batching import pad_batch
 from ..core.errors import TfmExportError
 from ..core.token_rules import SEED_RULES, TokenRules
 from ..core.tokenizer import BOS_ID, EOS_ID
+from ..runtime.backend_names import CONCAT, DEVICE, GENERATE, ONNXRUNTIME, TENSORRT, TORCH
 from ..runtime.search import Searcher, SearchOptions
 
 DEVICES = ("cpu", "cuda")
@@ -37,7 +38,7 @@ class BenchBackend:
     why_one_device: str = ""  # why it runs on its one device only
     variant: str | None = None  # ONNX Runtime: the model directory it loads ("fp32", "int8-dynamic", "generate")
     compute_type: str | None = None  # CTranslate2's; "fp16" for generate()
-    cache: str | None = None  # ONNX Runtime: SessionOptions.cache (None: by the directory and device)
+    runtime: str = ONNXRUNTIME  # ONNX Runtime: the runtime backend it opens (runtime.backend_names)
     cuda_graphs: bool = False  # ONNX Runtime: the device backend's steps captured (on the CPU: run uncaptured)
     full_recompute: bool = False  # PyTorch without a KV cache
     offered: bool = True  # in `tfm-run bench` (False: a benchmark run's own comparison)
@@ -55,12 +56,12 @@ BENCH_BACKENDS = {b.name: b for b in (
                  variant="int8-dynamic"),
     BenchBackend("ort-fp16", "ONNX Runtime fp16 on CUDA", "ort", ("cuda",), GPU_FP16, variant="fp16"),
     BenchBackend("ort-fp32-graphs", "ONNX Runtime fp32, the device backend's steps captured as CUDA graphs and "
-                 "replayed (on the CPU: the same backend, uncaptured)", "ort", variant="fp32", cache="device",
+                 "replayed (on the CPU: the same backend, uncaptured)", "ort", variant="fp32", runtime=DEVICE,
                  cuda_graphs=True),
     BenchBackend("ort-fp16-graphs", "ONNX Runtime fp16 on CUDA, the device backend's steps captured as CUDA graphs "
-                 "and replayed", "ort", ("cuda",), GPU_FP16, variant="fp16", cache="device", cuda_graphs=True),
+                 "and replayed", "ort", ("cuda",), GPU_FP16, variant="fp16", runtime=DEVICE, cuda_graphs=True),
     BenchBackend("ort-generate", "ONNX Runtime fp32, the whole search in generate.onnx (BeamSearch op, one input "
-                 "per call)", "ort", variant="generate"),
+                 "per call)", "ort", variant="generate", runtime=GENERATE),
     BenchBackend("tensorrt", "TensorRT fp16 engines (built from the fp32 graphs' fp16 version)", "tensorrt",
                  ("cuda",), "TensorRT engines run on GPUs; time them with --device cuda"),
     BenchBackend("ct2-fp32", "CTranslate2 float32 (same weights)", "ct2", compute_type="float32"),
@@ -73,7 +74,7 @@ BENCH_BACKENDS = {b.name: b for b in (
                  "in place, a call's inputs as one batch", "cpp"),
     BenchBackend("ort-fp32-contract", "ONNX Runtime fp32, the contract's decoder_step (whole-cache Concat, arrays in "
                  "and out, logits reduced in NumPy) instead of decoder_step_search", "ort", variant="fp32",
-                 cache="concat", offered=False),
+                 runtime=CONCAT, offered=False),
 )}
 TIMED_BACKENDS = {name: b.description for name, b in BENCH_BACKENDS.items() if b.offered}  # tfm-run bench's names
 # what `--device cuda` times by default: every GPU backend, and generate() as the anchor
@@ -237,6 +238,7 @@ def _open_torch(backend: BenchBackend, settings: Settings, artifacts: Artifacts,
 
     from ..runtime.backends import open_backend
     from ..runtime.search import LoopSearcher
+    from ..runtime.session import SessionOptions
     if threads:
         torch.set_num_threads(threads)
     if backend.full_recompute:
@@ -244,13 +246,14 @@ def _open_torch(backend: BenchBackend, settings: Settings, artifacts: Artifacts,
         from .torch_full import TorchFullBackend
         return _searching(LoopSearcher(TorchFullBackend(load_checkpoint(artifacts.checkpoint).model)),
                           artifacts.rules)
-    return _searching(open_backend(artifacts.checkpoint, "torch", device).searcher, artifacts.rules)
+    return _searching(open_backend(artifacts.checkpoint, TORCH, SessionOptions(device=device)).searcher,
+                      artifacts.rules)
 
 
 def _open_tensorrt(backend: BenchBackend, settings: Settings, artifacts: Artifacts, threads: int,
                    device: str) -> Decode:
     from ..runtime.backends import open_backend
-    return _searching(open_backend(artifacts.tensorrt, "tensorrt").searcher, artifacts.rules)
+    return _searching(open_backend(artifacts.tensorrt, TENSORRT).searcher, artifacts.rules)
 
 
 def _open_ort(backend: BenchBackend, settings: Settings, artifacts: Artifacts, threads: int, device: str) -> Decode:
@@ -258,9 +261,9 @@ def _open_ort(backend: BenchBackend, settings: Settings, artifacts: Artifacts, t
     from ..runtime.backends import open_backend
     from ..runtime.session import SessionOptions
     options = SessionOptions(intra_op_threads=threads, device=device, memory_arena=settings.memory_arena,
-                             spinning=settings.spinning, cache=backend.cache, cuda_graphs=backend.cuda_graphs)
-    kind = "onnxruntime-generate" if backend.variant == "generate" else "onnxruntime"
-    return _searching(open_backend(artifacts.onnx[backend.variant], kind, device, options).searcher, artifacts.rules)
+                             spinning=settings.spinning, cuda_graphs=backend.cuda_graphs)
+    return _searching(open_backend(artifacts.onnx[backend.variant], backend.runtime, options).searcher,
+                      artifacts.rules)
 
 
 OPENERS: dict[str, Callable[[BenchBackend, Settings, Artifacts, int, str], Decode]] = {

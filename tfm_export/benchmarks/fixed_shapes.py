@@ -18,17 +18,17 @@ import time
 from pathlib import Path
 
 from ..demo.numbers import held_out_pairs
-from ..runtime.backends import open_backend
+from ..runtime.backends import DEVICE, INPLACE, open_backend
 from ..runtime.counts import WorkCounts
 from ..runtime.session import SessionOptions
 from ..runtime.translator import DecodeOptions, Translator
 
-CACHES = ("in-place", "device")
+CACHES = (INPLACE, DEVICE)
 
 
 def _open(model: Path, cache: str, threads: int) -> tuple[Translator, object]:
-    options = SessionOptions(intra_op_threads=threads, cache=cache, fused=False)
-    opened = open_backend(model, "onnxruntime", "cpu", options)
+    options = SessionOptions(intra_op_threads=threads, fused=False, device="cpu")
+    opened = open_backend(model, cache, options)
     return Translator.of(opened), opened.backend
 
 

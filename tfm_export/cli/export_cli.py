@@ -25,7 +25,7 @@ from ..graphs.parity import (
     SAMPLES,
     STEPS,
 )
-from ..runtime.backends import BACKENDS
+from ..runtime.backends import backend_names
 from ..runtime.translator import MAX_BEAM
 from ..serving.contract import (
     DEFAULT_MAX_BATCH,
@@ -88,7 +88,7 @@ def train_demo_cmd(output: Path | None, steps: int, batch_size: int, seed: int, 
               default=Path("models/demo/ckpt.pt"), show_default=True,
               help="The demo checkpoint, or a model directory exported from it.")
 @vocab_option
-@click.option("--backend", type=click.Choice(list(BACKENDS)), default=None,
+@click.option("--backend", type=click.Choice(backend_names()), default=None,
               help="Default: tensorrt for an engine directory, onnxruntime for a model directory, torch for a "
                    "checkpoint.")
 @click.option("--beam-size", type=click.IntRange(1, 64), default=1, show_default=True, help="1 = greedy.")

@@ -16,7 +16,7 @@ from ..core.errors import InputTextError, TfmExportError
 from ..core.files import check_output_path, streamed_text
 from ..core.machine import MAX_THREADS
 from ..core.sources import CHUNK_BATCHES, read_line_chunks
-from ..runtime.backends import BACKENDS
+from ..runtime.backends import CONCAT, ONNXRUNTIME, backend_names
 from ..runtime.session import OPT_LEVELS, SessionOptions
 from ..runtime.translator import (
     LENGTH_PENALTY_RANGE,
@@ -102,9 +102,12 @@ def output_stream(output: Path | None) -> Iterator[Callable[[list[str]], None]]:
 @click.option("--model", "model_path", required=True, type=click.Path(path_type=Path),
               help="An exported model directory (tfm-export onnx) or a checkpoint file (.pt).")
 @vocab_option
-@click.option("--backend", type=click.Choice(list(BACKENDS)), default=None,
+@click.option("--backend", type=click.Choice(backend_names()), default=None,
               help="Default: tensorrt for an engine directory (tfm-export trt), onnxruntime for a model directory, "
-                   "torch for a checkpoint.")
+                   "torch for a checkpoint. onnxruntime picks by directory and device: onnxruntime-inplace on the "
+                   "CPU (decoder_step_search, its cache written in place), onnxruntime-device on a GPU (all decode "
+                   "memory there), onnxruntime-concat (the contract's decoder_step) where the directory has no "
+                   "decoder_step_search. onnxruntime-generate: generate.onnx, the whole search in one call.")
 @click.option("--device", type=click.Choice(["cpu", "cuda"]), default=None,
               help="Default: cuda for TensorRT engines, cpu otherwise.")
 @click.option("--beam-size", type=click.IntRange(1, MAX_BEAM), default=None,
@@ -192,9 +195,9 @@ def translate(texts: tuple[str, ...], model_path: Path, vocab: tuple[Path, ...],
     check_output_path(output, "--output", inputs)
     chunks = read_chunks(input_file, texts, batch_size)
     session = SessionOptions(intra_op_threads=threads, optimization=ort_opt_level, memory_arena=memory_arena,
-                             spinning=spinning, cache=None if search_graph else "concat", fused=fused,
-                             graph_cache=graph_cache == "on", tensorrt_ep=ort_trt, tf32=tf32, cuda_graphs=cuda_graphs)
-    translator = Translator.load(model_path, vocab, backend, device, session)
+                             spinning=spinning, fused=fused, device=device, graph_cache=graph_cache == "on",
+                             tensorrt_ep=ort_trt, tf32=tf32, cuda_graphs=cuda_graphs)
+    translator = Translator.load(model_path, vocab, contract_step(backend, search_graph), session)
     translator = translator.with_languages(source_lang, target_lang)
     check_output_path(output, "--output", [*inputs, *translator.vocab.files])  # a checkpoint's tokenizer too
     options = DecodeOptions(beam_size, length_penalty, max_length, batch_size, truncate, n_best)
@@ -206,6 +209,16 @@ def translate(texts: tuple[str, ...], model_path: Path, vocab: tuple[Path, ...],
             lines += len(done)
         if not lines:
             raise InputTextError(f"{input_file or '<stdin>'}: is empty; nothing to translate")
+
+
+def contract_step(backend: str | None, search_graph: bool) -> str | None:
+    """--no-search-graph: the contract's decoder_step, which is onnxruntime-concat; with another backend it is
+    contradiction, not a choice."""
+    if search_graph:
+        return backend
+    if backend not in (None, ONNXRUNTIME, CONCAT):
+        raise click.UsageError(f"--no-search-graph picks {CONCAT}; it does not apply to --backend {backend}")
+    return CONCAT
 
 
 @contextlib.contextmanager

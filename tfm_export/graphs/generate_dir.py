@@ -26,10 +26,9 @@ from ..core.generate_spec import GENERATE_FILE, MIN_ONNXRUNTIME, OP, OP_MAX_LENG
 from ..core.graph_spec import CONTRACT_GRAPHS, Graph
 from ..core.token_rules import SEED_RULES
 from ..core.tokenizer import BOS_ID, EOS_ID, PAD_ID
-from ..runtime.backends import open_backend
+from ..runtime.backends import CONCAT, GENERATE, open_backend
 from ..runtime.prepacked import prepack_new
 from ..runtime.search import SearchOptions
-from ..runtime.session import DEFAULT_OPTIONS
 from .generate import generate_graph, op_refusal
 from .inputs import random_sources
 from .onnx_io import load_graph, save_graph, tensors_of
@@ -92,9 +91,7 @@ def check_generate(directory: Path, cfg: ModelConfig, shown: Path | None = None)
     </s> barred until the length limit (so neither side's stopping rule decides). The loop takes one source at a
     time without padding, as the backend sends it: int8 dynamic graphs quantize activations with each call's own
     range, padding included."""
-    concat = dataclasses.replace(DEFAULT_OPTIONS, cache="concat")
-    loop, generate = (open_backend(directory, kind, options=options).searcher for kind, options in
-                      (("onnxruntime", concat), ("onnxruntime-generate", DEFAULT_OPTIONS)))
+    loop, generate = (open_backend(directory, backend).searcher for backend in (CONCAT, GENERATE))
     src = random_sources(cfg.src_vocab_size, CHECK_ROWS, min(cfg.n_position, CHECK_SOURCE), seed=0)
     steps = min(cfg.n_position, CHECK_STEPS)
     alone = [row[None, :int((row != PAD_ID).sum())] for row in src]

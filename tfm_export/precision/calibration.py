@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import random
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -24,8 +24,8 @@ from ..core.graph_spec import CONTRACT_GRAPHS, Graph, GraphSpec
 from ..core.sources import encode_lines, source_ids
 from ..core.tokenizer import UNK_ID, TextTokenizer
 from ..runtime import decoding
-from ..runtime.backends import open_backend, open_graph
-from ..runtime.session import DEFAULT_OPTIONS, SessionOptions
+from ..runtime.backends import CONCAT, open_backend, open_graph
+from ..runtime.session import SessionOptions
 
 MAX_FEEDS = 128  # per graph; a base model's decoder feeds (the whole cache) are ~10 MB each
 MAX_UNKNOWN_RATE = 0.5  # above this, the texts are probably not in the model's source language
@@ -120,8 +120,7 @@ def record_traces(directory: Path, texts: Sequence[str], tokenizer: TextTokenize
     """Greedy-decode `texts` on a directory's fp32 graphs (the contract's encoder and decoder_step) and record every
     encoder and decoder_step input."""
     traces = Traces(max_feeds)
-    opened = open_backend(directory, "onnxruntime", options=replace(DEFAULT_OPTIONS, cache="concat"),
-                          loader=recording(traces))
+    opened = open_backend(directory, CONCAT, loader=recording(traces))
     cfg = opened.config
     rows, unknown = calibration_sources(texts, tokenizer, cfg.n_position, name)
     problem = language_warning(texts, tokenizer, target, unknown)

@@ -79,7 +79,7 @@ def onnxruntime_build() -> str:
 def uses_cache(options: SessionOptions) -> bool:
     """Whether a load with these options looks for pre-packed graphs: on the CPU, unless turned off, or the load
     asks for weights read where they lie (no packing, no folding: what an entry was made with)."""
-    return (options.graph_cache and options.device == "cpu" and not options.tensorrt_ep and options.prepacking
+    return (options.graph_cache and not options.on_gpu and not options.tensorrt_ep and options.prepacking
             and options.constant_folding)
 
 

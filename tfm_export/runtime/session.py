@@ -38,17 +38,14 @@ class SessionOptions:
     # intra-op threads spin between a run's ops and stop when the run returns (session.force_spinning_stop):
     # quick hand-offs within a decoder step, a free core for the search between steps. False: they sleep.
     spinning: bool = True
-    # which ONNX Runtime backend (runtime.backends.CACHES): "concat" (the contract's decoder_step, its logits
-    # reduced in NumPy), "in-place" (decoder_step_search: the cache written in place, the search's reduction in the
-    # graph; host buffers) or "device" (decoder_step_search with all decode memory on the device; on the CPU, the
-    # GPU path rehearsed). None: in-place on the CPU, device on a GPU, concat without decoder_step_search.
-    cache: str | None = None
     cache_step: int = CAPACITY_STEP  # positions a full cache buffer grows by
     # decoder_step_search_fused (the same step in ONNX Runtime's attention kernels) where the directory has it: None,
     # where it pays (an fp32 directory on the CPU); True, wherever the directory has one (fp16 on CUDA, say); False,
     # never (decoder_step_search, standard ONNX operators only)
     fused: bool | None = None
-    device: str = "cpu"  # "cuda": every session on the CUDA execution provider, or an error saying why not
+    # "cuda": every session on the CUDA execution provider, or an error saying why not; "cpu". None: the backend's
+    # own (runtime.backends: the GPU for TensorRT, else the CPU). The one place a device is given.
+    device: str | None = None
     tf32: bool = False  # on CUDA, fp32 MatMuls in TF32 (faster, ~1e-3 relative): off, so that fp32 is fp32
     cuda_graphs: bool = False  # on CUDA, the device backend's steps captured as CUDA graphs and replayed
     tensorrt_ep: bool = False  # with device "cuda": ONNX Runtime's TensorRT execution provider first
@@ -61,6 +58,16 @@ class SessionOptions:
     constant_folding: bool = True
     # on the CPU, open the model directory's pre-packed graphs where they match this machine (runtime.graph_cache)
     graph_cache: bool = os.environ.get("TFM_GRAPH_CACHE", "on") != "off"
+
+    @property
+    def on_gpu(self) -> bool:
+        return self.device == "cuda"
+
+    @property
+    def placed(self) -> str:
+        """Where a session opened with these options runs: the CPU where no device is given (the door gives a
+        backend its default device before any session opens)."""
+        return self.device or "cpu"
 
 
 DEFAULT_OPTIONS = SessionOptions()
@@ -93,9 +100,9 @@ def require_device(options: SessionOptions) -> None:
     available = ort.get_available_providers()
     if options.device not in ("cpu", "cuda"):
         raise TfmExportError(f"unknown device {options.device!r}; use cpu or cuda")
-    if options.tensorrt_ep and options.device != "cuda":
+    if options.tensorrt_ep and not options.on_gpu:
         raise TfmExportError("--ort-trt needs --device cuda")
-    if options.device == "cuda" and CUDA_PROVIDER not in available:
+    if options.on_gpu and CUDA_PROVIDER not in available:
         raise TfmExportError("--device cuda: this onnxruntime has no CUDAExecutionProvider (CPU build, or no GPU); "
                              "install tfm-export[gpu] on a machine with an NVIDIA GPU, or use --device cpu")
     if options.tensorrt_ep and TENSORRT_PROVIDER not in available:
@@ -146,7 +153,7 @@ def providers(options: SessionOptions, capture: bool = False) -> list:
     """The execution providers a session asks for, most preferred first, with their options: on CUDA, TF32 only
     when asked for, CUDA graphs only where `capture`."""
     chosen: list = ["CPUExecutionProvider"]
-    if options.device == "cuda":
+    if options.on_gpu:
         preload_cuda_libraries()
         cuda = {"use_tf32": "1" if options.tf32 else "0"}
         if capture and options.cuda_graphs:
@@ -172,7 +179,7 @@ def preload_cuda_libraries() -> None:
 def check_on_device(session: ort.InferenceSession, options: SessionOptions, path: Path) -> None:
     """A session asked for CUDA that ONNX Runtime built for the CPU alone (its CUDA libraries failed to load: it
     only logs a warning) is an error, never a silent CPU decode."""
-    if options.device != "cuda":
+    if not options.on_gpu:
         return
     wanted = TENSORRT_PROVIDER if options.tensorrt_ep else CUDA_PROVIDER
     if wanted not in session.get_providers():

@@ -19,9 +19,9 @@ def fused_usable(model_dir: ModelDir) -> bool:
     return TOTAL_LENGTH in {t["name"] for t in model_dir.entry(FUSED).inputs}
 
 
-def chosen_step(model_dir: ModelDir, options: SessionOptions) -> Graph:
+def chosen_step(model_dir: ModelDir, options: SessionOptions, in_place: bool = True) -> Graph:
     """decoder_step_search_fused where it is usable and the options ask for it (by default where it pays: an fp32
-    directory decoded on the CPU in place); else decoder_step_search."""
-    pays = model_dir.precision == "fp32" and options.device == "cpu" and options.cache != "device"
+    directory decoded on the CPU in place, not by the device backend); else decoder_step_search."""
+    pays = model_dir.precision == "fp32" and not options.on_gpu and in_place
     wanted = pays if options.fused is None else options.fused
     return FUSED if wanted and fused_usable(model_dir) else SEARCH

@@ -92,11 +92,11 @@ class Translator:
         self.max_target = min(config.n_position, limits.get("max_target_length", config.n_position))
 
     @classmethod
-    def load(cls, model: str | Path, vocab: Sequence[Path] = (), backend: str | None = None, device: str | None = None,
+    def load(cls, model: str | Path, vocab: Sequence[Path] = (), backend: str | None = None,
              session_options: SessionOptions = DEFAULT_OPTIONS) -> Translator:
         """A model directory (ONNX Runtime), an engine directory (TensorRT) or a checkpoint (PyTorch), opened by
-        runtime.backends; the device defaults to the GPU for TensorRT and the CPU otherwise."""
-        return cls.of(open_backend(model, backend, device, session_options, vocab))
+        runtime.backends on session_options.device (default: the GPU for TensorRT, the CPU otherwise)."""
+        return cls.of(open_backend(model, backend, session_options, vocab))
 
     @classmethod
     def of(cls, opened: Opened) -> Translator:

@@ -9,7 +9,6 @@ the device); only the logits come to the host for the search.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,8 +19,8 @@ from ..artifacts.engine_dir import EngineDir, is_engine_dir
 from ..artifacts.model_dir import ModelDir
 from ..core.errors import TfmExportError
 from ..core.graph_spec import CONTRACT_GRAPHS, LOGITS, GraphSpec
-from ..runtime.backends import open_backend
-from ..runtime.session import DEFAULT_OPTIONS, SessionOptions
+from ..runtime.backends import CONCAT, open_backend
+from ..runtime.session import SessionOptions
 from ..runtime.translator import Translator
 from .contract import NativeGraph, native_graphs
 
@@ -90,5 +89,4 @@ def bls_translator(directory: Path, parameters: dict[str, str], pb_utils: Any, g
 
     def load(path: Path, spec: GraphSpec, options: SessionOptions, so: Any) -> TritonGraph:
         return TritonGraph(pb_utils, names[path.name], graphs[spec.graph], gpu)
-    concat = dataclasses.replace(DEFAULT_OPTIONS, cache="concat")
-    return Translator.of(open_backend(directory, "onnxruntime", options=concat, loader=load))
+    return Translator.of(open_backend(directory, CONCAT, loader=load))

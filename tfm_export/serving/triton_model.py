@@ -20,6 +20,7 @@ import numpy as np
 
 from .. import __version__
 from ..core.errors import InputTextError, TfmExportError
+from ..runtime.session import SessionOptions
 from ..runtime.translator import Translation, Translator
 from .contract import N_BEST, N_BEST_COUNT, N_BEST_SCORES, SCORE, TEXT, TRANSLATION
 from .requests import TextRequest, TranslationFailed, parse_request, translate_requests
@@ -83,7 +84,8 @@ def load_translator(directory: Path, parameters: dict[str, str], max_rows: int, 
         return bls_translator(directory, parameters, pb_utils, gpu).bounded(max_rows)
     if gpu is not None:  # each instance is its own process: "cuda" is then the GPU Triton placed it on
         os.environ["CUDA_VISIBLE_DEVICES"] = str(gpu)
-    return Translator.load(directory, device="cuda" if gpu is not None else "cpu").bounded(max_rows)
+    device = SessionOptions(device="cuda" if gpu is not None else "cpu")
+    return Translator.load(directory, session_options=device).bounded(max_rows)
 
 
 def _strings(rows: list[list[str]]) -> np.ndarray:

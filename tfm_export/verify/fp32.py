@@ -35,7 +35,7 @@ from ..model import reference_decoding
 from ..model.checkpoint import HUGGINGFACE, Checkpoint, checkpoint_files, is_hf_directory
 from ..model.loading import load_checkpoint
 from ..runtime import decoding
-from ..runtime.backends import decoder_options, open_backend
+from ..runtime.backends import decoder_openers
 from ..runtime.backends.loaders import check_contract_tensors
 from ..runtime.step import GraphBackend
 from .hf_generate import HfGenerate
@@ -200,9 +200,8 @@ def graph_backends(directory: Path) -> dict[str, Callable[[], GraphBackend]]:
     for name, path in model_dir.verified_graphs().items():
         if name in specs:
             check_contract_tensors(_GraphTensors(path), specs[name], path)
-    return {"" if name == Graph.DECODER_STEP.value else f", {name}":
-            partial(lambda d, o: open_backend(d, "onnxruntime", options=o).backend, directory, chosen)
-            for name, chosen in decoder_options(directory).items()}
+    return {"" if name == Graph.DECODER_STEP.value else f", {name}": partial(lambda o: o().backend, opens)
+            for name, opens in decoder_openers(directory).items()}
 
 
 class _GraphTensors:

@@ -3,14 +3,19 @@ directory, a checkpoint or a Hugging Face directory) with the backend asked for,
 a Translator needs beside it: the vocabulary, config, decoding rules and limits. tfm-run, the Triton models, verify,
 quantization's calibration, export's parity check and the benchmarks all open backends here, nowhere else.
 
-Each file of this package is one backend, named by the cache it drives:
-- concat: the contract's decoder_step, whose graph returns the grown cache (any session loader: ONNX Runtime, a
-  native Triton model);
-- inplace: decoder_step_search over IO binding, the cache in host buffers written in place (ONNX Runtime, CPU);
-- device: decoder_step_search with all decode memory on the device (ONNX Runtime's CUDA provider, without PyTorch);
-- generate: generate.onnx, the whole search in one ONNX Runtime call (a searcher, not a step backend);
+Each file of this package is one backend, named by the cache it drives, and opened by one opener in BACKENDS, under
+its name (runtime.backend_names):
+- concat (onnxruntime-concat): the contract's decoder_step, whose graph returns the grown cache (any session loader:
+  ONNX Runtime, a native Triton model);
+- inplace (onnxruntime-inplace): decoder_step_search over IO binding, the cache in host buffers written in place;
+- device (onnxruntime-device): decoder_step_search with all decode memory on the device (ONNX Runtime's CUDA
+  provider, without PyTorch);
+- generate (onnxruntime-generate): generate.onnx, the whole search in one ONNX Runtime call (a searcher, not a step
+  backend);
 - tensorrt: TensorRT engines, their cache in a PingPong of ONNX Runtime CUDA memory;
-- reference: the PyTorch reference model with a KV cache.
+- reference (torch): the PyTorch reference model with a KV cache.
+Which one a path gets when none is named is default_for's choice (onnxruntime_for's among ONNX Runtime's step
+backends); the device is options.device, nowhere else.
 Openers are registered by name (as CTranslate2 registers its model loaders); each imports its backend's libraries
 only when called.
 """
@@ -18,6 +23,7 @@ only when called.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -33,6 +39,17 @@ from ...core.extras import require_extra
 from ...core.memory import release_file_pages, total_memory_bytes
 from ...core.token_rules import TokenRules
 from ...core.tokenizer import Vocabulary
+from ..backend_names import (
+    CONCAT,
+    DEFAULT_DEVICES,
+    DEVICE,
+    GENERATE,
+    INPLACE,
+    ONNXRUNTIME,
+    STEP_BACKENDS,
+    TENSORRT,
+    TORCH,
+)
 from ..search import LoopSearcher, Searcher
 from ..session import DEFAULT_OPTIONS, SessionOptions, check_threads, require_device
 from ..step import StepBackend
@@ -76,25 +93,24 @@ class Opened:
 
 @dataclass(frozen=True)
 class Request:
-    """What an opener is asked to open."""
+    """What an opener is asked to open: options.device is set (the door resolves the backend's default)."""
 
     path: Path
     given: Given
-    device: str
     options: SessionOptions
     vocab: Sequence[Path]
     loader: SessionLoader | None  # where the graphs run, when not in ONNX Runtime sessions made here
 
+    @property
+    def device(self) -> str:
+        assert self.options.device is not None
+        return self.options.device
+
 
 Opener = Callable[[Request], Opened]
+# the concrete backends, one per file of this package, by their names (backend_names)
 BACKENDS: dict[str, Opener] = {}
-# a Hugging Face directory runs on PyTorch only when asked: by default ONNX Runtime's opener says what it is and how
-# to export it
-DEFAULT_KINDS = {Given.MODEL_DIR: "onnxruntime", Given.ENGINE_DIR: "tensorrt", Given.CHECKPOINT: "torch",
-                 Given.MODEL_SOURCE_DIR: "onnxruntime"}
-DEFAULT_DEVICES = {"tensorrt": "cuda"}  # every other backend: the CPU
 RUN_EXTRA_BYTES = 1 << 29  # what a CPU translation holds besides its weights: ONNX Runtime, caches, logits (0.5 GiB)
-CACHES = ("concat", "in-place", "device")  # SessionOptions.cache: which ONNX Runtime backend (None: by device)
 
 
 def register_backend(name: str) -> Callable[[Opener], Opener]:
@@ -104,22 +120,48 @@ def register_backend(name: str) -> Callable[[Opener], Opener]:
     return register
 
 
-def open_backend(model: str | Path, kind: str | None = None, device: str | None = None,
-                 options: SessionOptions = DEFAULT_OPTIONS, vocab: Sequence[Path] = (),
-                 loader: SessionLoader | None = None) -> Opened:
-    """The backend `kind` (default: what the path is: a model directory runs on ONNX Runtime, an engine directory
-    on TensorRT, a checkpoint on PyTorch) on `device` (default: the GPU for TensorRT, else the CPU). loader: how
-    each graph becomes a session (default: ONNX Runtime); the bls layout's graphs are native Triton models."""
+def backend_names() -> list[str]:
+    """What `--backend` accepts: every concrete backend, and onnxruntime for default_for's choice among its own."""
+    return [ONNXRUNTIME, *BACKENDS]
+
+
+def open_backend(model: str | Path, backend: str | None = None, options: SessionOptions = DEFAULT_OPTIONS,
+                 vocab: Sequence[Path] = (), loader: SessionLoader | None = None) -> Opened:
+    """The backend named (default: default_for what the path is), on options.device (default: the GPU for
+    TensorRT, else the CPU). loader: how each graph becomes a session (default: ONNX Runtime); the bls layout's
+    graphs are native Triton models."""
     path = Path(model)
     given = classify(path)
-    kind = kind or DEFAULT_KINDS[given]
-    if kind not in BACKENDS:
-        raise TfmExportError(f"unknown backend {kind!r}; choose one of {', '.join(BACKENDS)}")
-    if options.tensorrt_ep and kind != "onnxruntime":
-        raise TfmExportError(f"--ort-trt is ONNX Runtime's TensorRT provider; it does not apply to --backend {kind}")
-    if options.cache not in (None, *CACHES):
-        raise TfmExportError(f"unknown cache {options.cache!r}; choose one of {', '.join(CACHES)}")
-    return BACKENDS[kind](Request(path, given, device or DEFAULT_DEVICES.get(kind, "cpu"), options, vocab, loader))
+    if backend is not None and backend not in backend_names():
+        raise TfmExportError(f"unknown backend {backend!r}; choose one of {', '.join(backend_names())}")
+    name = backend or default_for(path, given, options.device)
+    options = dataclasses.replace(options, device=options.device or DEFAULT_DEVICES.get(name, "cpu"))
+    if options.tensorrt_ep and name not in (ONNXRUNTIME, *STEP_BACKENDS):
+        raise TfmExportError(f"--ort-trt is ONNX Runtime's TensorRT provider; it does not apply to --backend {name}")
+    if name == ONNXRUNTIME:
+        name = onnxruntime_for(path, given, options.device)
+    return BACKENDS[name](Request(path, given, options, vocab, loader))
+
+
+def default_for(path: Path, given: Given, device: str | None) -> str:
+    """The backend a path gets when none is named: TensorRT for an engine directory, PyTorch for a checkpoint,
+    ONNX Runtime's step backend for the rest (onnxruntime_for; a Hugging Face directory runs on PyTorch only when
+    asked: ONNX Runtime's opener says what it is and how to export it)."""
+    if given is Given.ENGINE_DIR:
+        return TENSORRT
+    if given is Given.CHECKPOINT:
+        return TORCH
+    return onnxruntime_for(path, given, device or "cpu")
+
+
+def onnxruntime_for(path: Path, given: Given, device: str) -> str:
+    """What `--backend onnxruntime` runs a model directory with on `device`: decoder_step_search in place on the
+    CPU, all on the device on a GPU, the contract's concat cache where the directory has no decoder_step_search.
+    Anything but a model directory goes to the in-place opener, which says what to do with it instead."""
+    from ..step_graph import SEARCH
+    if given is Given.MODEL_DIR and not ModelDir.read(path).has(SEARCH):
+        return CONCAT
+    return INPLACE if device == "cpu" else DEVICE
 
 
 def _model_dir(request: Request) -> ModelDir:
@@ -167,53 +209,53 @@ def release_weight_pages(source: ModelDir | EngineDir) -> None:
 
 
 def _on_device(request: Request) -> SessionOptions:
-    options = dataclasses.replace(request.options, device=request.device)
-    require_device(options)
-    return options
+    require_device(request.options)
+    return request.options
 
 
-def _cache(model_dir: ModelDir, options: SessionOptions) -> str:
-    """Which ONNX Runtime backend: the one asked for, else by device where the directory has decoder_step_search
-    (in place on the CPU, all on the device on a GPU), else the contract's concat cache."""
-    from ..step_graph import SEARCH
-    if options.cache is not None:
-        return options.cache
-    if not model_dir.has(SEARCH):
-        return "concat"
-    return "in-place" if options.device == "cpu" else "device"
-
-
-@register_backend("onnxruntime")
-def _onnxruntime(request: Request) -> Opened:
-    """decoder_step_search (on the CPU its fused twin, where the directory has it) with the cache in host arrays,
-    or on the GPU all in device memory; the contract's decoder_step where the directory has no search step. A
-    loader given with the concat cache may run the graphs anywhere (the bls layout: native Triton models, for a
-    model or an engine directory alike)."""
+@register_backend(CONCAT)
+def _concat(request: Request) -> Opened:
+    """The contract's decoder_step, its logits reduced in NumPy. A loader given may run the graphs anywhere (the
+    bls layout: native Triton models, for a model or an engine directory alike)."""
     from ...core.graph_spec import CONTRACT_GRAPHS, Graph, contract_specs
     from .concat import ConcatBackend
     from .loaders import open_contract_sessions
-    options, loader = _on_device(request), request.loader or open_graph
-    if request.loader is not None and options.cache == "concat":
+    options = _on_device(request)
+    if request.loader is not None:
         source = EngineDir.read(request.path) if request.given is Given.ENGINE_DIR else ModelDir.read(request.path)
         specs = contract_specs(source.config)
-        sessions = [loader(source.path / g.filename, specs[g], options, None) for g in CONTRACT_GRAPHS]
+        sessions = [request.loader(source.path / g.filename, specs[g], options, None) for g in CONTRACT_GRAPHS]
         return _opened(ConcatBackend(*sessions, source.config), source, source.limits)
     model_dir = _model_dir(request)
-    cache = _cache(model_dir, options)
-    if cache == "concat":  # the tied table mapped once, for both sessions (as the search step's are)
-        sessions, shared = open_contract_sessions(model_dir, options, loader)
-        return _opened(ConcatBackend(sessions[Graph.ENCODER], sessions[Graph.DECODER_STEP], model_dir.config, model_dir,
-                                       shared), model_dir)
+    sessions, shared = open_contract_sessions(model_dir, options)  # the tied table mapped once, for both sessions
+    return _opened(ConcatBackend(sessions[Graph.ENCODER], sessions[Graph.DECODER_STEP], model_dir.config, model_dir,
+                                 shared), model_dir)
+
+
+@register_backend(INPLACE)
+def _inplace(request: Request) -> Opened:
+    """decoder_step_search (on the CPU its fused twin, where the directory has it) over IO binding, the cache in
+    host buffers written in place."""
+    from .inplace import InPlaceBackend
     from .search_step import load_search_sessions
-    sessions = load_search_sessions(model_dir, options, loader)
-    if cache == "in-place":
-        from .inplace import InPlaceBackend
-        return _opened(InPlaceBackend(sessions, options.cache_step), model_dir)
+    options = _on_device(request)
+    model_dir = _model_dir(request)
+    sessions = load_search_sessions(model_dir, options, request.loader or open_graph)
+    return _opened(InPlaceBackend(sessions, options.cache_step), model_dir)
+
+
+@register_backend(DEVICE)
+def _device(request: Request) -> Opened:
+    """decoder_step_search with all decode memory on the device (on the CPU: the GPU path rehearsed)."""
     from .device import DeviceBackend
+    from .search_step import load_search_sessions
+    options = _on_device(request)
+    model_dir = _model_dir(request)
+    sessions = load_search_sessions(model_dir, options, request.loader or open_graph, in_place=False)
     return _opened(DeviceBackend(sessions, options.cache_step, options.cuda_graphs), model_dir)
 
 
-@register_backend("onnxruntime-generate")
+@register_backend(GENERATE)
 def _generate(request: Request) -> Opened:
     """generate.onnx: the whole search in ONNX Runtime's BeamSearch op instead of the loop."""
     from .generate import load_generate
@@ -223,7 +265,7 @@ def _generate(request: Request) -> Opened:
                   source=model_dir)
 
 
-@register_backend("tensorrt")
+@register_backend(TENSORRT)
 def _tensorrt(request: Request) -> Opened:
     from .tensorrt import open_engines
     if request.device != "cuda":
@@ -238,7 +280,7 @@ def _tensorrt(request: Request) -> Opened:
     return _opened(backend, engine_dir, engine_dir.limits)
 
 
-@register_backend("torch")
+@register_backend(TORCH)
 def _torch(request: Request) -> Opened:
     require_extra("export", "--backend torch")
     import torch  # only this backend needs PyTorch
@@ -269,18 +311,20 @@ def each_graph_decoder(directory: Path, options: SessionOptions = DEFAULT_OPTION
                        ) -> Iterator[tuple[str, StepBackend]]:
     """graph_decoders one at a time, each opened when the one before is let go: a large model's sessions, each with
     its own encoder, one pair at a time."""
-    for name, chosen in decoder_options(directory, options).items():
-        yield name, open_backend(directory, "onnxruntime", options=chosen).backend
+    for name, opens in decoder_openers(directory, options).items():
+        yield name, opens().backend
 
 
-def decoder_options(directory: Path, options: SessionOptions = DEFAULT_OPTIONS) -> dict[str, SessionOptions]:
-    """The session options that open each of graph_decoders' decoders, by graph name."""
+def decoder_openers(directory: Path, options: SessionOptions = DEFAULT_OPTIONS) -> dict[str, Callable[[], Opened]]:
+    """What opens each of graph_decoders' decoders, by graph name: the concat backend for decoder_step, the in-place
+    one for decoder_step_search and its fused twin."""
     from ...core.graph_spec import Graph
     from ..step_graph import FUSED, SEARCH, fused_usable
     model_dir = ModelDir.read(directory)
-    wanted = {Graph.DECODER_STEP.value: dataclasses.replace(options, cache="concat")}
+    wanted = {Graph.DECODER_STEP.value: (CONCAT, options)}
     if model_dir.has(SEARCH):
-        wanted[SEARCH.value] = dataclasses.replace(options, cache="in-place", fused=False)
+        wanted[SEARCH.value] = (INPLACE, dataclasses.replace(options, fused=False))
     if fused_usable(model_dir):
-        wanted[FUSED.value] = dataclasses.replace(options, cache="in-place", fused=True)
-    return wanted
+        wanted[FUSED.value] = (INPLACE, dataclasses.replace(options, fused=True))
+    return {name: functools.partial(open_backend, directory, backend, chosen)
+            for name, (backend, chosen) in wanted.items()}

@@ -67,7 +67,7 @@ def directory_options(model_dir: ModelDir, options: SessionOptions) -> SessionOp
     would dequantize every weight on every call (~10x slower than fp32 on the base config); folded, the weights are
     dequantized once at load and the numbers are the same Q/DQ model's. For int8 speed on CPU, quantize --mode
     dynamic."""
-    if model_dir.int8_mode == "static" and options.device == "cpu":
+    if model_dir.int8_mode == "static" and not options.on_gpu:
         return dataclasses.replace(options, fold_qdq=True)
     return options
 

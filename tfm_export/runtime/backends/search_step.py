@@ -52,21 +52,22 @@ class SearchSessions:
         return run_encoder(self.encoder, src, self.config.src_pad_idx)
 
 
-def load_search_sessions(model_dir: ModelDir, options: SessionOptions,
-                         loader: SessionLoader = open_graph) -> SearchSessions:
-    """The step graph chosen_step picks, with the encoder; the tied table read once and given to both. With the
+def load_search_sessions(model_dir: ModelDir, options: SessionOptions, loader: SessionLoader = open_graph,
+                         in_place: bool = True) -> SearchSessions:
+    """The step graph chosen_step picks (in_place: for the in-place backend, else the device backend's), with the
+    encoder; the tied table read once and given to both. With the
     default loader on the CPU the sessions open the directory's pre-packed graphs where they match this load
     (runtime.graph_cache); ones found damaged once open are dropped, and the load made again without them."""
     stamps = directory_stamps(model_dir, options)
     cache = GraphCache(model_dir, stamps) if loader is open_graph and uses_cache(options) else None
     try:
-        sessions = load_sessions_with(model_dir, options, loader, stamps, cache)
+        sessions = load_sessions_with(model_dir, options, loader, stamps, cache, in_place)
     except DamagedEntry as exc:
         assert cache is not None
         cache.notes.append(str(exc))
         cache.used.clear()
         stamps = Stamps()  # the load made again hashes every file: its count is the one to report
-        sessions = load_sessions_with(model_dir, options, loader, stamps, None)
+        sessions = load_sessions_with(model_dir, options, loader, stamps, None, in_place)
     if cache is not None:
         for note in cache.notes:
             log.warning("%s", note)
@@ -77,10 +78,10 @@ def load_search_sessions(model_dir: ModelDir, options: SessionOptions,
 
 
 def load_sessions_with(model_dir: ModelDir, options: SessionOptions, loader: SessionLoader, stamps: Stamps,
-                       cache: GraphCache | None) -> SearchSessions:
+                       cache: GraphCache | None, in_place: bool = True) -> SearchSessions:
     """load_search_sessions with the caller's stamps and graph cache (None: none): prepacking gives one that
     builds the pre-packed graphs it is asked for."""
-    directory, graph = model_dir.path, chosen_step(model_dir, options)
+    directory, graph = model_dir.path, chosen_step(model_dir, options, in_place)
     if not model_dir.has(graph):
         raise ModelDirError(f"{directory}: has no {graph.filename}; export the model again with `tfm-export onnx`")
     options = directory_options(model_dir, options)
