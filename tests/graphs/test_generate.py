@@ -1,5 +1,6 @@
 """generate.onnx: ONNX Runtime's BeamSearch op over our graphs, held to the reference decoders, and its command,
-backend, directory, refusals and tokenizer."""
+backend (runtime/backends/generate.py: its tests live here, beside the export, on the same fixture), directory,
+refusals and tokenizer."""
 
 from __future__ import annotations
 

@@ -33,6 +33,14 @@ TEST_DIRS = {"support", "hostile", "examples", "project", "data"}
 TOOLING = {"build_cpp.py": "make cpp", "demo_verdict.py": "make demo",
            "gpu_check.py": "the lent GPU machine's one call (docs/runtime.md)"}
 
+# The backend modules whose tests are not tests/runtime/backends/test_<module>.py: the file that holds them instead
+# (its docstring names the module), beside the fixture or the oracle they share.
+BACKEND_TESTS = {"__init__.py": "runtime/backends/test_door.py", "generate.py": "graphs/test_generate.py",
+                 "tensorrt.py": "trt/test_tensorrt.py", "pingpong.py": "trt/test_tensorrt.py",
+                 "reference.py": "runtime/test_search_equivalence.py",
+                 "device_graphs.py": "runtime/backends/test_device.py",
+                 "search_step.py": "runtime/backends/test_inplace.py"}
+
 
 def _tier(package: str) -> int:
     return next(i for i, item in enumerate(ORDER) if package == item or (isinstance(item, tuple) and package in item))
@@ -214,6 +222,35 @@ def test_the_tests_mirror_the_packages():
     found = {p.name for p in tests.iterdir() if p.is_dir() and p.name != "__pycache__"}
     assert found == _ALL | TEST_DIRS
     assert not list(tests.glob("test_*.py")), "every test file belongs to a package's directory"
+
+
+def untested_backends(backends: Path = PACKAGE / "runtime" / "backends", tests: Path = REPO / "tests") -> list[str]:
+    """Backend modules without a test file that says it tests them: tests/runtime/backends/test_<module>.py, or
+    the home BACKEND_TESTS gives it, whose docstring names runtime/backends/<module>."""
+    found = []
+    for path in sorted(backends.glob("*.py")):
+        home = tests / BACKEND_TESTS.get(path.name, f"runtime/backends/test_{path.name}")
+        named = home.exists() and f"runtime/backends/{path.name}" in (ast.get_docstring(ast.parse(home.read_text()))
+                                                                      or "")
+        if not named:
+            found.append(f"{path.name}: no {home.relative_to(tests)} whose docstring names "
+                         f"runtime/backends/{path.name}")
+    return found
+
+
+def test_each_backend_has_a_test_file_of_its_own():
+    assert untested_backends() == []
+
+
+def test_the_backend_test_check_sees_a_backend_without_tests(tmp_path):
+    backends, tests = tmp_path / "backends", tmp_path / "tests"
+    (tests / "runtime" / "backends").mkdir(parents=True)
+    backends.mkdir()
+    for name in ("concat.py", "fresh.py", "generate.py"):
+        (backends / name).write_text("")
+    (tests / "runtime" / "backends" / "test_concat.py").write_text('"""runtime/backends/concat.py"""\n')
+    (tests / "runtime" / "backends" / "test_fresh.py").write_text('"""Tests of something else."""\n')
+    assert [line.split(":")[0] for line in untested_backends(backends, tests)] == ["fresh.py", "generate.py"]
 
 
 def _module_graph(root: Path) -> dict[str, set[str]]:

@@ -1,5 +1,6 @@
-"""Every fast decoder against the full-recompute reference decoders, on a random model whose beams reshuffle
-every step: tokens, scores, finished flags and whole n-best lists, at several length penalties, with ties.
+"""Every fast decoder against the full-recompute reference decoders (the PyTorch backend among them:
+runtime/backends/reference.py is held to them here), on a random model whose beams reshuffle every step: tokens,
+scores, finished flags and whole n-best lists, at several length penalties, with ties.
 
 The demo model is too peaked for this (its beams rarely reorder, so a broken reorder or ranking survives
 there); these models are random and flat, and each test first checks that what it tests actually happens.
@@ -12,52 +13,28 @@ import dataclasses
 import numpy as np
 import pytest
 import torch
-from support.backends import concat_backend, step_backend
+from support.backends import (
+    SHORT_LENGTH,
+    CountingReorders,
+    assert_same_nbest,
+    concat_backend,
+    step_backend,
+)
 from support.common import short_sources, tiny_config
 
 from tfm_export.core.graph_spec import SEARCH_BEAMS
 from tfm_export.core.hypothesis import Hypothesis
-from tfm_export.core.token_rules import TokenRules
-from tfm_export.core.tokenizer import BOS_ID, EOS_ID, FIRST_TOKEN_ID
+from tfm_export.core.tokenizer import EOS_ID
 from tfm_export.model import reference_decoding
 from tfm_export.runtime import decoding, step
-from tfm_export.runtime.backends import DEVICE, INPLACE, inplace
-from tfm_export.runtime.backends.inplace import gathered, layer_views, move_order, widen
+from tfm_export.runtime.backends import DEVICE, INPLACE
 from tfm_export.runtime.backends.reference import TorchBackend
-from tfm_export.runtime.step_graph import FUSED, SEARCH
-from tfm_export.runtime.step_inputs import source_groups
 
-MAX_LENGTH = 12
-ONE = step.StepRule(TokenRules(banned=()), 1)  # a step whose logits are compared: nothing masked
 # search: decoder_step_search's own candidates; -growing: its cache buffers fill up and grow every 3 steps;
 # -logits: its logits reduced in NumPy, as for beams wider than the graph's K; fused: decoder_step_search_fused;
 # device: decoder_step_search with all its memory in OrtValues (the GPU path, on the CPU)
 BACKENDS = ("torch", "onnxruntime", "search", "search-growing", "search-logits", "fused",
             "fused-growing", "device", "device-growing", "tensorrt-cache-handling")
-
-
-class CountingReorders:
-    """A backend wrapper that counts beam reshuffles within inputs (rows that move) and the steps whose
-    candidates came from the graph, to prove the tests exercise what they test."""
-
-    def __init__(self, backend) -> None:
-        self.backend, self.moved = backend, 0
-
-    def encode(self, src):
-        return self.backend.encode(src)
-
-    def step(self, state, tokens, rule):
-        return self.backend.step(state, tokens, rule)
-
-    def expand(self, state, beams):
-        return self.backend.expand(state, beams)
-
-    def select(self, state, rows):
-        return self.backend.select(state, rows)
-
-    def permute(self, state, rows):
-        self.moved += int((np.asarray(rows) != np.arange(len(rows))).sum())
-        return self.backend.permute(state, rows)
 
 
 class LogitsOnly(CountingReorders):
@@ -85,12 +62,6 @@ def open_backend(name: str, ckpt, directory):
     return cache_handling_backend(directory)[0]
 
 
-def assert_same_nbest(got: list[list[Hypothesis]], want: list[list[Hypothesis]]) -> None:
-    assert [[h.tokens for h in nb] for nb in got] == [[h.tokens for h in nb] for nb in want]
-    assert [[h.finished for h in nb] for nb in got] == [[h.finished for h in nb] for nb in want]
-    assert np.allclose([h.score for nb in got for h in nb], [h.score for nb in want for h in nb], atol=1e-4)
-
-
 @pytest.mark.parametrize("backend_name", BACKENDS)
 @pytest.mark.parametrize("length_penalty", [0.0, 0.6, 1.0, 2.0])
 def test_beam_search_equals_the_reference_where_beams_reshuffle(flat, backend_name, length_penalty):
@@ -99,8 +70,8 @@ def test_beam_search_equals_the_reference_where_beams_reshuffle(flat, backend_na
     finished = []
     for k, count, seed in ((4, 7, 0), (3, 1, 1), (2, 5, 2), (SEARCH_BEAMS, 3, 3), (SEARCH_BEAMS + 1, 2, 4)):
         src = short_sources(ckpt.config.src_vocab_size, count, seed)
-        got = decoding.beam_search(backend, src, k, MAX_LENGTH, length_penalty, n_best=k)
-        want = reference_decoding.beam_search(ckpt.model, torch.from_numpy(src), k, MAX_LENGTH, length_penalty,
+        got = decoding.beam_search(backend, src, k, SHORT_LENGTH, length_penalty, n_best=k)
+        want = reference_decoding.beam_search(ckpt.model, torch.from_numpy(src), k, SHORT_LENGTH, length_penalty,
                                               n_best=k)
         assert_same_nbest(got, want)
         finished += [h.finished for nb in want for h in nb]
@@ -108,45 +79,13 @@ def test_beam_search_equals_the_reference_where_beams_reshuffle(flat, backend_na
     assert backend.moved > 20, "beams must reshuffle within inputs, or the cache reorder goes untested"
 
 
-def test_beam_reorders_in_one_row_pieces_equal_the_reference(flat, monkeypatch):
-    """The search backend copies moved rows in pieces (move_order): here one row per piece wherever a cut is safe."""
-    monkeypatch.setattr(inplace, "REORDER_BYTES", 1)
-    ckpt, directory = flat
-    backend = CountingReorders(step_backend(directory, INPLACE, cache_step=3))
-    for k, count, seed in ((4, 7, 0), (3, 5, 2)):
-        src = short_sources(ckpt.config.src_vocab_size, count, seed)
-        got = decoding.beam_search(backend, src, k, MAX_LENGTH, 0.6, n_best=k)
-        assert_same_nbest(got, reference_decoding.beam_search(ckpt.model, torch.from_numpy(src), k, MAX_LENGTH,
-                                                              0.6, n_best=k))
-    assert backend.moved > 20
-
-
-@pytest.mark.parametrize("seed", range(4))
-def test_move_order_pieces_copied_in_turn_equal_one_gather(seed):
-    """Row i takes row rows[i]: beams shuffled within inputs of k rows, and any mapping at all."""
-    rng = np.random.default_rng(seed)
-    for trial in range(300):
-        if trial % 2:
-            k, inputs = int(rng.integers(1, 6)), int(rng.integers(1, 12))
-            rows = np.concatenate([a * k + rng.integers(0, k, size=k) for a in range(inputs)])
-        else:
-            rows = rng.integers(0, 20, size=20)
-        moved = np.flatnonzero(rows != np.arange(len(rows)))
-        pieces = move_order(rows, moved, int(rng.integers(1, 5)))
-        cache = rng.standard_normal((len(rows), 3))
-        want = cache[rows]
-        for piece in pieces:
-            cache[piece] = cache[rows[piece]]
-        assert np.array_equal(cache, want) and np.array_equal(np.concatenate([moved[:0], *pieces]), moved)
-
-
 @pytest.mark.parametrize("backend_name", BACKENDS)
 def test_greedy_equals_the_reference_as_rows_finish(flat, backend_name):
     ckpt, directory = flat
     backend = open_backend(backend_name, ckpt, directory)
     src = short_sources(ckpt.config.src_vocab_size, 32, 7)
-    got = decoding.greedy(backend, src, MAX_LENGTH)
-    want = reference_decoding.greedy_decode(ckpt.model, torch.from_numpy(src), MAX_LENGTH)
+    got = decoding.greedy(backend, src, SHORT_LENGTH)
+    want = reference_decoding.greedy_decode(ckpt.model, torch.from_numpy(src), SHORT_LENGTH)
     assert_same_nbest([[h] for h in got], [[h] for h in want])
     lengths = {len(h.tokens) for h in want if h.finished}
     assert len(lengths) >= 2 and not all(h.finished for h in want), "rows must leave the batch at different steps"
@@ -236,11 +175,11 @@ def test_a_hypothesis_that_ends_early_can_win_only_through_the_length_penalty(fl
     src = short_sources(ckpt.config.src_vocab_size, 6, 3)
     backend = concat_backend(directory)
     for penalty in (0.0, 2.0):
-        got = decoding.beam_search(backend, src, 4, MAX_LENGTH, penalty, n_best=4)
+        got = decoding.beam_search(backend, src, 4, SHORT_LENGTH, penalty, n_best=4)
         for nbest in got:
             keys = [h.normalized_score for h in nbest]
             assert keys == sorted(keys, reverse=True)
-        want = reference_decoding.beam_search(ckpt.model, torch.from_numpy(src), 4, MAX_LENGTH, penalty, n_best=4)
+        want = reference_decoding.beam_search(ckpt.model, torch.from_numpy(src), 4, SHORT_LENGTH, penalty, n_best=4)
         assert [[h.tokens for h in nb] for nb in got] == [[h.tokens for h in nb] for nb in want]
     assert EOS_ID not in {t for nb in got for h in nb for t in h.tokens}
 
@@ -262,7 +201,7 @@ def wide():
             weight[EOS_ID] = weight[EOS_ID:EOS_ID + 1].abs().mean(0) * 4
             if name == "last":  # the flat model's favourite token, moved to the last id and made a little stronger
                 src = torch.from_numpy(short_sources(19, 5, 0))
-                tokens = [t for h in reference_decoding.greedy_decode(model, src, MAX_LENGTH) for t in h.tokens]
+                tokens = [t for h in reference_decoding.greedy_decode(model, src, SHORT_LENGTH) for t in h.tokens]
                 weight[-1] = weight[max(set(tokens) - {EOS_ID}, key=tokens.count)] * 1.02
         models[name] = model
     return models
@@ -276,8 +215,8 @@ def test_beam_search_over_a_large_vocabulary_equals_the_reference(wide, name):
     chosen = set()
     for k, count, seed, penalty in ((4, 5, 0, 1.0), (3, 2, 1, 0.6), (2, 3, 2, 2.0)):
         src = short_sources(19, count, seed)
-        got = decoding.beam_search(backend, src, k, MAX_LENGTH, penalty, n_best=k)
-        want = reference_decoding.beam_search(model, torch.from_numpy(src), k, MAX_LENGTH, penalty, n_best=k)
+        got = decoding.beam_search(backend, src, k, SHORT_LENGTH, penalty, n_best=k)
+        want = reference_decoding.beam_search(model, torch.from_numpy(src), k, SHORT_LENGTH, penalty, n_best=k)
         assert_same_nbest(got, want)
         chosen |= {t for nb in want for h in nb for t in h.tokens}
     if name == "flat":
@@ -297,83 +236,3 @@ def test_log_sum_exp_by_row_blocks_equals_the_whole_array(monkeypatch):
     got_top, got = step._normalizers(x)
     assert np.array_equal(got_top, top) and np.array_equal(got, want)
     np.testing.assert_allclose(got_top + got, torch.logsumexp(torch.from_numpy(x), -1, keepdim=True), rtol=1e-6)
-
-
-@pytest.mark.parametrize("graph", [SEARCH, FUSED])
-def test_growing_cache_buffers_grow_in_place(flat, monkeypatch, graph):
-    """When the buffers fill up they grow in their own memory: the same arrays, no new cache-sized array
-    allocated and the other bound arrays (logits, the top candidates) kept, so growing never holds a second copy
-    of any tensor; the logits after growing still equal the reference (test_beam_search_equals_the_reference...)."""
-    backend = step_backend(flat[1], INPLACE, fused=graph is FUSED, cache_step=3)
-    state, tokens = backend.encode(short_sources(19, 4, 0)), np.full(4, BOS_ID, np.int64)
-    for _ in range(3):
-        state, _ = backend.step(state, tokens, ONE)
-    before = state.buffers
-    made, zeros = [], np.zeros
-    monkeypatch.setattr(np, "zeros", lambda *args, **kwargs: made.append(args) or zeros(*args, **kwargs))
-    state, _ = backend.step(state, tokens, ONE)
-    monkeypatch.undo()
-    assert state.buffers.cache[0].shape[2] == 6, "the step must have grown the buffers"
-    assert all(a is b for a, b in zip(state.buffers.blocks, before.blocks, strict=True)) and not made
-    assert state.buffers.logits is before.logits and state.buffers.top is before.top
-
-
-@pytest.mark.parametrize("shape, capacity", [((5, 3, 4, 2), 7), ((1, 1, 1, 1), 2), ((6, 2, 5, 3), 6),
-                                             ((3, 2, 16, 4), 100), ((2, 4, 3, 8), 3), ((7, 2, 3, 4), 4)])
-@pytest.mark.parametrize("piece_rows", [1, 2, 3, 100])
-def test_widen_moves_every_position_to_its_place(shape, capacity, piece_rows):
-    """Rows move within one allocation in pieces, so later pieces overlap earlier ones' old places and a piece
-    overlaps itself: against np.pad, for pieces of one row, of several (a short last one) and of all rows."""
-    cache = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
-    want = np.pad(cache, ((0, 0), (0, 0), (0, max(0, capacity - shape[2])), (0, 0)))
-    got = widen(cache, capacity, piece_rows * cache[0].nbytes)
-    assert got is cache and np.array_equal(got, want)
-
-
-@pytest.mark.parametrize("sources, expected", [
-    ([0, 0, 1, 1, 2, 2], ([0, 1, 2], 2)), ([3, 1], ([3, 1], 1)), ([0, 0, 0, 1, 2, 2], ([0, 0, 0, 1, 2, 2], 1)),
-    ([1, 1, 0, 0, 1, 1], ([1, 0, 1], 2)), ([4], ([4], 1))])
-def test_rows_are_grouped_per_source_only_in_equal_consecutive_groups(sources, expected):
-    got, group = source_groups(np.array(sources))
-    assert (got.tolist(), group) == expected
-
-
-@pytest.mark.parametrize("graph", [SEARCH, FUSED])
-def test_rows_in_any_grouping_give_the_reference_logits(flat, graph):
-    """decoder_step_search takes the encoder's keys/values once per source and its rows in equal groups per
-    source (a source's beams); other row selections fall back to a group per row. After each selection the
-    logits equal the reference model's on the same rows: expansions, dropped sources, unequal groups."""
-    ckpt, directory = flat
-    ours, reference = step_backend(directory, INPLACE, fused=graph is FUSED), TorchBackend(ckpt.model)
-    src = short_sources(ckpt.config.src_vocab_size, 3, 4)
-    rng = np.random.default_rng(0)
-    for rows, later, groups in (([0, 0, 1, 1, 2, 2], [2, 3, 4, 5], (2, 2)), ([0, 0, 0, 1, 2, 2], [5, 0, 1], (1, 1)),
-                                ([2, 0, 1], [0, 0, 1, 1, 2, 2], (1, 2)), ([1, 1, 1], [2, 1, 0], (3, 3))):
-        states = [b.select(b.encode(src), np.array(rows)) for b in (ours, reference)]
-        assert states[0].group == groups[0]
-        for t in range(4):
-            if t == 2:
-                states = [b.select(s, np.array(later)) for b, s in zip((ours, reference), states, strict=True)]
-                assert states[0].group == groups[1]
-            tokens = rng.integers(FIRST_TOKEN_ID, ckpt.config.trg_vocab_size, states[0].rows)
-            (states[0], got), (states[1], want) = ours.step(states[0], tokens, ONE), reference.step(states[1], tokens,
-                                                                                                     ONE)
-            np.testing.assert_allclose(got.logits, want.logits, atol=1e-4)
-
-
-def test_cache_blocks_take_every_layers_rows_and_own_their_memory():
-    """The buffered decoders keep all layers' keys in one block and all values in another: each layer's tensor
-    is a view of its rows (what is bound to the session), and a gather of rows takes them in every layer into
-    an array of its own, which widen can then resize in place."""
-    layers, rows, taken = 3, 4, np.array([2, 2, 0])
-    blocks = [np.random.default_rng(seed).standard_normal((layers * rows, 2, 5, 3)).astype(np.float32)
-              for seed in (0, 1)]
-    views = layer_views(blocks, rows)
-    assert len(views) == 2 * layers and all(np.shares_memory(v, blocks[i % 2]) for i, v in enumerate(views))
-    for i, view in enumerate(views):
-        assert np.array_equal(view, blocks[i % 2][i // 2 * rows:(i // 2 + 1) * rows])
-    for block in blocks:
-        got = gathered(block, rows, taken)
-        want = np.concatenate([block[layer * rows:(layer + 1) * rows][taken] for layer in range(layers)])
-        assert np.array_equal(got, want) and got.flags.owndata
-        assert widen(got, 7).shape == (layers * len(taken), 2, 7, 3)

@@ -8,7 +8,7 @@ import shutil
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from support.backends import concat_backend, step_backend
+from support.backends import recording_translator
 from support.common import DEMO_CKPT, listing, unwritable_dir
 
 from tfm_export import DecodeOptions, Translator
@@ -16,9 +16,6 @@ from tfm_export.cli.run_cli import main as run_main
 from tfm_export.core.errors import TfmExportError
 from tfm_export.core.files import file_sha256
 from tfm_export.demo import numbers as demo_numbers
-from tfm_export.runtime.backends import DEVICE
-from tfm_export.runtime.backends.concat import ConcatBackend
-from tfm_export.runtime.counts import WorkCounts
 from tfm_export.runtime.search import LoopSearcher
 
 TEXTS = [en for en, _ in demo_numbers.held_out_pairs()[:210]] + ["forty-two", "", "eighty", "seven thousand and one"]
@@ -53,53 +50,6 @@ def test_batch_size_changes_nothing(ort_translator, beam_size):
     outputs = [texts_of(ort_translator.translate(TEXTS[:60], DecodeOptions(beam_size=beam_size, batch_size=size)))
                for size in (1, 7, 32)]
     assert outputs[0] == outputs[1] == outputs[2]
-
-
-class RecordingBackend(ConcatBackend):
-    """The real ONNX Runtime backend, noting the shape of every decoder_step call."""
-
-    calls: list[tuple[int, int, int]]
-
-    def run_step(self, state, input_ids):
-        self.calls.append((input_ids.shape[0], state.past_length, input_ids.shape[1]))
-        return super().run_step(state, input_ids)
-
-
-def recording_translator(directory):
-    backend = concat_backend(directory)
-    backend.__class__ = RecordingBackend
-    backend.calls, backend.counts = [], WorkCounts()
-    base = Translator.load(directory)
-    return Translator(LoopSearcher(backend), base.vocab, base.config), backend
-
-
-def test_decoder_runs_once_per_generated_token_and_never_reruns_the_prefix(demo_onnx):
-    translator, backend = recording_translator(demo_onnx)
-    [result] = translator.translate(["nine hundred and ninety-nine thousand, nine hundred and ninety-nine"])
-    generated = len(result.ids) + 1  # + </s>
-    assert [past for _, past, _ in backend.calls] == list(range(generated))  # the cache grows by one each step
-    assert all(new == 1 and rows == 1 for rows, _, new in backend.calls)  # one new token, never the prefix
-    assert backend.counts.runs == generated
-
-
-def test_finished_sentences_leave_the_batch(demo_onnx):
-    translator, backend = recording_translator(demo_onnx)
-    texts = ["one", "forty-two", "nine hundred and ninety-nine thousand, nine hundred and ninety-nine"]
-    results = translator.translate(texts, DecodeOptions(batch_size=3))
-    rows = [n for n, _, _ in backend.calls]
-    assert rows[0] == 3 and rows == sorted(rows, reverse=True) and rows[-1] == 1
-    assert len(rows) == max(len(r.ids) for r in results) + 1  # the longest output sets the step count
-    assert sum(rows) == sum(len(r.ids) + 1 for r in results)  # no step is spent on a finished row
-
-
-def test_step_count_is_linear_in_output_length(demo_onnx):
-    long_sentence = "nine hundred and ninety-nine thousand, nine hundred and ninety-nine"  # 15 output tokens
-    for max_length in (4, 8, 12):
-        translator, backend = recording_translator(demo_onnx)
-        [result] = translator.translate([long_sentence], DecodeOptions(max_length=max_length))
-        assert len(result.ids) == max_length
-        assert backend.counts.runs == max_length
-        assert [past for _, past, _ in backend.calls] == list(range(max_length))
 
 
 def test_python_api_and_jsonl(demo_onnx, tmp_path):
@@ -190,20 +140,6 @@ def test_session_options_reach_onnxruntime(demo_onnx):
     translator, options = Translator.of(opened), opened.backend.decoder.get_session_options()
     assert options.intra_op_num_threads == 1 and not options.enable_cpu_mem_arena
     assert translator.translate(["eighty"])[0].text == "quatre-vingts"
-
-
-def test_the_device_backend_decodes_the_demo_as_plain_arrays_do(demo_onnx):
-    """The GPU path's backend (decoder_step_search with all memory in OrtValues, here on the CPU): the same tokens
-    as the contract's decoder_step over NumPy arrays, 48 demo sentences, greedy and beam 4."""
-    from tfm_export.core.batching import pad_batch
-    from tfm_export.core.tokenizer import BOS_ID, EOS_ID
-    from tfm_export.runtime.decoding import beam_search, greedy
-    plain, bound = concat_backend(demo_onnx), step_backend(demo_onnx, DEVICE)
-    tok = Translator.load(demo_onnx).vocab.source
-    src = pad_batch([[BOS_ID, *tok.encode(t), EOS_ID] for t in TEXTS[:48]])
-    assert [h.tokens for h in greedy(plain, src, 40)] == [h.tokens for h in greedy(bound, src, 40)]
-    assert [h[0].tokens for h in beam_search(plain, src, 4, 40)] == \
-        [h[0].tokens for h in beam_search(bound, src, 4, 40)]
 
 
 def test_cuda_translation_matches_cpu(demo_onnx, ort_translator):

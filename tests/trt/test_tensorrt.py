@@ -1,5 +1,7 @@
 """TensorRT: the static compatibility report and Polygraphy runs (any machine), the build and runtime's
-decisions and errors (any machine), and real engines against PyTorch (only with TensorRT and a GPU)."""
+decisions and errors (any machine), and real engines against PyTorch (only with TensorRT and a GPU). The TensorRT
+backend's tests (runtime/backends/tensorrt.py, its buffers in runtime/backends/pingpong.py) live here, beside the
+engines and the four-precision fixture they share."""
 
 from __future__ import annotations
 

@@ -23,12 +23,12 @@ from ..runtime.counts import WorkCounts
 from ..runtime.session import SessionOptions
 from ..runtime.translator import DecodeOptions, Translator
 
-CACHES = (INPLACE, DEVICE)
+BACKENDS = (INPLACE, DEVICE)
 
 
-def _open(model: Path, cache: str, threads: int) -> tuple[Translator, object]:
+def _open(model: Path, backend: str, threads: int) -> tuple[Translator, object]:
     options = SessionOptions(intra_op_threads=threads, fused=False, device="cpu")
-    opened = open_backend(model, cache, options)
+    opened = open_backend(model, backend, options)
     return Translator.of(opened), opened.backend
 
 
@@ -42,7 +42,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
     texts = [english for english, _ in held_out_pairs()[:args.sentences]]
-    opened = {cache: _open(args.model, cache, args.threads) for cache in CACHES}
+    opened = {name: _open(args.model, name, args.threads) for name in BACKENDS}
     print(f"# Fixed shapes on the CPU: {args.model}, {len(texts)} held-out sentences, {args.threads} threads, "
           f"best of {args.rounds} interleaved rounds\n")
     print("| beam | batch | in-place sent/s | device sent/s | device / in-place | wasted row-steps |")
@@ -50,21 +50,21 @@ def main() -> None:
     for beam in map(int, args.beam_sizes.split(",")):
         for batch in map(int, args.batch_sizes.split(",")):
             options = DecodeOptions(beam_size=beam, batch_size=batch)
-            best = dict.fromkeys(CACHES, float("inf"))
+            best = dict.fromkeys(BACKENDS, float("inf"))
             outputs = {}
-            device = opened["device"][1]
+            device = opened[DEVICE][1]
             device.counts = WorkCounts()
             for _ in range(args.rounds):
-                for cache in CACHES:
-                    translator = opened[cache][0]
+                for name in BACKENDS:
+                    translator = opened[name][0]
                     start = time.perf_counter()
-                    outputs[cache] = [t.text for t in translator.translate(texts, options)]
-                    best[cache] = min(best[cache], time.perf_counter() - start)
-            if outputs["device"] != outputs["in-place"]:
+                    outputs[name] = [t.text for t in translator.translate(texts, options)]
+                    best[name] = min(best[name], time.perf_counter() - start)
+            if outputs[DEVICE] != outputs[INPLACE]:
                 raise SystemExit(f"beam {beam} batch {batch}: the device backend's translations differ")
-            rate = {cache: len(texts) / best[cache] for cache in CACHES}
-            print(f"| {beam} | {batch} | {rate['in-place']:.1f} | {rate['device']:.1f} | "
-                  f"{rate['device'] / rate['in-place']:.2f} | {device.counts.finished_rows / device.counts.rows:.1%} |")
+            rate = {name: len(texts) / best[name] for name in BACKENDS}
+            print(f"| {beam} | {batch} | {rate[INPLACE]:.1f} | {rate[DEVICE]:.1f} | "
+                  f"{rate[DEVICE] / rate[INPLACE]:.2f} | {device.counts.finished_rows / device.counts.rows:.1%} |")
 
 
 if __name__ == "__main__":

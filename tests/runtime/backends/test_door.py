@@ -1,29 +1,16 @@
-"""The door (runtime.backends): what a path is decided once, what it opened handed back with the searcher, and the
-contract's two sessions for callers that compare graphs rather than search (verify), held to PyTorch."""
+"""The door (runtime/backends/__init__.py): what a path is decided once, the one table of backends by name and the
+default chosen for a path and device, and what it opened handed back with the searcher."""
 
 from __future__ import annotations
 
 import json
 import shutil
 
-import numpy as np
 import pytest
-import torch
 
 from tfm_export.artifacts.manifest import ENGINE_FORMAT, MANIFEST
 from tfm_export.artifacts.model_dir import ModelDir
 from tfm_export.core.errors import TfmExportError
-from tfm_export.core.graph_spec import (
-    ATTENTION_MASK,
-    ENCODER_ATTENTION_MASK,
-    INPUT_IDS,
-    LAST_HIDDEN_STATE,
-    LOGITS,
-    Graph,
-    cache_head_sizes,
-    cache_names,
-)
-from tfm_export.core.tokenizer import BOS_ID, EOS_ID
 from tfm_export.runtime.backends import (
     BACKENDS,
     CONCAT,
@@ -39,8 +26,6 @@ from tfm_export.runtime.backends import (
     default_for,
     open_backend,
 )
-from tfm_export.runtime.backends.loaders import open_contract_sessions
-from tfm_export.runtime.session import DEFAULT_OPTIONS
 
 
 def test_a_path_is_classified_once(flat, tmp_path):
@@ -99,27 +84,3 @@ def test_one_table_names_each_backend_and_default_for_picks_by_directory_and_dev
     assert opened[DEVICE].device == "cpu"  # the GPU path rehearsed: the device is the options', nowhere else
     with pytest.raises(TfmExportError, match=f"unknown backend 'in-place'; choose one of {ONNXRUNTIME}, {CONCAT}"):
         open_backend(model, "in-place")
-
-
-def test_the_contract_sessions_compute_what_pytorch_does(flat):
-    """open_contract_sessions' encoder and first decoder step against the PyTorch model's full forward."""
-    ckpt, model = flat
-    sessions, _shared = open_contract_sessions(ModelDir.read(model), DEFAULT_OPTIONS)  # held while they run
-    assert set(sessions) == {Graph.ENCODER, Graph.DECODER_STEP}
-    pad = ckpt.config.src_pad_idx
-    src = np.array([[BOS_ID, 5, 9, 7, EOS_ID], [BOS_ID, 6, 4, EOS_ID, pad]], np.int64)
-    mask = (src != pad).astype(np.int64)
-    encoder, step = sessions[Graph.ENCODER], sessions[Graph.DECODER_STEP]
-    outputs = dict(zip([o.name for o in encoder.get_outputs()],
-                       encoder.run(None, {INPUT_IDS: src, ATTENTION_MASK: mask}), strict=True))
-    with torch.no_grad():
-        enc, _ = ckpt.model.encode(torch.from_numpy(src))
-        logits = ckpt.model(torch.from_numpy(src), torch.full((2, 1), BOS_ID)).numpy()
-    real = mask.astype(bool)
-    np.testing.assert_allclose(outputs[LAST_HIDDEN_STATE][real], enc.numpy()[real], atol=1e-5)
-    cfg, names = ckpt.config, cache_names(ckpt.config)
-    feeds = {name: np.zeros((2, cfg.n_head, 0, size), np.float32)
-             for name, size in zip(names.self_inputs, cache_head_sizes(cfg), strict=True)}
-    feeds |= {past: outputs[present] for past, present in zip(names.cross_inputs, names.cross_outputs, strict=True)}
-    got = step.run([LOGITS], {**feeds, INPUT_IDS: np.full((2, 1), BOS_ID, np.int64), ENCODER_ATTENTION_MASK: mask})
-    np.testing.assert_allclose(got[0], logits, atol=1e-5)

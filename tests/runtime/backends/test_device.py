@@ -2,17 +2,20 @@
 decode held to the reference decoders (greedy and beam, penalties, rows finishing early, ties: the equivalence
 tests in test_search_equivalence take it as "device"), and here what CUDA graphs need of it: the same memory for
 the same shape from batch to batch, finished rows left in place until half the sources are done, the rules
-uploaded only when they change, sources padded to a bucket without changing a token."""
+uploaded only when they change, sources padded to a bucket without changing a token (the reorder and padding
+graphs of runtime/backends/device_graphs.py among them)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 import torch
-from support.backends import step_backend
+from support.backends import concat_backend, step_backend
 from support.common import short_sources
 
+from tfm_export import Translator
 from tfm_export.core.token_rules import TokenRules
+from tfm_export.demo import numbers as demo_numbers
 from tfm_export.graphs.parity import DEFAULT_TOLERANCE, compare_stepwise
 from tfm_export.model import reference_decoding
 from tfm_export.runtime import decoding
@@ -113,3 +116,17 @@ def test_a_state_made_from_given_encoder_outputs_steps_as_pytorch(flat):
     diffs = compare_stepwise(ckpt.model, backend, src, trg, encoded=encoded)
     assert backend.encoded(src, encoded).shape.source_length == device.SOURCE_BUCKET > src.shape[1]
     assert all(d.within(DEFAULT_TOLERANCE) for d in diffs), diffs
+
+
+def test_the_device_backend_decodes_the_demo_as_plain_arrays_do(demo_onnx):
+    """The GPU path's backend (decoder_step_search with all memory in OrtValues, here on the CPU): the same tokens
+    as the contract's decoder_step over NumPy arrays, 48 demo sentences, greedy and beam 4."""
+    from tfm_export.core.batching import pad_batch
+    from tfm_export.core.tokenizer import BOS_ID, EOS_ID
+    from tfm_export.runtime.decoding import beam_search, greedy
+    plain, bound = concat_backend(demo_onnx), step_backend(demo_onnx, DEVICE)
+    tok = Translator.load(demo_onnx).vocab.source
+    src = pad_batch([[BOS_ID, *tok.encode(t), EOS_ID] for t, _ in demo_numbers.held_out_pairs()[:48]])
+    assert [h.tokens for h in greedy(plain, src, 40)] == [h.tokens for h in greedy(bound, src, 40)]
+    assert [h[0].tokens for h in beam_search(plain, src, 4, 40)] == \
+        [h[0].tokens for h in beam_search(bound, src, 4, 40)]
