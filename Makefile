@@ -139,7 +139,7 @@ bench: setup
 	rm -f $(BENCH)/startup.md
 	for m in base demo; do for p in fp32:float32 int8-dynamic:int8; do \
 		$(PY) -m tfm_export.benchmarks.startup --ort $(BENCH)/$$m/onnx-$${p%%:*} --ct2 $(BENCH)/$$m/ctranslate2 \
-			--ct2-compute-type $${p##*:} --ct2-threads 2,1 --variant off:TFM_GRAPH_CACHE=off --rounds 5 \
+			--ct2-compute-type $${p##*:} --ct2-threads 2,1 --variant off:TFM_PREPACKED_GRAPHS=off --rounds 5 \
 			>> $(BENCH)/startup.md || exit 1; \
 	done; done
 	for p in fp32 int8-dynamic; do \

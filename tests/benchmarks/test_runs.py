@@ -67,7 +67,7 @@ def test_startup_splits_the_first_translation(demo_onnx, tmp_path):
     report = tmp_path / "phases.json"
     result = subprocess.run(
         [sys.executable, "-m", "tfm_export.benchmarks.startup", "--ort", str(demo_onnx), "--rounds", "1",
-         "--variant", "off:TFM_GRAPH_CACHE=off", "--json", str(report)],
+         "--variant", "off:TFM_PREPACKED_GRAPHS=off", "--json", str(report)],
         capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
     runs = {name: rounds[0] for name, rounds in json.loads(report.read_text()).items()}

@@ -30,7 +30,7 @@ from tfm_export.graphs.pipeline import PARITY_OPTIONS, check_parity
 from tfm_export.graphs.weights import ALIGNMENT, INLINE_MAX_BYTES
 from tfm_export.model.loading import load_checkpoint
 from tfm_export.runtime.backends import CONCAT, open_backend
-from tfm_export.runtime.graph_cache import CACHE_DIR
+from tfm_export.runtime.prepacked_graphs import PREPACKED_DIR
 
 SAMPLES = REPO / "models" / "demo" / "samples.en.txt"
 TEXTS = [en for en, _ in demo_numbers.held_out_pairs()[:64]]
@@ -73,8 +73,8 @@ def test_a_load_opens_its_prepacked_graphs_and_hashes_nothing_stamped(demo_exter
     with caplog.at_level(logging.INFO):
         cached = [r.text for r in Translator.load(demo_external).translate(TEXTS, DecodeOptions(beam_size=4))]
     assert "opened from its pre-packed graphs" in caplog.text and hashed == []
-    monkeypatch.setenv("TFM_GRAPH_CACHE", "off")
-    copy = Path(shutil.copytree(demo_external, tmp_path / "copy", ignore=shutil.ignore_patterns(CACHE_DIR)))
+    monkeypatch.setenv("TFM_PREPACKED_GRAPHS", "off")
+    copy = Path(shutil.copytree(demo_external, tmp_path / "copy", ignore=shutil.ignore_patterns(PREPACKED_DIR)))
     plain = Translator.load(copy).translate(TEXTS, DecodeOptions(beam_size=4))
     assert cached == [r.text for r in plain]
 
@@ -180,7 +180,7 @@ def test_auto_takes_the_external_layout_past_the_threshold_and_inline_is_refused
                                               str(tmp_path / "auto")])
     assert result.exit_code == 0, result.output
     assert (tmp_path / "auto" / WEIGHTS_FILE).is_file()
-    assert sorted(p.name for p in (tmp_path / "auto" / CACHE_DIR).iterdir()) == ["stamps.json"]  # no pre-packing
+    assert sorted(p.name for p in (tmp_path / "auto" / PREPACKED_DIR).iterdir()) == ["stamps.json"]  # no pre-packing
 
 
 def test_a_translation_this_machine_cannot_hold_is_refused_before_loading(demo_external, monkeypatch):

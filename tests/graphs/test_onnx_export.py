@@ -142,7 +142,7 @@ def test_manifest_records_what_consumers_need(tiny):
     assert sorted(p.name for p in directory.iterdir()) == [
         ".tfm-cache", "decoder_step.onnx", "decoder_step_search.onnx", "decoder_step_search.onnx.data",
         "decoder_step_search_fused.onnx", "decoder_step_search_fused.onnx.data", "encoder.onnx", "manifest.json",
-        "tokenizer.json"]  # .tfm-cache: the pre-packed graphs (runtime.graph_cache)
+        "tokenizer.json"]  # .tfm-cache: the pre-packed graphs (runtime.prepacked_graphs)
     for graph in ("decoder_step_search", "decoder_step_search_fused"):
         assert m["graphs"][graph]["sha256"] == file_sha256(directory / f"{graph}.onnx")
     assert m["optimizations"]

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tfm_export.runtime.graph_cache import CACHE_DIR
+from tfm_export.runtime.prepacked_graphs import PREPACKED_DIR
 
 from . import forge
 from .commands import writer_out_names, writer_run
@@ -208,7 +208,7 @@ def previous_output(case: Case, writer: str, out: Path, is_dir: bool) -> dict[Pa
     previous: dict[Path, bytes] = {}
     if writer in ("onnx", "quantize"):  # without its pre-packed graphs: the tmpfs is 256 KiB
         shutil.copytree(case.fx.tiny() if writer == "onnx" else case.fx.int8(), out,
-                        ignore=shutil.ignore_patterns(CACHE_DIR))
+                        ignore=shutil.ignore_patterns(PREPACKED_DIR))
         previous = {p: p.read_bytes() for p in out.iterdir()}
     elif is_dir:
         out.mkdir()

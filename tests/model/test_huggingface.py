@@ -321,16 +321,16 @@ def _backends(model: Transformer, protos: dict):
     """PyTorch, and ONNX Runtime through the contract's decoder_step and through decoder_step_search (`protos`: the
     model's graphs as export_all made them)."""
     from tfm_export.runtime.backends.concat import ConcatBackend
+    from tfm_export.runtime.backends.decoder_step_search import DecoderStepSearchSessions
     from tfm_export.runtime.backends.inplace import InPlaceBackend
     from tfm_export.runtime.backends.reference import TorchBackend
-    from tfm_export.runtime.backends.search_step import SearchSessions
     sessions = {graph.filename: ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
                 for graph, proto in protos.items()}
     encoder = sessions["encoder.onnx"]
     return {"torch": TorchBackend(model),
             "onnxruntime": ConcatBackend(encoder, sessions["decoder_step.onnx"], model.config),
-            "decoder_step_search": InPlaceBackend(SearchSessions(encoder, sessions["decoder_step_search.onnx"],
-                                                                 model.config))}
+            "decoder_step_search": InPlaceBackend(DecoderStepSearchSessions(
+                encoder, sessions["decoder_step_search.onnx"], model.config))}
 
 
 def test_greedy_matches_generate(hf_case, hf_export) -> None:

@@ -39,7 +39,7 @@ BACKEND_TESTS = {"__init__.py": "runtime/backends/test_door.py", "generate.py": 
                  "tensorrt.py": "trt/test_tensorrt.py", "pingpong.py": "trt/test_tensorrt.py",
                  "reference.py": "runtime/test_search_equivalence.py",
                  "device_graphs.py": "runtime/backends/test_device.py",
-                 "search_step.py": "runtime/backends/test_inplace.py"}
+                 "decoder_step_search.py": "runtime/backends/test_inplace.py"}
 
 
 def _tier(package: str) -> int:
@@ -314,8 +314,8 @@ def test_the_contracts_tensor_names_are_written_once():
     ("literal_names", "pkg/m.py", 'FEEDS = {"input_ids": 1}\nLABEL = f"logits of {FEEDS}"\n',
      "pkg/m.py:1: 'input_ids'"),
     ("backend_imports", "graphs/m.py", "from ..runtime.backends import open_backend\n"
-     "from ..runtime.backends.search_step import SEARCH\n",
-     "graphs/m.py:2 imports {root}.runtime.backends.search_step"),
+     "from ..runtime.backends.decoder_step_search import SEARCH\n",
+     "graphs/m.py:2 imports {root}.runtime.backends.decoder_step_search"),
     ("manifest_reads", "pkg/m.py", "def f(d, manifest):\n    return d.manifest.opset, manifest.graphs,\\\n"
      "        d.manifest.get('parent')\n", "pkg/m.py:3"),
     ("manifest_reads", "pkg/m.py", "def f(manifest):\n    return manifest.files\n\n\ng = lambda m: m['graphs'] or "

@@ -1,5 +1,5 @@
 """Step speed from the pre-packed graphs against the directory's own graphs: one model directory loaded twice in one
-process (`--graph-cache on` and `off`), the same random sentences decoded by each in alternating order, round after
+process (`--prepacked-graphs on` and `off`), the same random sentences decoded by each in alternating order, round after
 round; tokens/s per cell and the median on/off ratio with its spread (the packed weights must be what the steps use
 either way, so the ratio should sit at 1 within the machine's noise):
 
@@ -28,7 +28,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--max-length", type=int, default=64)
     args = parser.parse_args()
-    loaded = {on: Translator.load(args.model, session_options=SessionOptions(graph_cache=on,
+    loaded = {on: Translator.load(args.model, session_options=SessionOptions(prepacked_graphs=on,
                                                                              intra_op_threads=args.threads))
               for on in (True, False)}
     vocab = loaded[True].vocab.source.tokens()

@@ -2,7 +2,7 @@
 for CTranslate2's Python API on its converted model, each in fresh processes, alternating round by round:
 
     python -m tfm_export.benchmarks.startup --ort build/bench/base/onnx-fp32 --ct2 build/bench/base/ctranslate2 \
-        --rounds 5 --threads 2 --ct2-threads 2,1 --variant off:TFM_GRAPH_CACHE=off \
+        --rounds 5 --threads 2 --ct2-threads 2,1 --variant off:TFM_PREPACKED_GRAPHS=off \
         [--variant before:PYTHONPATH=OTHER_CHECKOUT]
 
 Phases (wall-clock seconds from just before the process is spawned; medians over the rounds, with min-max):
@@ -167,7 +167,7 @@ def main() -> None:
     parser.add_argument("--tfm-run-args", default="", help="extra tfm-run translate options, space-separated")
     parser.add_argument("--variant", action="append", default=[], metavar="LABEL:NAME=VALUE[,NAME=VALUE]",
                         help="each --ort model also run with these environment variables (repeatable), e.g. "
-                             "nocache:TFM_GRAPH_CACHE=off")
+                             "nocache:TFM_PREPACKED_GRAPHS=off")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
     args.ort, args.ct2 = [p.resolve() for p in args.ort], [p.resolve() for p in args.ct2]

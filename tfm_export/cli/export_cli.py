@@ -213,10 +213,10 @@ def prepack_cmd(model_dir: Path) -> None:
     of optimising and packing, and hashes no file unchanged since, at every start. Run it after copying a directory
     (to another machine, disk or path) or upgrading onnxruntime; old ones are replaced at once, and a failure leaves
     them as they were."""
-    from ..runtime.graph_cache import CACHE_DIR
     from ..runtime.prepacked import prepack
+    from ..runtime.prepacked_graphs import PREPACKED_DIR
     made = prepack(model_dir)
-    click.echo(f"wrote {model_dir / CACHE_DIR}: {', '.join(made)}")
+    click.echo(f"wrote {model_dir / PREPACKED_DIR}: {', '.join(made)}")
 
 
 @main.command("hf")

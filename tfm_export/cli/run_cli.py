@@ -17,7 +17,7 @@ from ..core.files import check_output_path, streamed_text
 from ..core.machine import MAX_THREADS
 from ..core.sources import CHUNK_BATCHES, read_line_chunks
 from ..runtime.backends import CONCAT, ONNXRUNTIME, backend_names
-from ..runtime.session import OPT_LEVELS, SessionOptions
+from ..runtime.session import OPT_LEVELS, PREPACKED_GRAPHS_ENV, SessionOptions
 from ..runtime.translator import (
     LENGTH_PENALTY_RANGE,
     MAX_BEAM,
@@ -156,21 +156,22 @@ def output_stream(output: Path | None) -> Iterator[Callable[[list[str]], None]]:
 @click.option("--search-graph/--no-search-graph", default=True, envvar="TFM_ORT_SEARCH_GRAPH", show_default=True,
               help="On the CPU, decode with decoder_step_search (cache written in place, the search's top "
                    "candidates computed in the graph) where the model directory has it; --no-search-graph: the "
-                   "graph contract's decoder_step, its logits reduced in NumPy. Env: TFM_ORT_SEARCH_GRAPH=1/0.")
+                   "graph contract's decoder_step, its logits reduced in NumPy (--backend onnxruntime-concat). "
+                   "Env: TFM_ORT_SEARCH_GRAPH=1/0.")
 @click.option("--fused/--no-fused", default=None, envvar="TFM_ORT_FUSED",
               help="decoder_step_search_fused (the same step in ONNX Runtime's attention kernels) where the model "
                    "directory has it: --fused wherever it has one (an fp16 directory on CUDA, say); --no-fused: "
                    "decoder_step_search, standard ONNX operators only. Default: where it pays, an fp32 directory "
                    "on the CPU. Env: TFM_ORT_FUSED=1/0.")
-@click.option("--graph-cache", type=click.Choice(["on", "off"]), default="on", envvar="TFM_GRAPH_CACHE",
-              show_default=True,
+@click.option("--prepacked-graphs", "--graph-cache", "prepacked_graphs", type=click.Choice(["on", "off"]),
+              default="on", envvar=list(PREPACKED_GRAPHS_ENV), show_default=True,
               help="On the CPU, open the model directory's pre-packed graphs (ONNX Runtime's optimised copies, their "
                    "weights already in this CPU's layout, made by `tfm-export onnx`, `quantize` or `prepack`) where "
                    "they were made for this machine, ONNX Runtime and graph, and their sha256 match: sessions built "
                    "without packing, the weights in shared file pages instead of private memory. Any that do not "
                    "match are not used (a one-line warning); nothing is written. On any device, the stamps the same "
                    "commands leave spare hashing files unchanged since they hashed them; off: every file hashed. "
-                   "Env: TFM_GRAPH_CACHE=on/off.")
+                   "--graph-cache and TFM_GRAPH_CACHE: their earlier names. Env: TFM_PREPACKED_GRAPHS=on/off.")
 @click.option("--ort-trt", is_flag=True, help="With --device cuda: ONNX Runtime's TensorRT execution provider first.")
 @click.option("--tf32", is_flag=True, envvar="TFM_TF32",
               help="With --device cuda: fp32 matrix products in TF32 (faster on Ampere and later, ~1e-3 relative "
@@ -182,7 +183,7 @@ def translate(texts: tuple[str, ...], model_path: Path, vocab: tuple[Path, ...],
               device: str | None, beam_size: int | None, length_penalty: float | None, max_length: int | None,
               n_best: int, batch_size: int, source_lang: str | None, target_lang: str | None, truncate: bool,
               input_file: Path | None, output: Path | None, fmt: str, threads: int, ort_opt_level: str,
-              memory_arena: bool | None, spinning: bool, search_graph: bool, fused: bool | None, graph_cache: str,
+              memory_arena: bool | None, spinning: bool, search_graph: bool, fused: bool | None, prepacked_graphs: str,
               ort_trt: bool, tf32: bool, cuda_graphs: bool) -> None:
     """Translate TEXT arguments, a file or stdin: one translation per line, in input order.
 
@@ -195,7 +196,7 @@ def translate(texts: tuple[str, ...], model_path: Path, vocab: tuple[Path, ...],
     check_output_path(output, "--output", inputs)
     chunks = read_chunks(input_file, texts, batch_size)
     session = SessionOptions(intra_op_threads=threads, optimization=ort_opt_level, memory_arena=memory_arena,
-                             spinning=spinning, fused=fused, device=device, graph_cache=graph_cache == "on",
+                             spinning=spinning, fused=fused, device=device, prepacked_graphs=prepacked_graphs == "on",
                              tensorrt_ep=ort_trt, tf32=tf32, cuda_graphs=cuda_graphs)
     translator = Translator.load(model_path, vocab, contract_step(backend, search_graph), session)
     translator = translator.with_languages(source_lang, target_lang)

@@ -4,7 +4,7 @@ A stamp binds a file's identity (device, inode, size, modification and change ti
 its contents had when it was stamped. Any write through the file system changes the change time (ctime), which no
 program can set back, and a copy or a replacement is another inode; so a file whose identity is the stamp's is the
 file that was hashed, and its recorded sha256 is used instead of reading it. Anything else is hashed as before.
-What stamps cannot see is damage below the file system (a disk's bit rot); `TFM_GRAPH_CACHE=off` hashes everything.
+What stamps cannot see is damage below the file system (a disk's bit rot); `TFM_PREPACKED_GRAPHS=off` hashes everything.
 
 Stamps are written only by a command that writes the directory they describe (`tfm-export onnx`, `quantize`,
 `generate`, `prepack`), after every file they cover has been hashed and has not changed since; reading them never

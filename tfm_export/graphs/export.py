@@ -29,9 +29,9 @@ from ..core.graph_spec import SUPPORTED_OPSETS, Graph, GraphSpec, all_specs, con
 from ..model.transformer import Transformer
 from ..runtime.session import runs_fused_graphs
 from . import symbolics
+from .decoder_step_search import DecoderStepSearchGraph, decoder_step_search_inputs
 from .modules import DecoderStepGraph, EncoderGraph, example_inputs
 from .onnx_io import ExportError, strip_exporter_metadata
-from .search import SearchStepGraph, search_example_inputs
 from .simplify import simplify, static_reshapes
 from .weights import Weight, bind, fold_transposes, weight_inputs
 
@@ -62,7 +62,7 @@ def _module(model: Transformer, spec: GraphSpec) -> tuple[torch.nn.Module, tuple
     """The module a graph is exported from, and its tracing inputs."""
     if spec.graph in (Graph.DECODER_STEP_SEARCH, FUSED):
         fused = spec.graph is FUSED
-        return SearchStepGraph(model, fused), search_example_inputs(model, fused)
+        return DecoderStepSearchGraph(model, fused), decoder_step_search_inputs(model, fused)
     module = EncoderGraph(model) if spec.graph is Graph.ENCODER else DecoderStepGraph(model)
     return module, example_inputs(model)[spec.graph.value]
 

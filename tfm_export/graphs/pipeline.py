@@ -22,8 +22,8 @@ from ..core.token_rules import SEED_RULES
 from ..core.tokenizer import SENTENCEPIECE_FILE, SPECIAL_IDS, tokenizer_files
 from ..model.checkpoint import Checkpoint, checkpoint_files
 from ..runtime.backends import each_graph_decoder
-from ..runtime.graph_cache import stamp_new
 from ..runtime.prepacked import prepack_new
+from ..runtime.prepacked_graphs import stamp_new
 from ..runtime.session import SessionOptions
 from .export import export_graph, export_specs
 from .inputs import random_sources, random_targets
@@ -36,7 +36,7 @@ NOT_SAVED_REASON = (
     "(measured: no speed difference), so the saved graphs keep standard ONNX ops")
 # the graphs' maths, as lean as it loads: the weights read where they lie in the file, none copied (so no pre-packed
 # graph is opened); the stamps the export just wrote trusted, no file hashed again
-PARITY_OPTIONS = SessionOptions(prepacking=False, graph_cache=True, constant_folding=False, memory_arena=False)
+PARITY_OPTIONS = SessionOptions(prepacking=False, prepacked_graphs=True, constant_folding=False, memory_arena=False)
 PARITY_ROWS = 2  # sources of different lengths: the padding masks at work
 PARITY_PADDED = 32  # positions of the padded batch's longest source (the longest source has a batch of its own)
 PARITY_LOGITS_BYTES = 32 << 20  # PyTorch's and ONNX Runtime's logits over the whole target, each
@@ -132,7 +132,7 @@ def export_model_dir(ckpt: Checkpoint, output: Path, opset: int = DEFAULT_OPSET,
     """Write the model directory (docs/graph-contract.md); returns its manifest. One graph at a time: traced, its
     weights written as it is saved, checked on disk, and let go before the next. external_data: every graph's
     weights in one shared file (WEIGHTS_FILE), each tensor once (None: for a model of EXTERNAL_DATA_BYTES or
-    more). prepacked: with the graphs ONNX Runtime opens on this machine's CPU pre-packed (runtime.graph_cache),
+    more). prepacked: with the graphs ONNX Runtime opens on this machine's CPU pre-packed (runtime.prepacked_graphs),
     made last, from the checked directory (None: for the inline layout's models only)."""
     torch.manual_seed(0)
     inputs = (ckpt.path, *(Path(t.origin) for t in (ckpt.vocab.source, ckpt.vocab.target)))

@@ -52,8 +52,8 @@ from ..graphs.onnx_io import (
 from ..graphs.weights import WeightFile, externalize
 from ..runtime import decoding
 from ..runtime.backends import graph_decoders
-from ..runtime.graph_cache import stamp_new
 from ..runtime.prepacked import prepack_new
+from ..runtime.prepacked_graphs import stamp_new
 from ..runtime.step_graph import fused_usable
 from .calibration import Traces, record_traces
 from .fp16 import to_fp16

@@ -22,6 +22,9 @@ OPT_LEVELS = {"disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
               "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL}
 
 
+# the variables that turn the pre-packed graphs off (=off), the first set winning: TFM_GRAPH_CACHE is the name
+# they had before they were called what they are
+PREPACKED_GRAPHS_ENV = ("TFM_PREPACKED_GRAPHS", "TFM_GRAPH_CACHE")
 CONSTANT_FOLDING = "ConstantFolding"  # ONNX Runtime's name for the optimizer
 CAPACITY_STEP = 16  # positions added when a cache buffer is full: attention reads at most this many unused
 
@@ -56,8 +59,9 @@ class SessionOptions:
     # ONNX Runtime's constant folding at load. Off: a tied table's Transpose is left to the MatMul that reads it
     # (fused into it), instead of a transposed copy made on the heap, in seconds, at every load
     constant_folding: bool = True
-    # on the CPU, open the model directory's pre-packed graphs where they match this machine (runtime.graph_cache)
-    graph_cache: bool = os.environ.get("TFM_GRAPH_CACHE", "on") != "off"
+    # on the CPU, open the model directory's pre-packed graphs where they match this machine
+    # (runtime.prepacked_graphs)
+    prepacked_graphs: bool = next((os.environ[n] for n in PREPACKED_GRAPHS_ENV if n in os.environ), "on") != "off"
 
     @property
     def on_gpu(self) -> bool:

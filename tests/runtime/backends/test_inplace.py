@@ -1,8 +1,8 @@
-"""The in-place backend (runtime/backends/inplace.py): decoder_step_search's cache in host buffers, all layers' keys
-in one block and values in another, rows moved in pieces, buffers grown in their own memory, rows grouped per
-source (the sessions it shares with the device backend: runtime/backends/search_step.py). Its decodes are held to
-the reference decoders with every other backend in test_search_equivalence; here, what only this backend does,
-each against the reference model or NumPy."""
+"""The in-place backend (runtime/backends/inplace.py): decoder_step_search's cache in host buffers, all layers' keys in
+one block and values in another, rows moved in pieces, buffers grown in their own memory, rows grouped per source (the
+sessions it shares with the device backend: runtime/backends/decoder_step_search.py). Its decodes are held to the
+reference decoders with every other backend in test_search_equivalence; here, what only this backend does, each against
+the reference model or NumPy."""
 
 from __future__ import annotations
 

@@ -236,22 +236,22 @@ def _concat(request: Request) -> Opened:
 def _inplace(request: Request) -> Opened:
     """decoder_step_search (on the CPU its fused twin, where the directory has it) over IO binding, the cache in
     host buffers written in place."""
+    from .decoder_step_search import load_decoder_step_search
     from .inplace import InPlaceBackend
-    from .search_step import load_search_sessions
     options = _on_device(request)
     model_dir = _model_dir(request)
-    sessions = load_search_sessions(model_dir, options, request.loader or open_graph)
+    sessions = load_decoder_step_search(model_dir, options, request.loader or open_graph)
     return _opened(InPlaceBackend(sessions, options.cache_step), model_dir)
 
 
 @register_backend(DEVICE)
 def _device(request: Request) -> Opened:
     """decoder_step_search with all decode memory on the device (on the CPU: the GPU path rehearsed)."""
+    from .decoder_step_search import load_decoder_step_search
     from .device import DeviceBackend
-    from .search_step import load_search_sessions
     options = _on_device(request)
     model_dir = _model_dir(request)
-    sessions = load_search_sessions(model_dir, options, request.loader or open_graph, in_place=False)
+    sessions = load_decoder_step_search(model_dir, options, request.loader or open_graph, in_place=False)
     return _opened(DeviceBackend(sessions, options.cache_step, options.cuda_graphs), model_dir)
 
 

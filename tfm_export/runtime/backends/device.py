@@ -37,8 +37,8 @@ from ..counts import WorkCounts
 from ..session import CAPACITY_STEP, CUDA_PROVIDER
 from ..step import LOGITS_ONLY, Candidates, Reorders, StepRule
 from ..step_inputs import Rules, source_groups
+from .decoder_step_search import DecoderStepSearchSessions
 from .pingpong import DeviceMemory, PingPong
-from .search_step import SearchSessions
 
 SOURCE_BUCKET = 16  # source lengths are padded up to a multiple of this, so batches of similar lengths share a shape
 MAX_POOLED = 8  # workspaces (and source buffers) kept for reuse; beyond, the least recently used is let go
@@ -126,8 +126,8 @@ class DeviceBackend(Reorders):
     """StepBackend (and GraphBackend) on decoder_step_search whose memory is all on the sessions' device, in
     workspaces of fixed shapes; one decode at a time."""
 
-    def __init__(self, sessions: SearchSessions, capacity_step: int = CAPACITY_STEP, cuda_graphs: bool = False
-                 ) -> None:
+    def __init__(self, sessions: DecoderStepSearchSessions, capacity_step: int = CAPACITY_STEP,
+                 cuda_graphs: bool = False) -> None:
         """capacity_step: the first capacity of a cache (it doubles when full). cuda_graphs: capture each shape's
         steps (the decoder session must have been made with the CUDA provider's enable_cuda_graph)."""
         self.sessions, self.capacity_step = sessions, capacity_step

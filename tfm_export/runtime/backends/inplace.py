@@ -36,7 +36,7 @@ from ..counts import WorkCounts
 from ..session import CAPACITY_STEP
 from ..step import LOGITS_ONLY, Candidates, Reorders, StepRule
 from ..step_inputs import Rules, source_groups
-from .search_step import SearchSessions
+from .decoder_step_search import DecoderStepSearchSessions
 
 REORDER_BYTES = LARGE_BLOCK_BYTES // 4  # reorders and growth copy rows in pieces of about this size (twice at most)
 
@@ -131,7 +131,7 @@ def widen(cache: np.ndarray, capacity: int, piece_bytes: int = REORDER_BYTES) ->
 class InPlaceBackend(Reorders):
     """StepBackend (and GraphBackend) on decoder_step_search with the cache in host buffers."""
 
-    def __init__(self, sessions: SearchSessions, capacity_step: int = CAPACITY_STEP) -> None:
+    def __init__(self, sessions: DecoderStepSearchSessions, capacity_step: int = CAPACITY_STEP) -> None:
         self.sessions, self.capacity_step = sessions, capacity_step
         self.config, self.names, self.top_k = sessions.config, sessions.names, sessions.top_k
         self.decoder, self.model_dir = sessions.decoder, sessions.model_dir

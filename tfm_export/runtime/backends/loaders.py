@@ -17,7 +17,7 @@ import onnxruntime as ort
 from ...artifacts.manifest import ModelDirError
 from ...artifacts.model_dir import ModelDir
 from ...core.graph_spec import ATTENTION_MASK, CONTRACT_GRAPHS, INPUT_IDS, Graph, GraphSpec, contract_specs
-from ..graph_cache import directory_stamps
+from ..prepacked_graphs import directory_stamps
 from ..session import SessionOptions, open_session, run
 
 # (graph file, its contract, options, ONNX Runtime options to start from) -> something with a session's

@@ -1,8 +1,8 @@
-"""The pre-packed graphs (runtime.graph_cache): made by export, quantize and `tfm-export prepack`, opened read-only by
-translation, the same translations with them as without (the oracle: the same directory loaded without them), and
-every entry that is damaged, stale or foreign left unused, with a warning, and nothing written. With them, the
-stamps (core.stamps) that spare a load the hashing of files unchanged since the command that wrote them hashed
-them; a file written, copied or replaced since is hashed (and refused where it differs) as if there were none."""
+"""The pre-packed graphs (runtime.prepacked_graphs): made by export, quantize and `tfm-export prepack`, opened read-only
+by translation, the same translations with them as without (the oracle: the same directory loaded without them), and
+every entry that is damaged, stale or foreign left unused, with a warning, and nothing written. With them, the stamps
+(core.stamps) that spare a load the hashing of files unchanged since the command that wrote them hashed them; a file
+written, copied or replaced since is hashed (and refused where it differs) as if there were none."""
 
 from __future__ import annotations
 
@@ -25,9 +25,9 @@ from tfm_export.core import stamps as stamps_module
 from tfm_export.core.errors import TfmExportError
 from tfm_export.core.files import file_sha256
 from tfm_export.demo import numbers as demo_numbers
-from tfm_export.runtime import graph_cache
+from tfm_export.runtime import prepacked_graphs
 from tfm_export.runtime import session as session_module
-from tfm_export.runtime.graph_cache import CACHE_DIR, DATA, ENTRY, GRAPH, STAMPS, GraphCache
+from tfm_export.runtime.prepacked_graphs import DATA, ENTRY, GRAPH, PREPACKED_DIR, STAMPS, PrepackedGraphs
 from tfm_export.runtime.session import SessionOptions
 
 TEXTS = [en for en, _ in demo_numbers.held_out_pairs()[:24]]
@@ -60,13 +60,13 @@ def opened(monkeypatch) -> list[Path]:
 
 
 def translate(model: Path, on: bool = True) -> list[str]:
-    translator = Translator.load(model, session_options=SessionOptions(graph_cache=on))
+    translator = Translator.load(model, session_options=SessionOptions(prepacked_graphs=on))
     return [r.text for r in translator.translate(TEXTS, OPTIONS)]
 
 
 def from_cache(opened: list[Path], model: Path) -> list[str]:
     """The graphs a load opened from the pre-packed entries, and nothing from the directory's own files."""
-    assert all(p.parent.parent == model / CACHE_DIR for p in opened), opened
+    assert all(p.parent.parent == model / PREPACKED_DIR for p in opened), opened
     return sorted(p.parent.name for p in opened)
 
 
@@ -76,10 +76,10 @@ def not_from_cache(opened: list[Path], model: Path) -> None:
 
 def test_export_makes_the_entries_and_a_translation_opens_them_and_writes_nothing(model, expected, opened,
                                                                                    caplog):
-    assert sorted(p.name for p in (model / CACHE_DIR).iterdir()) == [*FP32_GRAPHS, STAMPS]
+    assert sorted(p.name for p in (model / PREPACKED_DIR).iterdir()) == [*FP32_GRAPHS, STAMPS]
     manifest = json.loads((model / "manifest.json").read_text())
     for graph in FP32_GRAPHS:
-        entry = model / CACHE_DIR / graph
+        entry = model / PREPACKED_DIR / graph
         assert sorted(p.name for p in entry.iterdir()) == [ENTRY, GRAPH, DATA]
         record = json.loads((entry / ENTRY).read_text())
         assert record["key"]["sha256"] == manifest["graphs"][graph]["sha256"]
@@ -98,13 +98,13 @@ def test_export_makes_the_entries_and_a_translation_opens_them_and_writes_nothin
 
 def test_quantize_makes_entries_for_int8_dynamic_and_none_where_no_search_step(variants, tmp_path, opened):
     model = Path(shutil.copytree(variants["int8-dynamic"], tmp_path / "int8"))
-    assert sorted(p.name for p in (model / CACHE_DIR).iterdir()) == ["decoder_step_search", "encoder", STAMPS]
+    assert sorted(p.name for p in (model / PREPACKED_DIR).iterdir()) == ["decoder_step_search", "encoder", STAMPS]
     without = translate(model, on=False)
     opened.clear()
     assert translate(model) == without
     assert from_cache(opened, model) == ["decoder_step_search", "encoder"]
-    assert not (variants["int8-static"] / CACHE_DIR).exists()  # decodes with decoder_step: nothing to pre-pack
-    assert not (variants["fp16"] / CACHE_DIR).exists()  # for GPUs
+    assert not (variants["int8-static"] / PREPACKED_DIR).exists()  # decodes with decoder_step: nothing to pre-pack
+    assert not (variants["fp16"] / PREPACKED_DIR).exists()  # for GPUs
 
 
 def flip_a_byte(path: Path, offset: int) -> None:
@@ -119,7 +119,7 @@ def flip_a_byte(path: Path, offset: int) -> None:
 def test_a_damaged_weights_file_is_not_used(model, expected, opened, caplog, where):
     """At the start, a bias (a value ONNX Runtime loads unchecked): only the sha256 sees it. In the middle, packed
     weights, which ONNX Runtime may refuse itself. Either way one warning, and the decoder from its own graph."""
-    data = model / CACHE_DIR / "decoder_step_search_fused" / DATA
+    data = model / PREPACKED_DIR / "decoder_step_search_fused" / DATA
     flip_a_byte(data, 0 if where == "start" else data.stat().st_size // 2)
     before = listing(model)
     with caplog.at_level(logging.WARNING):
@@ -137,14 +137,14 @@ def test_the_load_made_again_after_a_damaged_entry_reports_its_own_hashing(model
     load made again without the entries hashed every file, and -v reports that load."""
     result = CliRunner().invoke(export_main, ["prepack", "--model", str(model)])
     assert result.exit_code == 0, result.output
-    flip_a_byte(model / CACHE_DIR / "decoder_step_search_fused" / DATA, 0)
+    flip_a_byte(model / PREPACKED_DIR / "decoder_step_search_fused" / DATA, 0)
     with caplog.at_level(logging.INFO):
         translate(model)
     assert "differ from the sha256" in caplog.text and "0 file(s) known by their stamps" in caplog.text
 
 
 def test_a_graph_file_onnx_runtime_cannot_read_is_not_used(model, expected, opened, caplog):
-    (model / CACHE_DIR / "encoder" / GRAPH).write_bytes(b"not a graph")
+    (model / PREPACKED_DIR / "encoder" / GRAPH).write_bytes(b"not a graph")
     with caplog.at_level(logging.WARNING):
         assert translate(model) == expected
     assert [r.getMessage().count("cannot be loaded") for r in caplog.records] == [1]  # one line, not two
@@ -155,14 +155,14 @@ def test_a_graph_file_onnx_runtime_cannot_read_is_not_used(model, expected, open
 def test_entries_copied_from_another_model_are_not_used(model, variants, expected, opened, caplog):
     """Another model's entry in this model's slot: its key names other graph bytes. Its data file alone under
     this model's entry: not the file whose sha256 the entry records."""
-    other = variants["int8-dynamic"] / CACHE_DIR
-    shutil.rmtree(model / CACHE_DIR / "encoder")
-    shutil.copytree(other / "encoder", model / CACHE_DIR / "encoder")
+    other = variants["int8-dynamic"] / PREPACKED_DIR
+    shutil.rmtree(model / PREPACKED_DIR / "encoder")
+    shutil.copytree(other / "encoder", model / PREPACKED_DIR / "encoder")
     with caplog.at_level(logging.WARNING):
         assert translate(model) == expected
     assert "made for another graph;" in caplog.text
     assert model / "encoder.onnx" in opened
-    shutil.copyfile(other / "decoder_step_search" / DATA, model / CACHE_DIR / "decoder_step_search_fused" / DATA)
+    shutil.copyfile(other / "decoder_step_search" / DATA, model / PREPACKED_DIR / "decoder_step_search_fused" / DATA)
     opened.clear()
     assert translate(model) == expected
     assert model / "decoder_step_search_fused.onnx" in opened
@@ -171,7 +171,7 @@ def test_entries_copied_from_another_model_are_not_used(model, variants, expecte
 @pytest.mark.parametrize("changed", ["onnxruntime_build", "cpu_kernel_key"])
 def test_another_onnx_runtime_or_cpu_is_not_used_until_prepack_remakes_them(model, expected, opened, monkeypatch,
                                                                             caplog, changed):
-    monkeypatch.setattr(graph_cache, changed, lambda: "something else")
+    monkeypatch.setattr(prepacked_graphs, changed, lambda: "something else")
     before = listing(model)
     with caplog.at_level(logging.WARNING):
         assert translate(model) == expected
@@ -184,10 +184,10 @@ def test_another_onnx_runtime_or_cpu_is_not_used_until_prepack_remakes_them(mode
     assert listing(model) == before
     result = CliRunner().invoke(export_main, ["prepack", "--model", str(model)])
     assert result.exit_code == 0, result.output
-    assert result.output.strip() == f"wrote {model / CACHE_DIR}: {', '.join(FP32_GRAPHS)}"
+    assert result.output.strip() == f"wrote {model / PREPACKED_DIR}: {', '.join(FP32_GRAPHS)}"
     assert listing(model) == before  # the same names, remade in place
     for graph in FP32_GRAPHS:
-        assert json.loads((model / CACHE_DIR / graph / ENTRY).read_text())["key"][field] == "something else"
+        assert json.loads((model / PREPACKED_DIR / graph / ENTRY).read_text())["key"][field] == "something else"
     opened.clear()
     assert translate(model) == expected and from_cache(opened, model) == FP32_GRAPHS
 
@@ -199,18 +199,20 @@ def test_other_session_options_load_without_them_quietly(model, opened, caplog):
     not_from_cache(opened, model)
 
 
-def test_off_and_the_environment_turn_them_off(model, opened, monkeypatch):
+@pytest.mark.parametrize("flag, variable", [("--prepacked-graphs", "TFM_PREPACKED_GRAPHS"),
+                                            ("--graph-cache", "TFM_GRAPH_CACHE")])  # their earlier names
+def test_off_and_the_environment_turn_them_off(model, opened, monkeypatch, flag, variable):
     before = listing(model)
-    result = CliRunner().invoke(run_main, ["translate", "--model", str(model), "--graph-cache", "off", TEXTS[0]])
+    result = CliRunner().invoke(run_main, ["translate", "--model", str(model), flag, "off", TEXTS[0]])
     assert result.exit_code == 0, result.output
     not_from_cache(opened, model)
     opened.clear()
-    monkeypatch.setenv("TFM_GRAPH_CACHE", "off")
+    monkeypatch.setenv(variable, "off")
     result = CliRunner().invoke(run_main, ["translate", "--model", str(model), TEXTS[0]])
     assert result.exit_code == 0, result.output
     not_from_cache(opened, model)
     opened.clear()
-    monkeypatch.delenv("TFM_GRAPH_CACHE")
+    monkeypatch.delenv(variable)
     result = CliRunner().invoke(run_main, ["translate", "--model", str(model), TEXTS[0]])
     assert result.exit_code == 0, result.output
     assert from_cache(opened, model) == FP32_GRAPHS
@@ -224,7 +226,7 @@ def test_a_read_only_model_directory_uses_its_entries(model, expected, opened):
 
 
 def test_prepack_makes_the_entries_of_a_directory_without_them(model, expected, opened):
-    shutil.rmtree(model / CACHE_DIR)
+    shutil.rmtree(model / PREPACKED_DIR)
     assert translate(model) == expected
     not_from_cache(opened, model)
     result = CliRunner().invoke(export_main, ["prepack", "--model", str(model)])
@@ -235,20 +237,20 @@ def test_prepack_makes_the_entries_of_a_directory_without_them(model, expected, 
 
 def test_a_failed_prepack_leaves_the_directory_as_it_was(model, monkeypatch):
     """Failing on the second graph: no staging left, the old entries untouched."""
-    shutil.rmtree(model / CACHE_DIR / "decoder_step_search_fused")
-    before = {p: p.read_bytes() for p in (model / CACHE_DIR).rglob("*") if p.is_file()}
+    shutil.rmtree(model / PREPACKED_DIR / "decoder_step_search_fused")
+    before = {p: p.read_bytes() for p in (model / PREPACKED_DIR).rglob("*") if p.is_file()}
     names = listing(model)
-    real = GraphCache._build
+    real = PrepackedGraphs._build
 
     def second_fails(self, slot, *args):
         if slot.name != "encoder":
             raise TfmExportError("disk full, say")
         return real(self, slot, *args)
-    monkeypatch.setattr(GraphCache, "_build", second_fails)
+    monkeypatch.setattr(PrepackedGraphs, "_build", second_fails)
     result = CliRunner().invoke(export_main, ["prepack", "--model", str(model)])
     assert result.exit_code == 1 and result.output == "Error: disk full, say\n"
     assert listing(model) == names
-    assert {p: p.read_bytes() for p in (model / CACHE_DIR).rglob("*") if p.is_file()} == before
+    assert {p: p.read_bytes() for p in (model / PREPACKED_DIR).rglob("*") if p.is_file()} == before
 
 
 def test_prepack_refuses_bad_paths_in_one_line(model, variants, tmp_path):
@@ -276,19 +278,19 @@ def test_no_prepack_leaves_them_out(demo_onnx, tmp_path):
     result = CliRunner().invoke(export_main, ["quantize", "--model", str(demo_onnx), "--precision", "int8", "--mode",
                                               "dynamic", "--output", str(tmp_path / "q"), "--no-prepack"])
     assert result.exit_code == 0, result.output
-    assert not (tmp_path / "q" / CACHE_DIR).exists()
+    assert not (tmp_path / "q" / PREPACKED_DIR).exists()
 
 
 def test_a_quantize_that_cannot_prepack_writes_its_directory_and_warns(demo_onnx, tmp_path, monkeypatch, caplog):
     def fails(*args):
         raise TfmExportError("ONNX Runtime cannot save it, say")
-    monkeypatch.setattr(GraphCache, "_build", fails)
+    monkeypatch.setattr(PrepackedGraphs, "_build", fails)
     with caplog.at_level(logging.WARNING):
         result = CliRunner().invoke(export_main, ["quantize", "--model", str(demo_onnx), "--precision", "int8",
                                                   "--mode", "dynamic", "--output", str(tmp_path / "q")])
     assert result.exit_code == 0, result.output
     assert "pre-packed graphs not made (ONNX Runtime cannot save it, say)" in caplog.text
-    assert not (tmp_path / "q" / CACHE_DIR).exists() and not [p for p in (tmp_path / "q").iterdir()
+    assert not (tmp_path / "q" / PREPACKED_DIR).exists() and not [p for p in (tmp_path / "q").iterdir()
                                                               if p.name.startswith(".")]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["q"]
 
@@ -338,7 +340,7 @@ def test_a_stamped_directory_file_written_since_is_hashed_and_refused(prepacked,
 
 
 def test_a_stamped_entry_written_since_is_hashed_and_not_used(prepacked, expected, opened, hashed, caplog):
-    write_back(prepacked / CACHE_DIR / "decoder_step_search_fused" / DATA, 0)
+    write_back(prepacked / PREPACKED_DIR / "decoder_step_search_fused" / DATA, 0)
     with caplog.at_level(logging.WARNING):
         assert translate(prepacked) == expected
     assert "differ from the sha256" in caplog.text and DATA in [p.name for p in hashed]
@@ -357,7 +359,7 @@ def test_a_copy_of_a_prepacked_directory_hashes_its_files(prepacked, expected, o
 def test_a_damaged_directory_is_its_own_error_alone(model, monkeypatch, caplog):
     """Stale entries in a directory whose own file is damaged: the load fails on the damage, and says nothing of the
     entries (it would be two lines about one problem)."""
-    monkeypatch.setattr(graph_cache, "cpu_kernel_key", lambda: "something else")
+    monkeypatch.setattr(prepacked_graphs, "cpu_kernel_key", lambda: "something else")
     flip_a_byte(model / "encoder.onnx", (model / "encoder.onnx").stat().st_size - 16)
     with caplog.at_level(logging.WARNING), pytest.raises(ModelDirError, match="encoder.onnx: sha256 differs"):
         Translator.load(model)
@@ -378,7 +380,7 @@ def test_an_entry_made_from_other_weights_is_not_used(model, opened, caplog):
     rehash_manifest(model, data)
     with caplog.at_level(logging.WARNING):
         translate(model)
-    assert f"{CACHE_DIR}/decoder_step_search_fused: made for another graph;" in caplog.text
+    assert f"{PREPACKED_DIR}/decoder_step_search_fused: made for another graph;" in caplog.text
     assert model / "decoder_step_search_fused.onnx" in opened
     assert from_cache([p for p in opened if p.parent != model], model) == ["encoder"]
 
@@ -388,7 +390,7 @@ def test_an_entry_whose_graph_could_load_an_unlisted_file_is_not_used(model, exp
     """Every file below the entry's folder but entry.json must be one it lists with its sha256: ONNX Runtime resolves
     external data anywhere below the graph's folder, and would load an unlisted file unchecked. Here the listed data
     is zeroed with its record dropped, or a stray copy waits in a folder the entry does not list."""
-    slot = model / CACHE_DIR / "decoder_step_search_fused"
+    slot = model / PREPACKED_DIR / "decoder_step_search_fused"
     if how == "record dropped":
         entry = json.loads((slot / ENTRY).read_text())
         del entry["files"][DATA]
@@ -406,7 +408,7 @@ def test_an_entry_whose_graph_could_load_an_unlisted_file_is_not_used(model, exp
 @pytest.mark.parametrize("kind", ["fifo", "dev-zero"])
 def test_stamps_that_are_a_pipe_or_a_device_are_not_read(model, expected, caplog, kind):
     """A FIFO's read waits for a writer forever; /dev/zero never ends. Neither is read: every file is hashed."""
-    stamps = model / CACHE_DIR / STAMPS
+    stamps = model / PREPACKED_DIR / STAMPS
     stamps.unlink()
     os.mkfifo(stamps) if kind == "fifo" else os.symlink("/dev/zero", stamps)
     with caplog.at_level(logging.INFO):
@@ -416,7 +418,7 @@ def test_stamps_that_are_a_pipe_or_a_device_are_not_read(model, expected, caplog
 
 @pytest.mark.parametrize("kind", ["symlink", "file"])
 def test_prepack_refuses_a_cache_that_is_a_link_or_a_file_and_leaves_nothing(model, tmp_path, kind):
-    cache = model / CACHE_DIR
+    cache = model / PREPACKED_DIR
     if kind == "symlink":
         shutil.move(cache, tmp_path / "elsewhere")
         os.symlink(tmp_path / "elsewhere", cache)
@@ -433,8 +435,8 @@ def test_prepack_refuses_a_cache_that_is_a_link_or_a_file_and_leaves_nothing(mod
 
 def test_a_translation_does_not_follow_a_linked_cache(model, expected, opened, tmp_path, caplog):
     """Its files would lie outside the model directory: the load says so and opens the directory's own graphs."""
-    shutil.move(model / CACHE_DIR, tmp_path / "elsewhere")
-    os.symlink(tmp_path / "elsewhere", model / CACHE_DIR)
+    shutil.move(model / PREPACKED_DIR, tmp_path / "elsewhere")
+    os.symlink(tmp_path / "elsewhere", model / PREPACKED_DIR)
     with caplog.at_level(logging.WARNING):
         assert translate(model) == expected
     assert [r.getMessage().count("is a symbolic link") for r in caplog.records] == [1]
@@ -447,14 +449,14 @@ def test_a_cache_that_cannot_be_moved_aside_is_left_as_it_was(model, monkeypatch
     real = os.replace
 
     def refusing(src, dst):
-        if Path(src) == model / CACHE_DIR:
+        if Path(src) == model / PREPACKED_DIR:
             raise PermissionError(1, "Operation not permitted")
         return real(src, dst)
-    before = {p: p.read_bytes() for p in (model / CACHE_DIR).rglob("*") if p.is_file()}
+    before = {p: p.read_bytes() for p in (model / PREPACKED_DIR).rglob("*") if p.is_file()}
     names = listing(model)
-    monkeypatch.setattr(graph_cache.os, "replace", refusing)
+    monkeypatch.setattr(prepacked_graphs.os, "replace", refusing)
     result = CliRunner().invoke(export_main, ["prepack", "--model", str(model)])
     assert result.exit_code == 1 and "Operation not permitted" in result.output, result.output
     assert "nothing was changed" in result.output
     assert listing(model) == names
-    assert {p: p.read_bytes() for p in (model / CACHE_DIR).rglob("*") if p.is_file()} == before
+    assert {p: p.read_bytes() for p in (model / PREPACKED_DIR).rglob("*") if p.is_file()} == before

@@ -41,7 +41,7 @@ def select(logits: Tensor, token_bias: Tensor, forced_token: Tensor, k: int) -> 
     return torch.where(forced, forced_values, values), torch.where(forced, forced_ids, ids)
 
 
-class SearchStepGraph(nn.Module):
+class DecoderStepSearchGraph(nn.Module):
     """fused: the attention in ONNX Runtime's kernels (decoder_step_search_fused)."""
 
     def __init__(self, model: Transformer, fused: bool = False) -> None:
@@ -64,8 +64,8 @@ class SearchStepGraph(nn.Module):
         return (logits, values, ids, *[t for kv in present for t in kv])
 
 
-def search_example_inputs(model: Transformer, fused: bool = False, sources: int = 2, group: int = 3, src_len: int = 5,
-                          capacity: int = 4) -> tuple[Tensor, ...]:
+def decoder_step_search_inputs(model: Transformer, fused: bool = False, sources: int = 2, group: int = 3,
+                               src_len: int = 5, capacity: int = 4) -> tuple[Tensor, ...]:
     """Inputs for tracing: every dynamic size distinct and > 1 so the exporter keeps them symbolic."""
     cfg, batch = model.config, sources * group
     mask = torch.ones(sources, src_len, dtype=torch.long)

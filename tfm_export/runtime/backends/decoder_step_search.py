@@ -1,6 +1,6 @@
 """What the two backends of decoder_step_search share: its sessions (encoder and the step graph step_graph
 chooses, the tied table read once). The in-place backend keeps the cache in host arrays, the device backend in
-device memory; both are built from the same SearchSessions (their step inputs: runtime.step_inputs).
+device memory; both are built from the same DecoderStepSearchSessions (their step inputs: runtime.step_inputs).
 """
 
 from __future__ import annotations
@@ -25,14 +25,14 @@ from ...core.graph_spec import (
     search_top_k,
 )
 from ...core.stamps import Stamps
-from ..graph_cache import DamagedEntry, GraphCache, directory_stamps, uses_cache
+from ..prepacked_graphs import DamagedEntry, PrepackedGraphs, directory_stamps, uses_prepacked
 from ..session import SessionOptions
 from ..step_graph import chosen_step
 from .loaders import SessionLoader, directory_options, open_graph, run_encoder, shared_values, sharing
 
 log = logging.getLogger(__name__)
 @dataclass
-class SearchSessions:
+class DecoderStepSearchSessions:
     """An encoder and a decoder_step_search (or its fused twin) session of one model directory."""
 
     encoder: ort.InferenceSession
@@ -52,34 +52,34 @@ class SearchSessions:
         return run_encoder(self.encoder, src, self.config.src_pad_idx)
 
 
-def load_search_sessions(model_dir: ModelDir, options: SessionOptions, loader: SessionLoader = open_graph,
-                         in_place: bool = True) -> SearchSessions:
+def load_decoder_step_search(model_dir: ModelDir, options: SessionOptions, loader: SessionLoader = open_graph,
+                         in_place: bool = True) -> DecoderStepSearchSessions:
     """The step graph chosen_step picks (in_place: for the in-place backend, else the device backend's), with the
-    encoder; the tied table read once and given to both. With the
-    default loader on the CPU the sessions open the directory's pre-packed graphs where they match this load
-    (runtime.graph_cache); ones found damaged once open are dropped, and the load made again without them."""
+    encoder; the tied table read once and given to both. With the default loader on the CPU the sessions open the
+    directory's pre-packed graphs where they match this load (runtime.prepacked_graphs); ones found damaged once
+    open are dropped, and the load made again without them."""
     stamps = directory_stamps(model_dir, options)
-    cache = GraphCache(model_dir, stamps) if loader is open_graph and uses_cache(options) else None
+    store = PrepackedGraphs(model_dir, stamps) if loader is open_graph and uses_prepacked(options) else None
     try:
-        sessions = load_sessions_with(model_dir, options, loader, stamps, cache, in_place)
+        sessions = load_sessions_with(model_dir, options, loader, stamps, store, in_place)
     except DamagedEntry as exc:
-        assert cache is not None
-        cache.notes.append(str(exc))
-        cache.used.clear()
+        assert store is not None
+        store.notes.append(str(exc))
+        store.used.clear()
         stamps = Stamps()  # the load made again hashes every file: its count is the one to report
         sessions = load_sessions_with(model_dir, options, loader, stamps, None, in_place)
-    if cache is not None:
-        for note in cache.notes:
+    if store is not None:
+        for note in store.notes:
             log.warning("%s", note)
-        if cache.used:
-            log.info("%s: %s opened from its pre-packed graphs", model_dir.path, ", ".join(cache.used))
+        if store.used:
+            log.info("%s: %s opened from its pre-packed graphs", model_dir.path, ", ".join(store.used))
     log.info("%s: %s", model_dir.path, stamps.summary())
     return sessions
 
 
 def load_sessions_with(model_dir: ModelDir, options: SessionOptions, loader: SessionLoader, stamps: Stamps,
-                       cache: GraphCache | None, in_place: bool = True) -> SearchSessions:
-    """load_search_sessions with the caller's stamps and graph cache (None: none): prepacking gives one that
+                       store: PrepackedGraphs | None, in_place: bool = True) -> DecoderStepSearchSessions:
+    """load_decoder_step_search with the caller's stamps and pre-packed graphs (None: none): prepacking gives one that
     builds the pre-packed graphs it is asked for."""
     directory, graph = model_dir.path, chosen_step(model_dir, options, in_place)
     if not model_dir.has(graph):
@@ -90,15 +90,15 @@ def load_sessions_with(model_dir: ModelDir, options: SessionOptions, loader: Ses
     config = model_dir.config
     # one session after the other, in this thread: sessions built in two threads left their freed load-time memory
     # in a second malloc arena, ~70 MB more peak RSS on the base config, and saved no time
-    with model_dir.opening(stamps.sha256) as paths, (cache.opening() if cache else contextlib.nullcontext()):
+    with model_dir.opening(stamps.sha256) as paths, (store.opening() if store else contextlib.nullcontext()):
         shared = shared_values(model_dir, graph, check=False)  # the opening checks its file
 
         def load(name: Graph, spec: GraphSpec, prepacked: bool) -> ort.InferenceSession:
-            if cache is None:
+            if store is None:
                 return loader(paths[name.value], spec, options, sharing(shared, prepacked))
-            return cache.load(name, paths[name.value], spec, options, lambda: sharing(shared, prepacked), shared,
+            return store.load(name, paths[name.value], spec, options, lambda: sharing(shared, prepacked), shared,
                               prepacked, loader)
         specs = all_specs(config)
         encoder = load(Graph.ENCODER, specs[Graph.ENCODER], prepacked=False)
         decoder = load(graph, specs[graph], prepacked=True)
-    return SearchSessions(encoder, decoder, config, model_dir, shared)
+    return DecoderStepSearchSessions(encoder, decoder, config, model_dir, shared)

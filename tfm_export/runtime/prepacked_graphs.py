@@ -50,15 +50,17 @@ from .session import SessionOptions
 
 log = logging.getLogger(__name__)
 
-CACHE_FORMAT = 1  # raised when what an entry holds or how it is read changes: older entries are then stale
-CACHE_DIR = ".tfm-cache"  # inside the model directory
+ENTRY_FORMAT = 1  # raised when what an entry holds or how it is read changes: older entries are then stale
+# inside the model directory; the name on disk is older than the words "pre-packed graphs", and kept so that
+# directories made before still open theirs
+PREPACKED_DIR = ".tfm-cache"
 ENTRY, GRAPH, DATA = "entry.json", "graph.onnx", "graph.onnx.data"
-STAMPS = "stamps.json"  # in CACHE_DIR: core.stamps for the directory's files and the entries'
+STAMPS = "stamps.json"  # in PREPACKED_DIR: core.stamps for the directory's files and the entries'
 EXTERNAL_MIN_BYTES = 1024  # initializers at least this large go to the data file (mapped, not parsed)
 REBUILD = "run `tfm-export prepack --model {}` to make it for this machine"
 # key fields a user's own session options change: an entry made for other options is simply not for this load
 OPTION_FIELDS = ("optimization", "fold_qdq", "prepacked", "shared")
-STALE = {"format": "cache format", "graph": "graph", "sha256": "graph", "data_sha256": "graph",
+STALE = {"format": "entry format", "graph": "graph", "sha256": "graph", "data_sha256": "graph",
          "onnxruntime": "ONNX Runtime build", "machine": "CPU"}  # what a changed key field means, in a warning
 
 Loader = Callable[[Path, GraphSpec, SessionOptions, ort.SessionOptions | None], Any]
@@ -66,7 +68,7 @@ Loader = Callable[[Path, GraphSpec, SessionOptions, ort.SessionOptions | None], 
 
 class DamagedEntry(TfmExportError):
     """An entry whose files failed their sha256 check after sessions were opened from them: the load is made
-    again without the cache (nothing opened from it has run)."""
+    again without the pre-packed graphs (nothing opened from them has run)."""
 
 
 def onnxruntime_build() -> str:
@@ -76,18 +78,18 @@ def onnxruntime_build() -> str:
     return f"{ort.__version__} {info}".strip()
 
 
-def uses_cache(options: SessionOptions) -> bool:
+def uses_prepacked(options: SessionOptions) -> bool:
     """Whether a load with these options looks for pre-packed graphs: on the CPU, unless turned off, or the load
     asks for weights read where they lie (no packing, no folding: what an entry was made with)."""
-    return (options.graph_cache and not options.on_gpu and not options.tensorrt_ep and options.prepacking
+    return (options.prepacked_graphs and not options.on_gpu and not options.tensorrt_ep and options.prepacking
             and options.constant_folding)
 
 
 def directory_stamps(model_dir: ModelDir, options: SessionOptions) -> Stamps:
-    """The stamps a load of the directory trusts (on any device): none with the graph cache turned off, or where
+    """The stamps a load of the directory trusts (on any device): none with the pre-packed graphs turned off, or where
     .tfm-cache is not the directory's own folder."""
-    root = model_dir.path / CACHE_DIR
-    return Stamps.read(root / STAMPS) if options.graph_cache and not misplaced(root) else Stamps()
+    root = model_dir.path / PREPACKED_DIR
+    return Stamps.read(root / STAMPS) if options.prepacked_graphs and not misplaced(root) else Stamps()
 
 
 def misplaced(root: Path) -> str | None:
@@ -101,7 +103,7 @@ def misplaced(root: Path) -> str | None:
 
 
 @dataclass
-class GraphCache:
+class PrepackedGraphs:
     """One load's view of a directory's entries: looked up and opened (reading), or written into `build` (a
     staging directory) from the directory's own graphs."""
 
@@ -117,10 +119,10 @@ class GraphCache:
 
     @property
     def root(self) -> Path:
-        return self.model_dir.path / CACHE_DIR
+        return self.model_dir.path / PREPACKED_DIR
 
     @contextlib.contextmanager
-    def opening(self) -> Iterator[GraphCache]:
+    def opening(self) -> Iterator[PrepackedGraphs]:
         """Sessions opened in the block may come from entries still being hashed; leaving waits for the hashes and
         raises DamagedEntry if one differs, before anything opened here runs."""
         self.pool = ThreadPoolExecutor(HASH_THREADS)
@@ -148,7 +150,7 @@ class GraphCache:
         entry = self._matching(slot, key)
         if entry is None:
             return loader(path, spec, options, fresh())
-        assert self.pool is not None, "GraphCache.load outside opening()"
+        assert self.pool is not None, "PrepackedGraphs.load outside opening()"
         for name, record in entry["files"].items():  # hashed while ONNX Runtime maps them
             self.checks.append((slot / name, self.pool.submit(self._same_sha256, slot / name, record["sha256"])))
         try:
@@ -234,7 +236,7 @@ def entry_key(model_dir: ModelDir, graph: str, options: SessionOptions, shared: 
     """Everything an entry depends on. The source's sha256 are the manifest's (the directory checks its files
     against them on this very load), so an entry made from other bytes never matches."""
     name, entry = str(getattr(graph, "value", graph)), model_dir.entry(graph)
-    return {"format": CACHE_FORMAT, "graph": name, "sha256": entry.sha256,
+    return {"format": ENTRY_FORMAT, "graph": name, "sha256": entry.sha256,
             "data_sha256": model_dir.manifest.files.get(entry.data_file),
             "onnxruntime": onnxruntime_build(), "machine": cpu_kernel_key(), "optimization": options.optimization,
             "fold_qdq": options.fold_qdq, "prepacked": prepacked,
@@ -247,32 +249,32 @@ def stamp_new(directory: Path, digests: Mapping[str, str]) -> None:
     stamps = Stamps(recording=True)
     for name, digest in digests.items():
         stamps.record(directory / name, digest)
-    (directory / CACHE_DIR).mkdir()
-    stamps.write(directory / CACHE_DIR / STAMPS)
+    (directory / PREPACKED_DIR).mkdir()
+    stamps.write(directory / PREPACKED_DIR / STAMPS)
 
 
 @contextlib.contextmanager
-def staged_cache(directory: Path) -> Iterator[Path]:
+def staged_prepacked(directory: Path) -> Iterator[Path]:
     """A staging directory for `directory`'s new .tfm-cache, beside it; on success it replaces the old one at once
     (a load sees the old entries or the new, never a mix), on any failure it is removed. Staging left by a process
     that died is removed first. A .tfm-cache that is a link or a file is refused before any work."""
-    problem = misplaced(directory / CACHE_DIR)
+    problem = misplaced(directory / PREPACKED_DIR)
     if problem:
         raise ModelDirError(f"{problem}; remove it, then run `tfm-export prepack --model {directory}` again "
                             "(nothing was changed)")
-    for left in directory.glob(f"{glob.escape(CACHE_DIR)}.*{STAGING_SUFFIX}"):
-        pid = left.name[len(CACHE_DIR) + 1:].split(".")[0]
+    for left in directory.glob(f"{glob.escape(PREPACKED_DIR)}.*{STAGING_SUFFIX}"):
+        pid = left.name[len(PREPACKED_DIR) + 1:].split(".")[0]
         if pid.isdigit() and not process_alive(int(pid)):
             shutil.rmtree(left, ignore_errors=True)
     try:
-        staging = Path(tempfile.mkdtemp(prefix=f"{CACHE_DIR}.{os.getpid()}.", suffix=STAGING_SUFFIX, dir=directory))
+        staging = Path(tempfile.mkdtemp(prefix=f"{PREPACKED_DIR}.{os.getpid()}.", suffix=STAGING_SUFFIX, dir=directory))
     except OSError as exc:
         raise ModelDirError(f"{directory}: cannot write its pre-packed graphs ({exc.strerror or first_line(exc)}); "
                             "give a directory you can write") from None
     try:
         yield staging
         os.chmod(staging, 0o777 & ~umask())  # mkdtemp makes it private; the model directory is shared
-        _swap_into_place(staging, directory / CACHE_DIR)
+        _swap_into_place(staging, directory / PREPACKED_DIR)
     except OSError as exc:
         raise ModelDirError(f"{directory}: cannot write its pre-packed graphs ({exc.strerror or first_line(exc)}); "
                             "nothing was changed") from None
@@ -286,7 +288,7 @@ def _swap_into_place(staging: Path, target: Path) -> None:
     back and nothing is left beside it."""
     old, moved = None, False
     if target.exists():
-        old = Path(tempfile.mkdtemp(prefix=f"{CACHE_DIR}.old.", dir=target.parent))
+        old = Path(tempfile.mkdtemp(prefix=f"{PREPACKED_DIR}.old.", dir=target.parent))
     try:
         if old is not None:
             os.replace(target, old)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tfm_export.runtime.graph_cache import CACHE_DIR, DATA, ENTRY, STAMPS
+from tfm_export.runtime.prepacked_graphs import DATA, ENTRY, PREPACKED_DIR, STAMPS
 
 from .scratch import Case
 from .support import TINY_SENT, assert_fix_named, assert_ok, same_output
@@ -39,7 +39,7 @@ def test_stamps_that_never_end(case: Case, kind: str) -> None:
     """A stamps.json that is a FIFO (its read would wait for a writer) or a link to /dev/zero (endless): ignored,
     every file hashed, the translation the model's own."""
     m = case.copy_model(case.fx.tiny())
-    STAMPS_CASES[kind](m / CACHE_DIR / STAMPS)
+    STAMPS_CASES[kind](m / PREPACKED_DIR / STAMPS)
     r = case.run("tfm-run", "translate", "--model", m, TINY_SENT, timeout=120)
     assert_ok(r, same_output(case.fx.tiny_ref()))
 
@@ -66,7 +66,7 @@ ENTRY_CASES = {"unlisted-data": _unlisted_data, "stray-folder": _stray_folder}
 @pytest.mark.parametrize("kind", ENTRY_CASES)
 def test_entry_with_files_it_does_not_list(case: Case, kind: str) -> None:
     m = case.copy_model(case.fx.tiny())
-    ENTRY_CASES[kind](m / CACHE_DIR / STEP)
+    ENTRY_CASES[kind](m / PREPACKED_DIR / STEP)
     assert_ok(case.run("tfm-run", "translate", "--model", m, TINY_SENT), same_output(case.fx.tiny_ref()))
 
 
@@ -77,7 +77,7 @@ PREPACK_CASES = ("symlink", "file", "immutable")
 def test_prepack_over_a_cache_it_cannot_replace(case: Case, kind: str) -> None:
     """Refused in one line saying what is there; the directory as it was, no .tfm-cache.old.* or staging left."""
     m = case.copy_model(case.fx.tiny())
-    cache = m / CACHE_DIR
+    cache = m / PREPACKED_DIR
     if kind == "symlink":
         outside = case.p("outside-cache")
         shutil.move(cache, outside)
