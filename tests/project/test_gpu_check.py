@@ -75,22 +75,14 @@ def test_a_miss_on_the_device_side_fails_the_run_in_one_line(work, tmp_path):
     assert "ok      parity: fp32 beam 1, cpu device backend, CUDA graphs: 8/8 identical" in done.stdout
 
 
-def _script():
-    """scripts/gpu_check.py as a module (its driver imports nothing heavy)."""
-    import importlib.util
-    spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("gpu_check", module)  # its dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
-
-
-def test_wheel_pieces_are_named_from_the_wheel_and_a_missing_or_broken_piece_is_one_line(tmp_path):
+def test_wheel_pieces_are_named_from_the_wheel_and_a_missing_or_broken_piece_is_one_line(tmp_path, monkeypatch):
     """onnxruntime-gpu reaches the GPU machine as pieces without its file name: the name pip needs comes from the
     wheel's own tags (all of them); a gap in the pieces, or pieces that do not make a whole zip, stop with one line
     before pip runs."""
     import zipfile
-    gpu_check = _script()
+    monkeypatch.syspath_prepend(str(SCRIPT.parent))  # as the script runs: scripts/ first on the path
+    from gpu_parts import env as gpu_check  # its env part, which imports nothing heavy
+    from gpu_parts.harness import CheckError
     wheel = tmp_path / "joined.whl"
     with zipfile.ZipFile(wheel, "w") as archive:
         archive.writestr("onnxruntime/__init__.py", "")
@@ -102,8 +94,8 @@ def test_wheel_pieces_are_named_from_the_wheel_and_a_missing_or_broken_piece_is_
     pieces = sorted((tmp_path / "parts").iterdir())
     assert len(pieces) > 2
     pieces[1].unlink()
-    with pytest.raises(gpu_check.CheckError, match="one is missing; send every piece"):
+    with pytest.raises(CheckError, match="one is missing; send every piece"):
         gpu_check.install_pieces([tmp_path / "parts"], tmp_path / "target", sys.executable)
     pieces[-1].rename(pieces[1])  # every name there, the bytes not in order: not a zip
-    with pytest.raises(gpu_check.CheckError, match="are not a whole wheel: send every piece of one download"):
+    with pytest.raises(CheckError, match="are not a whole wheel: send every piece of one download"):
         gpu_check.install_pieces([tmp_path / "parts"], tmp_path / "target", sys.executable)

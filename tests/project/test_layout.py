@@ -31,7 +31,8 @@ TEST_DIRS = {"support", "hostile", "examples", "project", "data"}
 # scripts/ holds tooling only, each file with what runs it; benchmarks are tfm_export.benchmarks, one-off
 # investigations the docs cite are experiments/.
 TOOLING = {"build_cpp.py": "make cpp", "demo_verdict.py": "make demo",
-           "gpu_check.py": "the lent GPU machine's one call (docs/runtime.md)"}
+           "gpu_check.py": "the lent GPU machine's one call (docs/runtime.md)",
+           "gpu_parts": "gpu_check.py's parts, one module each"}
 
 # The backend modules whose tests are not tests/runtime/backends/test_<module>.py: the file that holds them instead
 # (its docstring names the module), beside the fixture or the oracle they share.

@@ -1,0 +1,1 @@
+"""The parts of scripts/gpu_check.py, one module each, and the harness they share."""
