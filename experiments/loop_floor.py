@@ -19,8 +19,9 @@ from tfm_export.core.token_rules import SEED_RULES
 from tfm_export.core.tokenizer import FIRST_TOKEN_ID
 from tfm_export.runtime.backends import INPLACE, open_backend
 from tfm_export.runtime.backends.inplace import InPlaceBackend
-from tfm_export.runtime.session import CAPACITY_STEP, SessionOptions
+from tfm_export.runtime.session import SessionOptions
 from tfm_export.runtime.step import StepRule
+from tfm_export.runtime.step_graph import CAPACITY_STEP, StepOptions
 
 
 def loop_ms(backend: InPlaceBackend, rows: int, source_length: int, repeats: int) -> list[float]:
@@ -49,8 +50,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=20)
     args = parser.parse_args()
     for threads in (1, 2):
-        options = SessionOptions(intra_op_threads=threads, fused=False)
-        backend = open_backend(args.model, INPLACE, options).backend
+        options = SessionOptions(intra_op_threads=threads)
+        backend = open_backend(args.model, INPLACE, options, step=StepOptions(fused=False)).backend
         for rows in map(int, args.rows.split(",")):
             times = loop_ms(backend, rows, args.source_length, args.repeats)
             print(f"{rows} rows, {threads} thread(s): best {min(times):.3f} ms/step, "

@@ -24,9 +24,8 @@ from tfm_export.core.token_rules import SEED_RULES
 from tfm_export.runtime import decoding
 from tfm_export.runtime.backends import INPLACE, open_backend
 from tfm_export.runtime.backends.loaders import open_graph
-from tfm_export.runtime.session import SessionOptions
 from tfm_export.runtime.step import StepRule
-from tfm_export.runtime.step_graph import SEARCH
+from tfm_export.runtime.step_graph import SEARCH, StepOptions
 
 
 def sources(count: int, vocab: int, seed: int = 0) -> np.ndarray:
@@ -42,7 +41,7 @@ def _backend(model: Path, profile_prefix: str | None = None):
         if profile_prefix:
             so.enable_profiling, so.profile_file_prefix = True, f"{profile_prefix}-{path.stem}"
         return open_graph(path, spec, options, so)
-    return open_backend(model, INPLACE, SessionOptions(fused=False), loader=profiled).backend
+    return open_backend(model, INPLACE, loader=profiled, step=StepOptions(fused=False)).backend
 
 
 def operator_profile(model: Path, batch: int, beam: int, steps: int) -> None:

@@ -16,6 +16,7 @@ from tfm_export.core.errors import TfmExportError
 from tfm_export.graphs.inputs import random_sources
 from tfm_export.runtime.backends import DEVICE
 from tfm_export.runtime.session import SessionOptions, has_cuda_provider
+from tfm_export.runtime.step_graph import StepOptions
 
 
 def test_cuda_graph_backends_decode_as_ort_fp32_uncaptured_on_the_cpu_and_a_failing_backend_is_a_row(
@@ -72,7 +73,7 @@ def test_the_replay_floor_says_why_it_cannot_capture_here_and_times_a_step_bound
 def test_placement_counts_the_step_nodes_where_they_ran_and_keeps_a_cuda_request_off_the_cpu(demo_onnx):
     """On the CPU every node of the chosen step graph ran on the CPU provider, with no Memcpy; a placement asked
     for on CUDA where ONNX Runtime has no CUDA provider is the strict device error, not a CPU profile."""
-    in_place = step_placement(demo_onnx, SessionOptions(intra_op_threads=1, fused=False))
+    in_place = step_placement(demo_onnx, SessionOptions(intra_op_threads=1), step=StepOptions(fused=False))
     device = step_placement(demo_onnx, SessionOptions(intra_op_threads=1), DEVICE)
     for placement in (in_place, device):
         assert placement.graph == "decoder_step_search" and placement.memcpy == 0

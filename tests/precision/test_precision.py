@@ -416,13 +416,12 @@ def test_fp16_directories_carry_the_fused_step_which_decodes_as_their_search_ste
     the fp16 decoder_step_search's, in place and in the device backend's fixed shapes."""
     from tfm_export.demo import numbers as demo_numbers
     from tfm_export.runtime import DecodeOptions, Translator
-    from tfm_export.runtime.backends import DEVICE, INPLACE, open_backend
-    from tfm_export.runtime.session import SessionOptions
-    from tfm_export.runtime.step_graph import FUSED, SEARCH
+    from tfm_export.runtime.backends import open_backend
+    from tfm_export.runtime.step_graph import FUSED, StepOptions
     texts = [en for en, _ in demo_numbers.held_out_pairs()[:200]]
     decoded = {}
     for cache, fused in ((INPLACE, False), (INPLACE, True), (DEVICE, True)):
-        opened = open_backend(variants["fp16"], cache, SessionOptions(fused=fused))
+        opened = open_backend(variants["fp16"], cache, step=StepOptions(fused=fused))
         graph = opened.backend.decoder.get_modelmeta().custom_metadata_map["tfm_export.graph"]
         assert graph == (FUSED if fused else SEARCH).value
         decoded[cache, fused] = [t.ids for t in Translator.of(opened).translate(texts, DecodeOptions(beam_size=4))]

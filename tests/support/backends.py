@@ -18,7 +18,8 @@ from tfm_export.runtime.backends import CONCAT, GENERATE, open_backend
 from tfm_export.runtime.backends.concat import ConcatBackend
 from tfm_export.runtime.counts import WorkCounts
 from tfm_export.runtime.search import LoopSearcher
-from tfm_export.runtime.session import CAPACITY_STEP, DEFAULT_OPTIONS
+from tfm_export.runtime.session import DEFAULT_OPTIONS
+from tfm_export.runtime.step_graph import CAPACITY_STEP, StepOptions
 from tfm_export.runtime.translator import Translator
 
 SHORT_LENGTH = 12  # tokens the search tests decode: beams reshuffle and finish within it
@@ -59,8 +60,8 @@ def step_backend(directory: Path, backend: str = CONCAT, fused: bool = False, ca
                  **options):
     """The step backend of a model directory by its name (runtime.backend_names); fused: the fused twin of
     decoder_step_search where the directory has it."""
-    chosen = dataclasses.replace(DEFAULT_OPTIONS, fused=fused, cache_step=cache_step, **options)
-    return open_backend(directory, backend, chosen).backend
+    chosen = dataclasses.replace(DEFAULT_OPTIONS, **options)
+    return open_backend(directory, backend, chosen, step=StepOptions(fused, cache_step)).backend
 
 
 def concat_backend(directory: Path, **options):

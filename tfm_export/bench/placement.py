@@ -23,6 +23,7 @@ from ..runtime.backends import ONNXRUNTIME, open_backend
 from ..runtime.backends.loaders import open_graph
 from ..runtime.search import SearchOptions
 from ..runtime.session import SessionOptions
+from ..runtime.step_graph import DEFAULT_STEP, StepOptions
 
 MEMCPY = ("MemcpyFromHost", "MemcpyToHost")
 
@@ -39,7 +40,8 @@ class Placement:
         return f"{self.graph}: {sum(self.nodes.values())} nodes ran: {where}; {self.memcpy} Memcpy"
 
 
-def step_placement(directory: Path, options: SessionOptions, backend: str = ONNXRUNTIME) -> Placement:
+def step_placement(directory: Path, options: SessionOptions, backend: str = ONNXRUNTIME,
+                   step: StepOptions = DEFAULT_STEP) -> Placement:
     """The step graph the backend and options choose, profiled over a two-step greedy decode of one random source
     on options.device."""
     with tempfile.TemporaryDirectory(prefix="tfm-placement-") as tmp:
@@ -52,7 +54,7 @@ def step_placement(directory: Path, options: SessionOptions, backend: str = ONNX
             so.enable_profiling, so.profile_file_prefix = True, f"{tmp}/step"
             steps.append(open_graph(path, spec, chosen, so))
             return steps[-1]
-        opened = open_backend(directory, backend, options, loader=profiled)
+        opened = open_backend(directory, backend, options, loader=profiled, step=step)
         vocab = opened.config.src_vocab_size
         src = np.array([[BOS_ID, *np.random.default_rng(0).integers(FIRST_TOKEN_ID, vocab, 6), EOS_ID]])
         opened.searcher.search(src, SearchOptions(2, min_length=2), SEED_RULES)

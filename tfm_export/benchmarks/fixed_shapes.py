@@ -21,14 +21,15 @@ from ..demo.numbers import held_out_pairs
 from ..runtime.backends import DEVICE, INPLACE, open_backend
 from ..runtime.counts import WorkCounts
 from ..runtime.session import SessionOptions
+from ..runtime.step_graph import StepOptions
 from ..runtime.translator import DecodeOptions, Translator
 
 BACKENDS = (INPLACE, DEVICE)
 
 
 def _open(model: Path, backend: str, threads: int) -> tuple[Translator, object]:
-    options = SessionOptions(intra_op_threads=threads, fused=False, device="cpu")
-    opened = open_backend(model, backend, options)
+    options = SessionOptions(intra_op_threads=threads, device="cpu")
+    opened = open_backend(model, backend, options, step=StepOptions(fused=False))
     return Translator.of(opened), opened.backend
 
 

@@ -18,6 +18,7 @@ from ..core.machine import MAX_THREADS
 from ..core.sources import CHUNK_BATCHES, read_line_chunks
 from ..runtime.backends import CONCAT, ONNXRUNTIME, backend_names
 from ..runtime.session import OPT_LEVELS, PREPACKED_GRAPHS_ENV, SessionOptions
+from ..runtime.step_graph import StepOptions
 from ..runtime.translator import (
     LENGTH_PENALTY_RANGE,
     MAX_BEAM,
@@ -196,9 +197,10 @@ def translate(texts: tuple[str, ...], model_path: Path, vocab: tuple[Path, ...],
     check_output_path(output, "--output", inputs)
     chunks = read_chunks(input_file, texts, batch_size)
     session = SessionOptions(intra_op_threads=threads, optimization=ort_opt_level, memory_arena=memory_arena,
-                             spinning=spinning, fused=fused, device=device, prepacked_graphs=prepacked_graphs == "on",
+                             spinning=spinning, device=device, prepacked_graphs=prepacked_graphs == "on",
                              tensorrt_ep=ort_trt, tf32=tf32, cuda_graphs=cuda_graphs)
-    translator = Translator.load(model_path, vocab, contract_step(backend, search_graph), session)
+    translator = Translator.load(model_path, vocab, contract_step(backend, search_graph), session,
+                                 StepOptions(fused=fused))
     translator = translator.with_languages(source_lang, target_lang)
     check_output_path(output, "--output", [*inputs, *translator.vocab.files])  # a checkpoint's tokenizer too
     options = DecodeOptions(beam_size, length_penalty, max_length, batch_size, truncate, n_best)

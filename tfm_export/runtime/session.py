@@ -26,12 +26,12 @@ OPT_LEVELS = {"disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
 # they had before they were called what they are
 PREPACKED_GRAPHS_ENV = ("TFM_PREPACKED_GRAPHS", "TFM_GRAPH_CACHE")
 CONSTANT_FOLDING = "ConstantFolding"  # ONNX Runtime's name for the optimizer
-CAPACITY_STEP = 16  # positions added when a cache buffer is full: attention reads at most this many unused
 
 
 @dataclass(frozen=True)
 class SessionOptions:
-    """Defaults follow TFM_THREADS and TFM_ORT_OPT_LEVEL, as the CLI's flags do; checked when a session opens."""
+    """ONNX Runtime's session settings (what the step backends do besides is step_graph.StepOptions'). Defaults
+    follow TFM_THREADS and TFM_ORT_OPT_LEVEL, as the CLI's flags do; checked when a session opens."""
 
     intra_op_threads: int | str = os.environ.get("TFM_THREADS", 0)  # 0 = ONNX Runtime's choice
     optimization: str = os.environ.get("TFM_ORT_OPT_LEVEL", "all")
@@ -41,11 +41,6 @@ class SessionOptions:
     # intra-op threads spin between a run's ops and stop when the run returns (session.force_spinning_stop):
     # quick hand-offs within a decoder step, a free core for the search between steps. False: they sleep.
     spinning: bool = True
-    cache_step: int = CAPACITY_STEP  # positions a full cache buffer grows by
-    # decoder_step_search_fused (the same step in ONNX Runtime's attention kernels) where the directory has it: None,
-    # where it pays (an fp32 directory on the CPU); True, wherever the directory has one (fp16 on CUDA, say); False,
-    # never (decoder_step_search, standard ONNX operators only)
-    fused: bool | None = None
     # "cuda": every session on the CUDA execution provider, or an error saying why not; "cpu". None: the backend's
     # own (runtime.backends: the GPU for TensorRT, else the CPU). The one place a device is given.
     device: str | None = None

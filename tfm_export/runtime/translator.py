@@ -29,6 +29,7 @@ from ..core.tokenizer import Vocabulary
 from .backends import Opened, open_backend
 from .search import Searcher, SearchOptions
 from .session import DEFAULT_OPTIONS, SessionOptions
+from .step_graph import DEFAULT_STEP, StepOptions
 
 log = logging.getLogger(__name__)
 
@@ -93,10 +94,10 @@ class Translator:
 
     @classmethod
     def load(cls, model: str | Path, vocab: Sequence[Path] = (), backend: str | None = None,
-             session_options: SessionOptions = DEFAULT_OPTIONS) -> Translator:
+             session_options: SessionOptions = DEFAULT_OPTIONS, step: StepOptions = DEFAULT_STEP) -> Translator:
         """A model directory (ONNX Runtime), an engine directory (TensorRT) or a checkpoint (PyTorch), opened by
         runtime.backends on session_options.device (default: the GPU for TensorRT, the CPU otherwise)."""
-        return cls.of(open_backend(model, backend, session_options, vocab))
+        return cls.of(open_backend(model, backend, session_options, vocab, step=step))
 
     @classmethod
     def of(cls, opened: Opened) -> Translator:

@@ -53,6 +53,7 @@ from ..backend_names import (
 from ..search import LoopSearcher, Searcher
 from ..session import DEFAULT_OPTIONS, SessionOptions, check_threads, require_device
 from ..step import StepBackend
+from ..step_graph import DEFAULT_STEP, StepOptions
 from .loaders import SessionLoader, open_graph
 
 log = logging.getLogger(__name__)
@@ -100,6 +101,7 @@ class Request:
     options: SessionOptions
     vocab: Sequence[Path]
     loader: SessionLoader | None  # where the graphs run, when not in ONNX Runtime sessions made here
+    step: StepOptions  # the step backends': which decoder_step_search graph, how a full cache grows
 
     @property
     def device(self) -> str:
@@ -126,10 +128,11 @@ def backend_names() -> list[str]:
 
 
 def open_backend(model: str | Path, backend: str | None = None, options: SessionOptions = DEFAULT_OPTIONS,
-                 vocab: Sequence[Path] = (), loader: SessionLoader | None = None) -> Opened:
+                 vocab: Sequence[Path] = (), loader: SessionLoader | None = None,
+                 step: StepOptions = DEFAULT_STEP) -> Opened:
     """The backend named (default: default_for what the path is), on options.device (default: the GPU for
     TensorRT, else the CPU). loader: how each graph becomes a session (default: ONNX Runtime); the bls layout's
-    graphs are native Triton models."""
+    graphs are native Triton models. step: how ONNX Runtime's step backends run decoder_step_search."""
     path = Path(model)
     given = classify(path)
     if backend is not None and backend not in backend_names():
@@ -140,7 +143,7 @@ def open_backend(model: str | Path, backend: str | None = None, options: Session
         raise TfmExportError(f"--ort-trt is ONNX Runtime's TensorRT provider; it does not apply to --backend {name}")
     if name == ONNXRUNTIME:
         name = onnxruntime_for(path, given, options.device)
-    return BACKENDS[name](Request(path, given, options, vocab, loader))
+    return BACKENDS[name](Request(path, given, options, vocab, loader, step))
 
 
 def default_for(path: Path, given: Given, device: str | None) -> str:
@@ -240,8 +243,8 @@ def _inplace(request: Request) -> Opened:
     from .inplace import InPlaceBackend
     options = _on_device(request)
     model_dir = _model_dir(request)
-    sessions = load_decoder_step_search(model_dir, options, request.loader or open_graph)
-    return _opened(InPlaceBackend(sessions, options.cache_step), model_dir)
+    sessions = load_decoder_step_search(model_dir, options, request.loader or open_graph, request.step)
+    return _opened(InPlaceBackend(sessions, request.step.cache_step), model_dir)
 
 
 @register_backend(DEVICE)
@@ -251,8 +254,9 @@ def _device(request: Request) -> Opened:
     from .device import DeviceBackend
     options = _on_device(request)
     model_dir = _model_dir(request)
-    sessions = load_decoder_step_search(model_dir, options, request.loader or open_graph, in_place=False)
-    return _opened(DeviceBackend(sessions, options.cache_step, options.cuda_graphs), model_dir)
+    sessions = load_decoder_step_search(model_dir, options, request.loader or open_graph, request.step,
+                                        in_place=False)
+    return _opened(DeviceBackend(sessions, request.step.cache_step, options.cuda_graphs), model_dir)
 
 
 @register_backend(GENERATE)
@@ -321,10 +325,10 @@ def decoder_openers(directory: Path, options: SessionOptions = DEFAULT_OPTIONS) 
     from ...core.graph_spec import Graph
     from ..step_graph import FUSED, SEARCH, fused_usable
     model_dir = ModelDir.read(directory)
-    wanted = {Graph.DECODER_STEP.value: (CONCAT, options)}
+    wanted = {Graph.DECODER_STEP.value: (CONCAT, DEFAULT_STEP)}
     if model_dir.has(SEARCH):
-        wanted[SEARCH.value] = (INPLACE, dataclasses.replace(options, fused=False))
+        wanted[SEARCH.value] = (INPLACE, StepOptions(fused=False))
     if fused_usable(model_dir):
-        wanted[FUSED.value] = (INPLACE, dataclasses.replace(options, fused=True))
-    return {name: functools.partial(open_backend, directory, backend, chosen)
-            for name, (backend, chosen) in wanted.items()}
+        wanted[FUSED.value] = (INPLACE, StepOptions(fused=True))
+    return {name: functools.partial(open_backend, directory, backend, options, step=step)
+            for name, (backend, step) in wanted.items()}

@@ -27,7 +27,7 @@ from ...core.graph_spec import (
 from ...core.stamps import Stamps
 from ..prepacked_graphs import DamagedEntry, PrepackedGraphs, directory_stamps, uses_prepacked
 from ..session import SessionOptions
-from ..step_graph import chosen_step
+from ..step_graph import DEFAULT_STEP, StepOptions, chosen_step
 from .loaders import SessionLoader, directory_options, open_graph, run_encoder, shared_values, sharing
 
 log = logging.getLogger(__name__)
@@ -53,7 +53,7 @@ class DecoderStepSearchSessions:
 
 
 def load_decoder_step_search(model_dir: ModelDir, options: SessionOptions, loader: SessionLoader = open_graph,
-                         in_place: bool = True) -> DecoderStepSearchSessions:
+                             step: StepOptions = DEFAULT_STEP, in_place: bool = True) -> DecoderStepSearchSessions:
     """The step graph chosen_step picks (in_place: for the in-place backend, else the device backend's), with the
     encoder; the tied table read once and given to both. With the default loader on the CPU the sessions open the
     directory's pre-packed graphs where they match this load (runtime.prepacked_graphs); ones found damaged once
@@ -61,13 +61,13 @@ def load_decoder_step_search(model_dir: ModelDir, options: SessionOptions, loade
     stamps = directory_stamps(model_dir, options)
     store = PrepackedGraphs(model_dir, stamps) if loader is open_graph and uses_prepacked(options) else None
     try:
-        sessions = load_sessions_with(model_dir, options, loader, stamps, store, in_place)
+        sessions = load_sessions_with(model_dir, options, loader, stamps, store, step, in_place)
     except DamagedEntry as exc:
         assert store is not None
         store.notes.append(str(exc))
         store.used.clear()
         stamps = Stamps()  # the load made again hashes every file: its count is the one to report
-        sessions = load_sessions_with(model_dir, options, loader, stamps, None, in_place)
+        sessions = load_sessions_with(model_dir, options, loader, stamps, None, step, in_place)
     if store is not None:
         for note in store.notes:
             log.warning("%s", note)
@@ -78,10 +78,11 @@ def load_decoder_step_search(model_dir: ModelDir, options: SessionOptions, loade
 
 
 def load_sessions_with(model_dir: ModelDir, options: SessionOptions, loader: SessionLoader, stamps: Stamps,
-                       store: PrepackedGraphs | None, in_place: bool = True) -> DecoderStepSearchSessions:
+                       store: PrepackedGraphs | None, step: StepOptions = DEFAULT_STEP, in_place: bool = True
+                       ) -> DecoderStepSearchSessions:
     """load_decoder_step_search with the caller's stamps and pre-packed graphs (None: none): prepacking gives one that
     builds the pre-packed graphs it is asked for."""
-    directory, graph = model_dir.path, chosen_step(model_dir, options, in_place)
+    directory, graph = model_dir.path, chosen_step(model_dir, options, step, in_place)
     if not model_dir.has(graph):
         raise ModelDirError(f"{directory}: has no {graph.filename}; export the model again with `tfm-export onnx`")
     options = directory_options(model_dir, options)

@@ -34,8 +34,9 @@ from ...core.graph_spec import (
 )
 from ...core.sources import check_source_length, check_target_length
 from ..counts import WorkCounts
-from ..session import CAPACITY_STEP, CUDA_PROVIDER
+from ..session import CUDA_PROVIDER
 from ..step import LOGITS_ONLY, Candidates, Reorders, StepRule
+from ..step_graph import CAPACITY_STEP
 from ..step_inputs import Rules, source_groups
 from .decoder_step_search import DecoderStepSearchSessions
 from .pingpong import DeviceMemory, PingPong

@@ -33,8 +33,8 @@ from ...core.graph_spec import (
 from ...core.machine import LARGE_BLOCK_BYTES
 from ...core.sources import check_source_length, check_target_length
 from ..counts import WorkCounts
-from ..session import CAPACITY_STEP
 from ..step import LOGITS_ONLY, Candidates, Reorders, StepRule
+from ..step_graph import CAPACITY_STEP
 from ..step_inputs import Rules, source_groups
 from .decoder_step_search import DecoderStepSearchSessions
 
